@@ -1,0 +1,29 @@
+# The two commands the README starts with: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STOFC := $(VENV)/bin/stofc
+EXTRAS ?= gpu,test
+
+.PHONY: venv demo test lint gpu-test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) examples/run_demo.py --out out/demo
+
+test: venv
+	$(VENV)/bin/ruff check stofc tests bench examples
+	$(PY) -m pytest -q tests
+
+gpu-test: venv
+	$(PY) -m pytest -q tests/gpu
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

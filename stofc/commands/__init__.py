@@ -1,0 +1,1 @@
+"""One module per ``stofc`` command; each holds only argument parsing and output."""

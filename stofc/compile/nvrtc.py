@@ -1,0 +1,177 @@
+"""NVRTC through CuPy: rendered CUDA source to cubin (or PTX), no GPU needed.
+
+NVRTC has no default include path; :func:`include_dirs` gives it ``cuda/``
+(stofc's own headers) and the CUDA headers of the ``nvidia-cuda-runtime``
+wheel (or ``$CUDA_PATH/include``). Results are cached on disk under a key that
+holds everything that can change the binary: the source hash, the hashes of
+stofc's headers, the options, the target, the NVRTC version and stofc's
+version. A failed compile dumps the source and raises :class:`CompileError`
+with NVRTC's log and the dump's path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from stofc import __version__
+from stofc.codegen import Source
+from stofc.errors import CompileError, StofcError
+from stofc.paths import cache_dir, cuda_dir
+
+DEFAULT_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled translation unit for one target.
+
+    ``target`` is ``sm_XY`` (``binary`` is a cubin) or ``compute_XY`` (``binary``
+    is PTX text as bytes). ``key`` is the cache key it was stored under.
+    """
+
+    name: str
+    target: str
+    binary: bytes
+    entry_points: tuple[str, ...]
+    nvrtc_version: str
+    options: tuple[str, ...]
+    key: str
+
+    @property
+    def is_ptx(self) -> bool:
+        return self.target.startswith("compute_")
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as err:  # pragma: no cover - depends on the install
+        raise StofcError(
+            f"NVRTC is not available ({err})",
+            hint="install the GPU extras: pip install 'stofc[gpu]'",
+        ) from err
+    return nvrtc
+
+
+@cache
+def nvrtc_version() -> str:
+    """The NVRTC version as ``major.minor`` (e.g. ``13.0``)."""
+    major, minor = _nvrtc().getVersion()
+    return f"{major}.{minor}"
+
+
+@cache
+def include_dirs() -> tuple[str, ...]:
+    """Include directories for NVRTC: stofc's ``cuda/``, then the CUDA headers."""
+    dirs = [str(cuda_dir())]
+    for entry in sys.path:
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_runtime/include"):
+            candidate = Path(entry) / sub
+            if (candidate / "cuda_fp16.h").is_file():
+                dirs.append(str(candidate))
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        root = os.environ.get(env)
+        if root and (Path(root) / "include" / "cuda_fp16.h").is_file():
+            dirs.append(str(Path(root) / "include"))
+    if (Path("/usr/local/cuda/include") / "cuda_fp16.h").is_file():
+        dirs.append("/usr/local/cuda/include")
+    if len(dirs) == 1:
+        raise StofcError(
+            "CUDA headers (cuda_fp16.h) not found",
+            hint="install the GPU extras (pip install 'stofc[gpu]') or set CUDA_PATH",
+        )
+    return tuple(dict.fromkeys(dirs))
+
+
+@cache
+def _headers_digest() -> str:
+    """Hash of every stofc header a source may include (part of the cache key)."""
+    digest = hashlib.sha256()
+    root = cuda_dir()
+    for path in sorted(root.rglob("*.cuh")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(source: Source, target: str, options: tuple[str, ...]) -> str:
+    """The content address of a compile: everything that can make a binary stale."""
+    fields = {
+        "source": source.sha256,
+        "headers": _headers_digest(),
+        "target": target,
+        "options": list(options),
+        "nvrtc": nvrtc_version(),
+        "stofc": __version__,
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def dump_source(source: Source) -> Path:
+    """Write the source to ``$STOFC_DUMP_DIR`` (or a temporary directory); return the path."""
+    root = Path(os.environ.get("STOFC_DUMP_DIR") or Path(tempfile.gettempdir()) / "stofc-dump")
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{source.name}-{source.sha256[:12]}.cu"
+    path.write_text(source.code)
+    return path
+
+
+def _check_target(target: str) -> None:
+    kind, _, number = target.partition("_")
+    if kind not in ("sm", "compute") or not number.rstrip("a").isdigit():
+        raise StofcError(f"unknown compile target {target!r}",
+                         hint="use sm_XY for a cubin or compute_XY for PTX, e.g. sm_90")
+
+
+def compile_source(source: Source, target: str, *, options: tuple[str, ...] = (),
+                   use_cache: bool = True) -> CompiledKernel:
+    """Compile ``source`` for ``target`` (``sm_90``, ``sm_90a``, ``compute_80``...).
+
+    Returns the cubin (``sm_*``) or PTX (``compute_*``). Cached on disk by
+    :func:`cache_key` unless ``use_cache`` is false. Raises
+    :class:`CompileError` with the NVRTC log and the dumped source path.
+    """
+    _check_target(target)
+    opts = (*DEFAULT_OPTIONS, *options, f"-arch={target}",
+            *(f"-I{d}" for d in include_dirs()))
+    key = cache_key(source, target, (*DEFAULT_OPTIONS, *options))
+    suffix = ".ptx" if target.startswith("compute_") else ".cubin"
+    cached = cache_dir() / "kernels" / key[:2] / f"{key}{suffix}"
+    if use_cache and cached.is_file():
+        binary = cached.read_bytes()
+    else:
+        binary = _run_nvrtc(source, opts, ptx=suffix == ".ptx")
+        if use_cache:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(binary)
+            os.replace(tmp, cached)
+    return CompiledKernel(name=source.name, target=target, binary=binary,
+                          entry_points=source.entry_points, nvrtc_version=nvrtc_version(),
+                          options=(*DEFAULT_OPTIONS, *options), key=key)
+
+
+def _run_nvrtc(source: Source, opts: tuple[str, ...], *, ptx: bool) -> bytes:
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(source.code, f"{source.name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+        except Exception as err:
+            log = nvrtc.getProgramLog(prog)
+            path = dump_source(source)
+            raise CompileError(f"NVRTC failed to compile {source.name} ({source.template})",
+                               log=log or str(err), source_path=str(path)) from None
+        if ptx:
+            text = nvrtc.getPTX(prog)
+            return text.encode() if isinstance(text, str) else bytes(text)
+        return bytes(nvrtc.getCUBIN(prog))
+    finally:
+        nvrtc.destroyProgram(prog)

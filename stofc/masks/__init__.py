@@ -1,0 +1,1 @@
+"""stofc.masks"""
