@@ -1,0 +1,212 @@
+"""The frontend's typed result: what later stages (plan, package) read.
+
+Contract (stable names; fields may be added, never renamed):
+
+* :class:`ModelGraph` is the result of :func:`stofc.frontend.load_model`.
+* Each transformer layer is a :class:`Layer`: its :class:`AttentionBlock` and the
+  ordered chain of :class:`ChainOp` that STOF fuses (15 operators for a BERT layer).
+* A layer chain, post-LN (BERT)::
+
+      gemm(qkv | q,k,v), bias_add, attention, gemm(out), bias_add, residual_add,
+      layernorm, gemm(ffn_in), bias_add, gelu, gemm(ffn_out), bias_add,
+      residual_add, layernorm
+
+  pre-LN (GPT-2, ViT): ``layernorm`` first, no trailing norm (the next layer's
+  leading norm, or the model's final norm, follows). T5: ``rmsnorm`` and no
+  ``bias_add``. Separate Q/K/V projections are three ``gemm`` ops (roles ``q``,
+  ``k``, ``v``) each followed by its own ``bias_add`` when it has a bias; the
+  order is q, bias q, k, bias k, v, bias v.
+* **Gemm nodes with a C input**: an ONNX ``Gemm`` with a bias is represented as
+  a ``gemm`` ChainOp followed by a ``bias_add`` ChainOp; both list the same
+  ONNX node in ``nodes``. The ``bias_add``'s ``inputs``/``outputs`` are then
+  the Gemm's own (the intermediate value does not exist in the graph: the
+  ``gemm`` op's ``outputs`` is empty and its ``param("fused_bias")`` is True).
+* Value names in ``inputs``/``outputs`` are ONNX value names of the
+  canonicalized model (:attr:`ModelGraph.model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import onnx
+
+
+class OpKind(str, Enum):
+    """The class of one operator in a layer's chain."""
+
+    GEMM = "gemm"
+    BIAS_ADD = "bias_add"
+    ATTENTION = "attention"
+    RESIDUAL_ADD = "residual_add"
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+    GELU = "gelu"
+    ACTIVATION = "activation"  # any other elementwise activation (Relu, ...): param "op"
+
+
+@dataclass(frozen=True)
+class ChainOp:
+    """One operator of a layer chain, with the ONNX nodes it covers.
+
+    ``params`` keys by kind:
+
+    * GEMM: ``in_features``, ``out_features`` (ints), ``weight`` (initializer
+      name), ``weight_layout`` (``"KN"``: MatMul, y = x @ W; ``"NK"``: Gemm with
+      transB=1), ``fused_bias`` (bool: a Gemm node that also adds the bias).
+    * BIAS_ADD: ``bias`` (initializer name), ``features`` (int).
+    * LAYERNORM: ``scale``, ``bias`` (initializer names; bias may be None),
+      ``epsilon`` (float), ``form`` (``"op"`` | ``"decomposed"``).
+    * RMSNORM: ``scale``, ``epsilon``, ``form`` (``"op"`` | ``"decomposed"``).
+    * GELU: ``approximation`` (``"none"``: exact erf; ``"tanh"``), ``form``
+      (``"op"`` | ``"erf"`` | ``"tanh"`` | ``"fastgelu"``).
+    * ACTIVATION: ``op`` (ONNX op type, e.g. ``"Relu"``).
+    * ATTENTION: ``layer`` (the index of its :class:`AttentionBlock`).
+    """
+
+    index: int
+    kind: OpKind
+    role: str
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, name: str, default: Any = None) -> Any:
+        """The value of parameter ``name``, or ``default`` when absent."""
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (``inspect --json``)."""
+        return {
+            "index": self.index,
+            "kind": self.kind.value,
+            "role": self.role,
+            "nodes": list(self.nodes),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "params": {k: v for k, v in self.params},
+        }
+
+
+@dataclass(frozen=True)
+class AttentionBlock:
+    """One multi-head attention: from the head split of Q/K/V to the head merge.
+
+    ``scale_form``: ``"div_scores"`` (scores / c), ``"mul_scores"`` (scores * c),
+    ``"split_qk"`` (Q and K each multiplied by ``1/sqrt(sqrt(d))``),
+    ``"scaled_q"`` (Q alone multiplied before QKᵀ), ``"onnx_attention"`` (the
+    ONNX Attention op's own scale), ``"none"`` (scale 1: T5).
+    ``mask_form``: ``"none"``, ``"additive"`` (scores + mask), ``"boolean_where"``
+    (Where(bool, scores, -inf)), ``"relative_bias"`` (scores + a learned
+    position bias, T5), ``"relative_bias+additive"`` (T5 with a padding mask),
+    ``"onnx_attention"`` (attn_mask input of the ONNX op).
+    ``scale`` is the factor that multiplies QKᵀ (1/sqrt(head_dim) usually).
+    """
+
+    layer: int
+    num_heads: int
+    head_dim: int
+    hidden_size: int
+    nodes: tuple[str, ...]
+    q_input: str
+    k_input: str
+    v_input: str
+    output: str
+    packed_qkv: bool
+    scale: float
+    scale_form: str
+    mask_form: str
+    mask_source: str | None
+    bias_input: str | None
+    softmax_guarded: bool
+    causal_in_graph: bool
+    mask_input: str | None = None  # value added to / selecting the scores, when any
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (``inspect --json``'s ``attention`` entries)."""
+        return {
+            "layer": self.layer,
+            "num_heads": self.num_heads,
+            "head_dim": self.head_dim,
+            "hidden_size": self.hidden_size,
+            "nodes": list(self.nodes),
+            "q_input": self.q_input,
+            "k_input": self.k_input,
+            "v_input": self.v_input,
+            "output": self.output,
+            "packed_qkv": self.packed_qkv,
+            "scale": self.scale,
+            "scale_form": self.scale_form,
+            "mask_form": self.mask_form,
+            "mask_source": self.mask_source,
+            "mask_input": self.mask_input,
+            "bias_input": self.bias_input,
+            "softmax_guarded": self.softmax_guarded,
+            "causal_in_graph": self.causal_in_graph,
+        }
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One transformer layer: its attention and its ordered operator chain."""
+
+    index: int
+    norm_order: str  # "post" | "pre"
+    attention: AttentionBlock
+    chain: tuple[ChainOp, ...]
+
+    def ops(self, kind: OpKind) -> tuple[ChainOp, ...]:
+        """The chain ops of one kind, in order."""
+        return tuple(op for op in self.chain if op.kind == kind)
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A node stofc does not handle itself; ONNX Runtime runs it, for ``reason``."""
+
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A graph input or output: name, element type and shape (ints or symbols)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class ModelGraph:
+    """The understood model.
+
+    ``left_to_ort``: names of every node not covered by any layer chain
+    (embeddings, final norm, pooler, unsupported attention blocks ...), in graph
+    order. ``unsupported``: the subset of nodes (or whole blocks) we recognised
+    as attention-like but cannot handle, with the reason. ``model`` is the
+    canonicalized ModelProto (shapes inferred, constant shape arithmetic folded)
+    whose node and value names the rest refers to.
+    """
+
+    path: str
+    opset: int
+    inputs: tuple[ValueInfo, ...]
+    outputs: tuple[ValueInfo, ...]
+    layers: tuple[Layer, ...]
+    unsupported: tuple[Unsupported, ...]
+    left_to_ort: tuple[str, ...]
+    padding_mask_input: str | None
+    model: onnx.ModelProto = field(repr=False)
+
+    @property
+    def attention(self) -> tuple[AttentionBlock, ...]:
+        """The attention blocks, one per layer, in layer order."""
+        return tuple(layer.attention for layer in self.layers)
