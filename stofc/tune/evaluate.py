@@ -1,0 +1,119 @@
+"""The one door both stages measure through: memo, then database, then measurer.
+
+:class:`Evaluator` guarantees that a (family, problem, compile options,
+config) is measured at most once, across stages and, through the database's
+``samples`` table, across runs and processes. It counts what it did
+(``measured``, ``memo_hits``, ``db_hits``) and logs every GPU measurement in
+``measured_keys`` so tests can prove the guarantee.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from stofc.tune.db import RecordKey, Sample, TuningDatabase
+from stofc.tune.interfaces import Config, Measurement, Measurer, SegmentSpace, segment_key
+
+SegKey = tuple[str, str, str]
+
+
+@dataclass
+class EvaluatorStats:
+    """What the evaluator did: GPU measurements, memo hits, database hits, faults."""
+
+    measured: int = 0
+    memo_hits: int = 0
+    db_hits: int = 0
+    faults: int = 0
+    measure_seconds: float = 0.0
+    measured_keys: list[tuple[SegKey, str]] = field(default_factory=list)
+
+
+class Evaluator:
+    """Measures configs of segments at most once each (memo → database → measurer)."""
+
+    def __init__(self, measurer: Measurer, db: TuningDatabase | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.measurer = measurer
+        self.db = db
+        self.clock = clock
+        self.stats = EvaluatorStats()
+        self._memo: dict[SegKey, dict[str, Measurement]] = {}
+
+    def record_key(self, segment: SegmentSpace) -> RecordKey:
+        """The database key of ``segment`` on this measurer's GPU and driver."""
+        family, problem, options = segment_key(segment)
+        return RecordKey(family=family, problem=problem, gpu=self.measurer.gpu,
+                         driver=self.measurer.driver, compile_options=options)
+
+    def _memo_of(self, segment: SegmentSpace) -> dict[str, Measurement]:
+        key = segment_key(segment)
+        memo = self._memo.get(key)
+        if memo is None:
+            memo = {}
+            if self.db is not None:
+                for sample in self.db.samples(self.record_key(segment)).values():
+                    memo[sample.config] = Measurement(sample.time_ms, sample.fault, cached=True)
+            self._memo[key] = memo
+        return memo
+
+    def known(self, segment: SegmentSpace, config: Config) -> bool:
+        """True when ``config`` of ``segment`` needs no measurement."""
+        return config.key in self._memo_of(segment)
+
+    def measure(self, segment: SegmentSpace, config: Config) -> Measurement:
+        """The time of ``config`` on ``segment``; measured only if never seen before."""
+        memo = self._memo_of(segment)
+        hit = memo.get(config.key)
+        if hit is not None:
+            if hit.cached:
+                self.stats.db_hits += 1
+            else:
+                self.stats.memo_hits += 1
+            return hit
+        start = self.clock()
+        result = self.measurer.measure(segment, config)
+        self.stats.measure_seconds += self.clock() - start
+        self.stats.measured += 1
+        self.stats.measured_keys.append((segment_key(segment), config.key))
+        if result.fault is not None:
+            self.stats.faults += 1
+        memo[config.key] = Measurement(result.time_ms, result.fault, cached=False)
+        if self.db is not None:
+            self.db.add_samples(self.record_key(segment),
+                                [Sample(config.key, result.time_ms, result.fault)])
+        return memo[config.key]
+
+    def mark_fault(self, segment: SegmentSpace, config: Config, fault: str) -> None:
+        """Record ``config`` of ``segment`` as faulty (e.g. a wrong result at verification)."""
+        self._memo_of(segment)[config.key] = Measurement(None, fault, cached=False)
+        if self.db is not None:
+            self.db.set_sample(self.record_key(segment), Sample(config.key, None, fault))
+
+    def best_known(self, segment: SegmentSpace) -> tuple[Config, Measurement] | None:
+        """The fastest successful config measured so far for ``segment``, or None."""
+        best: tuple[Config, Measurement] | None = None
+        for key, m in self._memo_of(segment).items():
+            if m.ok and (best is None or m.score < best[1].score
+                         or (m.score == best[1].score and key < best[0].key)):
+                best = (Config.from_key(key), m)
+        return best
+
+
+def sample_configs(segment: SegmentSpace, count: int, seed: int) -> list[Config]:
+    """A fixed sample of ``count`` configs of ``segment``: the default first, then random.
+
+    Deterministic in (``seed``, family, problem), so the same segment gets the
+    same sample before and after a stage-1 move (and the memo answers it).
+    """
+    configs: Sequence[Config] = segment.configs()
+    if not configs or count <= 0:
+        return []
+    default = segment.default_config()
+    rng = random.Random(f"{seed}/{segment.family}/{segment.problem}")
+    rest = [c for c in configs if c != default]
+    picked = rng.sample(rest, min(count - 1, len(rest)))
+    return [default, *picked] if default in configs else picked[:count]
