@@ -304,3 +304,55 @@ class SimSchemeSpace:
     def segments(self, scheme: Scheme) -> Sequence[SimSegment]:
         self.segment_calls += 1
         return [SimSegment(self.chain, group) for group in scheme.segments()]
+
+
+# ---- a simulated measurement runner (for :class:`~stofc.tune.measure.WorkerMeasurer`) ----
+
+_POISONED = False
+
+
+class SimulatedCudaError(RuntimeError):
+    """Stands in for a CUDA error that leaves the context unusable (sticky)."""
+
+
+def describe() -> dict[str, str]:
+    """The simulated device identity (the worker protocol's optional hook)."""
+    return {"gpu": "SIM GPU", "driver": "0.0"}
+
+
+def run_simulated_task(task) -> float | bool:
+    """A runner for the worker protocol, driven by ``task.payload``.
+
+    ``payload = {"base_ms": float, "behaviour": {config_key: what}}`` where
+    ``what`` is ``"raise"`` (a sticky simulated CUDA error: every later task
+    in this process fails too, as in a real poisoned context), ``"abort"``
+    (``os.abort``), ``"exit"`` (``os._exit(3)``), ``"sleep"`` (hangs),
+    ``"reject"`` (:class:`~stofc.tune.measure.CandidateRejected`) or
+    ``"wrong"`` (verification fails). Other configs take ``base_ms`` x a
+    deterministic factor of the config.
+    """
+    import os
+    import time as _time
+
+    from stofc.tune.measure import CandidateRejected
+
+    global _POISONED
+    if _POISONED:
+        raise SimulatedCudaError("cudaErrorIllegalAddress: an illegal memory access "
+                                 "was encountered (sticky)")
+    what = task.payload["behaviour"].get(task.config)
+    if what == "raise":
+        _POISONED = True
+        raise SimulatedCudaError("cudaErrorIllegalAddress: an illegal memory access "
+                                 "was encountered")
+    if what == "abort":
+        os.abort()
+    if what == "exit":
+        os._exit(3)
+    if what == "sleep":
+        _time.sleep(3600)
+    if what == "reject":
+        raise CandidateRejected("needs 300 KiB shared memory")
+    if task.mode == "verify":
+        return what != "wrong"
+    return task.payload["base_ms"] * (1.0 + _unit("runner", task.config))

@@ -1,0 +1,94 @@
+"""Measurement isolation on CPU: faults, aborts and timeouts in the worker never leak."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from stofc.tune.interfaces import Config
+from stofc.tune.measure import MeasureTask, WorkerMeasurer, rotation_count
+
+RUNNER = "stofc.tune.simulate:run_simulated_task"
+
+
+@dataclass(frozen=True)
+class FakeSegment:
+    family: str = "fake"
+    problem: tuple = (128, 64)
+    compile_options: tuple = ()
+    label: str = "fake segment"
+    payload: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def cfg(n: int) -> Config:
+    return Config.of(block=n)
+
+
+def segment(**behaviour: str) -> FakeSegment:
+    return FakeSegment(payload={"base_ms": 1.0,
+                                "behaviour": {cfg(int(k[1:])).key: v for k, v in behaviour.items()}})
+
+
+def expected_ms(config: Config) -> float:
+    from stofc.tune.simulate import run_simulated_task
+    task = MeasureTask("time", "fake", (128, 64), config.key, {"base_ms": 1.0, "behaviour": {}})
+    return run_simulated_task(task)
+
+
+def test_faults_are_recorded_and_never_poison_later_measurements():
+    seg = segment(c2="raise", c3="abort", c4="sleep", c5="exit", c6="reject")
+    with WorkerMeasurer(RUNNER, timeout_s=1.5, start_timeout_s=60) as measurer:
+        assert (measurer.gpu, measurer.driver) == ("SIM GPU", "0.0")
+        good = measurer.measure(seg, cfg(1))
+        assert good.ok and math.isclose(good.time_ms, expected_ms(cfg(1)))
+
+        sticky = measurer.measure(seg, cfg(2))
+        assert sticky.fault is not None and "IllegalAddress" in sticky.fault
+        # The sticky error poisoned that worker; the next candidate runs in a fresh one.
+        assert measurer.measure(seg, cfg(1)).time_ms == good.time_ms
+
+        aborted = measurer.measure(seg, cfg(3))
+        assert aborted.fault == "worker died (SIGABRT)"
+        assert measurer.measure(seg, cfg(1)).time_ms == good.time_ms
+
+        hung = measurer.measure(seg, cfg(4))
+        assert hung.fault is not None and hung.fault.startswith("timeout after 1.")
+        assert measurer.measure(seg, cfg(1)).time_ms == good.time_ms
+
+        exited = measurer.measure(seg, cfg(5))
+        assert exited.fault == "worker died (exit code 3)"
+
+        replaced = measurer.replacements
+        rejected = measurer.measure(seg, cfg(6))
+        assert rejected.fault == "rejected: needs 300 KiB shared memory"
+        assert measurer.replacements == replaced  # a clean rejection keeps the worker
+        assert measurer.measure(seg, cfg(7)).time_ms == pytest.approx(expected_ms(cfg(7)))
+
+        assert measurer.replacements == 4
+        assert len(set(measurer.worker_pids)) == 5
+
+
+def test_verify_runs_in_the_worker():
+    seg = segment(c2="wrong", c3="abort")
+    with WorkerMeasurer(RUNNER, timeout_s=5, start_timeout_s=60) as measurer:
+        assert measurer.verify(seg, cfg(1)) is True
+        assert measurer.verify(seg, cfg(2)) is False
+        assert measurer.verify(seg, cfg(3)) is False   # a crash is never "correct"
+        assert measurer.verify(seg, cfg(1)) is True
+
+
+def test_a_runner_that_cannot_load_is_a_clear_error():
+    from stofc.tune.measure import WorkerUnavailable
+    measurer = WorkerMeasurer("stofc.tune.no_such_module:run", start_timeout_s=60)
+    with pytest.raises(WorkerUnavailable, match="ModuleNotFoundError"):
+        measurer.measure(segment(), cfg(1))
+
+
+def test_rotation_exceeds_l2():
+    l2 = 50 * 1024 * 1024
+    n = rotation_count(8 * 1024 * 1024, l2)
+    assert n * 8 * 1024 * 1024 >= 2 * l2
+    assert rotation_count(1 << 40, l2) == 2
+    assert rotation_count(1, l2) == 64
