@@ -27,6 +27,7 @@ otherwise :func:`device_identity` asks CUDA. Runners time with
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import multiprocessing
@@ -40,7 +41,7 @@ from typing import Any, Literal
 from stofc.tune.interfaces import Config, Measurement, SegmentSpace
 
 
-class CandidateRejected(Exception):  # noqa: N818 - a verdict, not a failure of stofc
+class CandidateRejected(Exception):
     """Raised by a runner for a config that cannot run but leaves the GPU healthy."""
 
 
@@ -188,10 +189,8 @@ class _Worker:
         self.conn.close()
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except (OSError, BrokenPipeError):
-            pass
         self.process.join(2)
         self.kill()
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from stofc.tune.evaluate import Evaluator
 from stofc.tune.interfaces import Config, Measurement, SegmentSpace, segment_key
@@ -52,7 +52,9 @@ class SegmentResult:
 @dataclass(frozen=True)
 class Stage2Result:
     segments: tuple[SegmentResult, ...]
-    allocations: tuple[tuple[int, ...], ...]   # per round, per segment (input order, deduped)
+    allocations: tuple[tuple[int, ...], ...]   # per round, per searched segment
+    gains: tuple[tuple[float, ...], ...]       # per round: each searched segment's gain (ms)
+    searched: tuple[str, ...]                  # labels of the searched segments, in order
     rounds: int
     stopped: str  # "converged" | "exhausted" | "deadline" | "database"
 
@@ -66,8 +68,6 @@ class _State:
     values: dict[str, list]
     rng: random.Random
     measured: int = 0
-    last_gain: float = 0.0
-    untried_cache: list[Config] = field(default_factory=list)
 
 
 def _distinct_values(configs: Sequence[Config]) -> dict[str, list]:
@@ -181,6 +181,7 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
     reporter.stage("stage 2", f"parameter search over {len(searching)} segments "
                    f"({len(states) - len(searching)} from the database), {per_round} per round")
     allocations: list[tuple[int, ...]] = []
+    gain_log: list[tuple[float, ...]] = []
     stale = 0
     stopped = "database" if not searching else "converged"
     gains = [0.0] * len(searching)
@@ -214,6 +215,7 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
                 improved = improved or before == INF or (before - after) / before > min_gain
             else:
                 gains[i] = 0.0
+        gain_log.append(tuple(gains))
         stale = 0 if improved else stale + 1
         if stale >= patience:
             stopped = "converged"
@@ -222,7 +224,9 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
         key = segment_key(state.space)
         results[key] = _finish(state, evaluator, reporter)
     return Stage2Result(segments=tuple(results[k] for k in order),
-                        allocations=tuple(allocations), rounds=rounds, stopped=stopped)
+                        allocations=tuple(allocations), gains=tuple(gain_log),
+                        searched=tuple(s.space.label for s in searching), rounds=rounds,
+                        stopped=stopped)
 
 
 def _best_ms(evaluator: Evaluator, space: SegmentSpace) -> float:

@@ -1,0 +1,131 @@
+"""The tuning database: schema, versions, concurrency of two processes, corrupt files."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+
+import pytest
+
+from stofc.tune.db import (
+    SCHEMA_VERSION,
+    RecordKey,
+    Sample,
+    TuningDatabase,
+    TuningDatabaseError,
+    default_path,
+)
+
+
+def key(family: str = "gemm", gpu: str = "NVIDIA H200", problem: str = "[2048,768]") -> RecordKey:
+    return RecordKey(family=family, problem=problem, gpu=gpu, driver="580.65",
+                     compile_options='["-arch=sm_90"]')
+
+
+def test_default_path_is_under_the_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOFC_CACHE_DIR", str(tmp_path / "c"))
+    assert default_path() == tmp_path / "c" / "tuning.sqlite"
+    with TuningDatabase.open() as db:
+        assert db.path.is_file()
+
+
+def test_best_keeps_the_fastest_and_keys_separate(tmp_path):
+    with TuningDatabase.open(tmp_path / "t.sqlite") as db:
+        assert db.best(key()) is None
+        db.upsert_best(key(), '{"b":1}', 2.0)
+        db.upsert_best(key(), '{"b":2}', 3.0)        # slower: ignored
+        assert db.best(key()).config == '{"b":1}'
+        db.upsert_best(key(), '{"b":3}', 1.5)        # faster: replaces
+        record = db.best(key())
+        assert (record.config, record.time_ms) == ('{"b":3}', 1.5)
+        assert db.best(key(gpu="NVIDIA H100 80GB HBM3")) is None
+        other = RecordKey("gemm", "[2048,768]", "NVIDIA H200", "580.65", '["-arch=sm_90"]',
+                          stofc_version="0.0.1")
+        assert db.best(other) is None                  # another stofc version is stale
+        db.add_samples(key(), [Sample('{"b":1}', 2.0, None), Sample('{"b":9}', None, "timeout")])
+        db.add_samples(key(), [Sample('{"b":1}', 7.0, None)])   # already stored: kept
+        samples = db.samples(key())
+        assert samples['{"b":1}'].time_ms == 2.0 and samples['{"b":9}'].fault == "timeout"
+        assert db.counts_by_gpu() == {"NVIDIA H200": (1, 2)}
+
+
+def test_values_are_parameters_not_sql(tmp_path):
+    nasty = "x'); DROP TABLE records; --"
+    with TuningDatabase.open(tmp_path / "t.sqlite") as db:
+        db.upsert_best(key(family=nasty), '{"b":1}', 1.0)
+        assert db.best(key(family=nasty)).time_ms == 1.0
+        assert db.counts_by_gpu()["NVIDIA H200"] == (1, 0)
+
+
+def test_schema_version_newer_is_refused(tmp_path):
+    path = tmp_path / "t.sqlite"
+    TuningDatabase.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(TuningDatabaseError, match=r"schema version 2, newer than this stofc") as err:
+        TuningDatabase.open(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_foreign_sqlite_file_is_refused_not_overwritten(tmp_path):
+    path = tmp_path / "mine.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE photos (id INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(TuningDatabaseError, match="not a stofc tuning database"):
+        TuningDatabase.open(path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("photos",)]
+    conn.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_corrupt_file_is_moved_aside_with_a_warning(tmp_path, damage):
+    path = tmp_path / "t.sqlite"
+    if damage == "garbage":
+        path.write_bytes(b"this is not a database at all" * 200)
+    else:
+        with TuningDatabase.open(path) as db:
+            for i in range(300):
+                db.upsert_best(key(problem=f"[{i}]"), '{"b":1}', 1.0)
+        data = path.read_bytes()
+        path.write_bytes(data[:100] + b"\xff" * 3000 + data[3100:])
+        for side in ("-wal", "-shm"):
+            (tmp_path / f"t.sqlite{side}").unlink(missing_ok=True)
+    warnings: list[str] = []
+    with TuningDatabase.open(path, on_warning=warnings.append) as db:
+        assert db.counts_by_gpu() == {}
+        db.upsert_best(key(), '{"b":1}', 1.0)
+    assert len(warnings) == 1 and "is corrupt" in warnings[0] and "started a fresh one" in warnings[0]
+    aside = list(tmp_path.glob("t.sqlite.corrupt-*"))
+    assert len(aside) == 1 and str(aside[0]) in warnings[0]
+
+
+def _writer(path: str, gpu: str, count: int, barrier) -> None:
+    barrier.wait()
+    with TuningDatabase.open(path) as db:
+        for i in range(count):
+            db.upsert_best(key(gpu=gpu, problem=f"[{i}]"), f'{{"i":{i}}}', float(i + 1))
+            db.add_samples(key(gpu=gpu, problem=f"[{i}]"), [Sample(f'{{"i":{i}}}', 1.0, None)])
+            # Both processes also fight over one shared key: the fastest must win.
+            db.upsert_best(key(gpu="shared"), f'{{"from":"{gpu}","i":{i}}}', 1000.0 - i)
+
+
+def test_two_processes_write_at_once(tmp_path):
+    path = str(tmp_path / "t.sqlite")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_writer, args=(path, gpu, 150, barrier)) for gpu in ("A", "B")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    with TuningDatabase.open(path) as db:
+        assert db.counts_by_gpu() == {"A": (150, 150), "B": (150, 150), "shared": (1, 0)}
+        assert db.best(key(gpu="shared")).time_ms == 1000.0 - 149
+        assert db.clear(gpu="A") == 300
+        assert db.counts_by_gpu() == {"B": (150, 150), "shared": (1, 0)}
