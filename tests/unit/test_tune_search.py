@@ -137,7 +137,7 @@ def test_stage1_is_deterministic_and_the_memo_answers_repeats():
 def test_share_budget():
     assert share_budget(12, [0, 0, 0], [True] * 3) == [4, 4, 4]
     assert share_budget(12, [0.0, 3.0, 1.0], [True] * 3) == [1, 8, 3]  # 9 left: 6.75, 2.25
-    assert share_budget(12, [5.0, 0, 0], [True, False, True]) == [10, 0, 1]
+    assert share_budget(12, [5.0, 0, 0], [True, False, True]) == [11, 0, 1]
     assert share_budget(2, [1.0, 1.0, 1.0], [True] * 3) == [1, 1, 0]
 
 
