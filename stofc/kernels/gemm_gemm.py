@@ -1,0 +1,110 @@
+"""GEMM+GEMM (family ``gemm_gemm``): the FFN chain kept on chip, ``gemm/gemm_gemm.cu.j2``.
+
+``out = ep2(ep1(X @ W1ᵀ) @ W2ᵀ)`` with W1 ``[N1, K1]`` and W2 ``[N2, N1]``
+(pre-transposed, K contiguous). A block owns ``bm`` rows and every output
+column and walks the hidden dimension in chunks of ``bh``; each chunk of the
+intermediate lives in shared memory only. Worth it for few tokens, where the
+intermediate's round trip and the second launch cost more than the lost
+parallelism (``M / bm`` blocks); the tuner decides by measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from stofc.codegen import Source, render
+from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.gemm import DTYPES
+from stofc.kernels.space import Space, check
+from stofc.targets import GpuProfile
+
+TEMPLATE = "gemm/gemm_gemm.cu.j2"
+
+
+@dataclass(frozen=True)
+class GemmGemmProblem:
+    m: int
+    k1: int
+    n1: int
+    n2: int
+    dtype: str
+    ep1: Epilogue
+    ep2: Epilogue
+
+
+@dataclass(frozen=True)
+class GemmGemmConfig:
+    bm: int
+    bh: int
+    bk: int
+    warps: int
+    stages: int
+
+    def n2_pad(self, n2: int) -> int:
+        step = 16 * self.warps
+        return -(-n2 // step) * step
+
+    def smem_bytes(self, p: GemmGemmProblem) -> int:
+        x = self.bm * (p.k1 + 8)
+        w1 = self.stages * self.bh * (self.bk + 8)
+        f = self.bm * (self.bh + 8)
+        w2 = self.n2_pad(p.n2) * (self.bh + 8)
+        return 2 * (x + w1 + f + w2)
+
+    def as_params(self) -> tuple[tuple[str, int], ...]:
+        return tuple(asdict(self).items())
+
+
+def problem_of(match, tokens: int, dtype: str) -> GemmGemmProblem:
+    """The problem of a ``gemm_gemm`` :class:`~stofc.plan.families.SegmentMatch`."""
+    return GemmGemmProblem(tokens, match.dim("k0"), match.dim("n0"), match.dim("n1"), dtype,
+                           match.epilogues[0], match.epilogues[1])
+
+
+def _constraints(env: dict) -> None:
+    cfg = GemmGemmConfig(env["bm"], env["bh"], env["bk"], env["warps"], env["stages"])
+    p: GemmGemmProblem = env["problem"]
+    check((env["bh"] // env["warps"]) % 16 == 0,
+          "each warp's share of a hidden chunk must be a multiple of 16 columns")
+    check(p.n1 % env["bh"] == 0, "the hidden size must be a multiple of the chunk")
+    check(p.k1 % env["bk"] == 0, "K must be a multiple of BK")
+    acc = (env["bm"] // 16) * (cfg.n2_pad(p.n2) // env["warps"] // 8) * 4
+    check(acc <= 128, "more than 128 fp32 output accumulators per thread spill registers")
+    check(cfg.smem_bytes(p) <= env["smem_per_block"],
+          "X tile + W1 stages + chunk + W2 chunk exceed one block's shared memory")
+
+
+def space(problem: GemmGemmProblem, profile: GpuProfile) -> Space:
+    return Space(axes=(("bm", (16, 32)), ("bh", (32, 64, 128)), ("bk", (32, 64)),
+                       ("warps", (2, 4, 8)), ("stages", (2, 3))),
+                 constraints=(_constraints,),
+                 fixed=(("problem", problem), ("smem_per_block", profile.smem_per_block)))
+
+
+def default_config(problem: GemmGemmProblem, profile: GpuProfile) -> GemmGemmConfig:
+    """The first valid of a short preference list (16-row blocks, 64-wide chunks first)."""
+    sp = space(problem, profile)
+    for bm, bh, warps, stages in ((16, 64, 4, 3), (16, 64, 4, 2), (16, 32, 2, 2),
+                                  (16, 64, 8, 2)):
+        cfg = {"bm": bm, "bh": bh, "bk": 32, "warps": warps, "stages": stages}
+        if sp.reason(cfg) is None:
+            return GemmGemmConfig(**cfg)
+    valid = sp.configs()
+    if not valid:
+        raise ValueError(f"no GEMM+GEMM configuration fits {problem}")
+    return GemmGemmConfig(**valid[0])
+
+
+def kernel_name(p: GemmGemmProblem, c: GemmGemmConfig) -> str:
+    return (f"stofc_gemm_gemm_{p.dtype}_{p.ep1.tag.replace('-', '_')}_"
+            f"{p.ep2.tag.replace('-', '_')}_{p.k1}x{p.n1}x{p.n2}_m{c.bm}_h{c.bh}_k{c.bk}"
+            f"_w{c.warps}_s{c.stages}")
+
+
+def render_gemm_gemm(p: GemmGemmProblem, c: GemmGemmConfig) -> Source:
+    name = kernel_name(p, c)
+    e1, e2 = p.ep1.template_values(), p.ep2.template_values()
+    return render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[p.dtype], BM=c.bm, BH=c.bh,
+                  BK=c.bk, WARPS=c.warps, STAGES=c.stages, K1=p.k1, N1=p.n1, N2=p.n2,
+                  N2_PAD=c.n2_pad(p.n2), HAS_BIAS1=e1["HAS_BIAS"], ACT1=e1["ACT"],
+                  HAS_BIAS2=e2["HAS_BIAS"], ACT2=e2["ACT"], HAS_RESIDUAL2=e2["HAS_RESIDUAL"])

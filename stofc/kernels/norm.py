@@ -1,0 +1,84 @@
+"""Add + LayerNorm / RMSNorm (family ``add_norm``): template ``norm/add_norm.cu.j2``.
+
+Memory-bound, one pass: each row is read once with 16-byte vector loads
+(8 elements), held in registers, reduced (two-pass variance from registers),
+and written once. With ``norm="none"`` the same kernel is the vendor path's
+fused epilogue (bias, activation, residual after a cuBLAS GEMM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from stofc.codegen import Source, render
+from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.gemm import DTYPES
+from stofc.kernels.space import Space, check
+from stofc.targets import GpuProfile
+
+TEMPLATE = "norm/add_norm.cu.j2"
+VEC = 8  # elements per 16-byte access (fp16/bf16)
+
+
+@dataclass(frozen=True)
+class NormProblem:
+    """Rows of width ``n`` (``m`` a hint), dtype, and the epilogue to apply."""
+
+    m: int
+    n: int
+    dtype: str
+    epilogue: Epilogue
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """Threads per row (whole warps) and rows per block."""
+
+    tpr: int
+    rows: int
+
+    def items(self, n: int) -> int:
+        """16-byte vectors each thread holds for a row of ``n``."""
+        return -(-n // (VEC * self.tpr))
+
+    def as_params(self) -> tuple[tuple[str, int], ...]:
+        return tuple(asdict(self).items())
+
+
+def _constraints(env: dict) -> None:
+    items = -(-env["n"] // (VEC * env["tpr"]))
+    check(env["tpr"] * env["rows"] <= 1024, "at most 1024 threads per block")
+    check(env["tpr"] * env["rows"] >= 64, "fewer than 2 warps per block under-fills the SM")
+    check(items <= 8, "more than 8 vectors (64 floats) per thread spill registers")
+    check((items - 1) * VEC * env["tpr"] < env["n"],
+          "a thread would hold a vector that is always out of range (too many threads per row)")
+
+
+def space(problem: NormProblem, profile: GpuProfile) -> Space:
+    """Threads-per-row and rows-per-block candidates."""
+    del profile
+    return Space(axes=(("tpr", (32, 64, 128, 256, 512)), ("rows", (1, 2, 4, 8))),
+                 constraints=(_constraints,), fixed=(("n", problem.n),))
+
+
+def default_config(problem: NormProblem, profile: GpuProfile) -> NormConfig:
+    """One vector per thread when the row allows it; 4 warps per block at least."""
+    del profile
+    tpr = 32
+    while tpr < 512 and -(-problem.n // (VEC * tpr)) > 2:
+        tpr *= 2
+    rows = max(1, 128 // tpr)
+    return NormConfig(tpr, rows)
+
+
+def kernel_name(problem: NormProblem, config: NormConfig) -> str:
+    return (f"stofc_add_norm_{problem.dtype}_{problem.epilogue.tag.replace('-', '_')}"
+            f"_n{problem.n}_t{config.tpr}x{config.rows}")
+
+
+def render_norm(problem: NormProblem, config: NormConfig) -> Source:
+    """The CUDA source for ``problem`` with ``config`` (one ``extern "C"`` kernel)."""
+    name = kernel_name(problem, config)
+    return render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[problem.dtype],
+                  TPR=config.tpr, ROWS=config.rows, ITEMS=config.items(problem.n),
+                  **problem.epilogue.template_values())

@@ -1,0 +1,270 @@
+"""Map each segment of a fusion scheme to a kernel family, or say why none can run it.
+
+Families and the operator sequences they execute (``?`` optional, in order):
+
+* ``attention``  — the attention operator alone (the MHA segment is fixed);
+* ``gemm``       — gemm, bias?, activation?, residual_add?
+* ``gemm_norm``  — gemm, bias?, residual_add?, layernorm|rmsnorm (the tile
+  spans the full row: ``out_features <= MAX_NORM_WIDTH``)
+* ``gemm_gemm``  — gemm, bias?, activation?, gemm, bias?, residual_add?
+  (the second GEMM reads the first one's result, kept on chip)
+* ``add_norm``   — bias?, activation?, residual_add?, layernorm|rmsnorm?
+  (memory-bound, one pass; at least one operator)
+
+Rules every segment obeys: at most two compute-intensive operators (STOF);
+operators form a chain (each reads its predecessor's output; a residual add
+reads one value from outside the segment); every value read outside the
+segment is one the family stores (the final value, plus the pre-norm value for
+norm families).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stofc.errors import PlanError
+from stofc.frontend.types import ChainOp, Layer, OpKind
+from stofc.kernels.epilogue import Epilogue
+from stofc.plan.dataflow import OpFlow, consumers, resolve_dataflow
+from stofc.plan.scheme import FusionScheme
+
+MAX_NORM_WIDTH = 1024
+MAX_CI_PER_SEGMENT = 2
+_ACT_KINDS = (OpKind.GELU, OpKind.ACTIVATION)
+_NORM_KINDS = (OpKind.LAYERNORM, OpKind.RMSNORM)
+
+
+class SchemeRejected(PlanError):
+    """A fusion scheme has a segment no kernel family can execute; ``reason`` says why."""
+
+    def __init__(self, segment: int, ops: tuple[int, ...], reason: str) -> None:
+        super().__init__(f"segment {segment} (operators {list(ops)}) cannot run: {reason}",
+                         hint="choose another fusion scheme (split the segment)")
+        self.segment = segment
+        self.ops = ops
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SegmentMatch:
+    """One segment mapped to a family, with the values and weights it binds.
+
+    ``bindings`` are ``(slot, name)`` pairs: activations ``x``, ``residual``,
+    ``out``, ``pre_norm_out``; parameters ``w0``/``b0`` (first GEMM),
+    ``w1``/``b1`` (second GEMM), ``bias`` (a bias without a GEMM), ``gamma``,
+    ``beta``. ``epilogues`` holds one epilogue, two for ``gemm_gemm`` (after
+    the first GEMM, after the second).
+    """
+
+    ordinal: int
+    ops: tuple[int, ...]
+    family: str
+    epilogues: tuple[Epilogue, ...]
+    bindings: tuple[tuple[str, str], ...]
+    dims: tuple[tuple[str, int], ...]
+    epsilon: float
+    roles: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def binding(self, slot: str) -> str | None:
+        for key, value in self.bindings:
+            if key == slot:
+                return value
+        return None
+
+    def dim(self, name: str) -> int:
+        return dict(self.dims)[name]
+
+
+def activation_of(op: ChainOp) -> str | None:
+    """The epilogue activation code for a GELU/ACTIVATION op, or None if unsupported."""
+    if op.kind == OpKind.GELU:
+        tanh = op.param("approximation") == "tanh" or op.param("form") in ("tanh", "fastgelu")
+        return "gelu_tanh" if tanh else "gelu_erf"
+    if op.kind == OpKind.ACTIVATION and str(op.param("op", "")).lower() == "relu":
+        return "relu"
+    return None
+
+
+def _chain_reason(ops: list[ChainOp], flows: list[OpFlow]) -> str | None:
+    inside = {f.output for f in flows}
+    for prev, flow in zip(flows, flows[1:], strict=False):
+        if prev.output not in flow.inputs:
+            return (f"operator #{flow.index} ({flow.kind.value}) does not read operator "
+                    f"#{prev.index}'s output, so they do not form a fusable chain")
+        others = [v for v in flow.inputs if v != prev.output]
+        if flow.kind == OpKind.RESIDUAL_ADD:
+            if any(v in inside for v in others):
+                return f"residual add #{flow.index} adds a value produced in the same segment"
+        elif others:
+            return f"operator #{flow.index} ({flow.kind.value}) reads more than one activation"
+    return None
+
+
+def _parse(ops: list[ChainOp]) -> tuple[list[list[ChainOp]], ChainOp | None, ChainOp | None,
+                                         str | None]:
+    """Split into GEMM groups (gemm, bias?, act?), residual?, norm?; or a reason."""
+    groups: list[list[ChainOp]] = []
+    pos, n = 0, len(ops)
+    while pos < n and (ops[pos].kind == OpKind.GEMM or (not groups and pos == 0)):
+        group: list[ChainOp] = []
+        if ops[pos].kind == OpKind.GEMM:
+            group.append(ops[pos])
+            pos += 1
+        if pos < n and ops[pos].kind == OpKind.BIAS_ADD:
+            group.append(ops[pos])
+            pos += 1
+        if pos < n and ops[pos].kind in _ACT_KINDS:
+            group.append(ops[pos])
+            pos += 1
+        if not group:
+            break
+        groups.append(group)
+    residual = norm = None
+    if pos < n and ops[pos].kind == OpKind.RESIDUAL_ADD:
+        residual, pos = ops[pos], pos + 1
+    if pos < n and ops[pos].kind in _NORM_KINDS:
+        norm, pos = ops[pos], pos + 1
+    if pos < n:
+        kinds = " ".join(o.kind.value for o in ops)
+        if norm is not None and ops[pos].kind == OpKind.GEMM:
+            return groups, residual, norm, (
+                "a norm followed by a GEMM would need a norm prologue inside the GEMM, "
+                "which no kernel family has")
+        return groups, residual, norm, (
+            f"no kernel family executes '{kinds}' (order must be gemm, bias, activation, "
+            "[gemm, bias, activation,] residual_add, norm)")
+    return groups, residual, norm, None
+
+
+def _match_one(layer: Layer, ordinal: int, idx: tuple[int, ...], flows: tuple[OpFlow, ...],
+               users: dict[str, tuple[int, ...]], max_norm_width: int) -> SegmentMatch:
+    ops = [layer.chain[i] for i in idx]
+    seg_flows = [flows[i] for i in idx]
+
+    def reject(reason: str) -> SchemeRejected:
+        return SchemeRejected(ordinal, idx, reason)
+
+    kinds = [o.kind for o in ops]
+    if OpKind.ATTENTION in kinds:
+        if len(ops) != 1:
+            raise reject("the attention operator must be a segment of its own "
+                         "(the MHA segment is fixed)")
+        return SegmentMatch(ordinal, idx, "attention", (), (), (), 0.0, (ops[0].role,),
+                            seg_flows[0].inputs, (seg_flows[0].output,))
+    n_ci = sum(k == OpKind.GEMM for k in kinds)
+    if n_ci > MAX_CI_PER_SEGMENT:
+        raise reject(f"{n_ci} compute-intensive operators; a segment holds at most "
+                     f"{MAX_CI_PER_SEGMENT}")
+    reason = _chain_reason(ops, seg_flows)
+    if reason:
+        raise reject(reason)
+    groups, residual, norm, reason = _parse(ops)
+    if reason:
+        raise reject(reason)
+
+    bindings: list[tuple[str, str]] = [("x", seg_flows[0].inputs[0])]
+    dims: list[tuple[str, int]] = []
+    epilogues: list[Epilogue] = []
+    gemms = [g[0] for g in groups if g[0].kind == OpKind.GEMM]
+    for gi, group in enumerate(groups):
+        bias = act = None
+        for op in group:
+            if op.kind == OpKind.GEMM:
+                bindings.append((f"w{gi}", str(op.param("weight"))))
+                dims += [(f"k{gi}", int(op.param("in_features"))),
+                         (f"n{gi}", int(op.param("out_features")))]
+            elif op.kind == OpKind.BIAS_ADD:
+                bias = op
+                bindings.append((f"b{gi}" if gemms else "bias", str(op.param("bias"))))
+            else:
+                act = activation_of(op)
+                if act is None:
+                    raise reject(f"activation {op.param('op')!r} has no fused implementation "
+                                 "(supported: Gelu erf/tanh, Relu)")
+        epilogues.append(Epilogue(bias=bias is not None, act=act or "none"))
+    if not groups:
+        epilogues.append(Epilogue())
+    if len(gemms) == 2:
+        if norm is not None:
+            raise reject("GEMM+GEMM cannot also normalise rows: no family holds two GEMMs "
+                         "and a full-row reduction")
+        if gemms[0].param("out_features") != gemms[1].param("in_features"):
+            raise reject("the second GEMM's in_features differ from the first's out_features")
+    last = epilogues[-1]
+    norm_kind, shift, eps = "none", True, 0.0
+    if norm is not None:
+        norm_kind = "layernorm" if norm.kind == OpKind.LAYERNORM else "rmsnorm"
+        shift = norm.kind == OpKind.LAYERNORM and norm.param("bias") is not None
+        eps = float(norm.param("epsilon", 1e-5))
+        bindings.append(("gamma", str(norm.param("scale"))))
+        if shift:
+            bindings.append(("beta", str(norm.param("bias"))))
+        if gemms:
+            width = int(gemms[-1].param("out_features"))
+            if width > max_norm_width:
+                raise reject(f"GEMM+{norm_kind} needs a tile spanning the full row; "
+                             f"out_features {width} > {max_norm_width}")
+    if residual is not None:
+        res_flow = flows[residual.index]
+        prev_out = flows[residual.index - 1].output if residual.index > idx[0] else None
+        other = [v for v in res_flow.inputs if v != prev_out]
+        if residual.index == idx[0]:  # segment starts at the add: both inputs external
+            bindings[0] = ("x", res_flow.inputs[0])
+            other = list(res_flow.inputs[1:])
+        bindings.append(("residual", other[0]))
+
+    produced = {f.output: f.index for f in seg_flows}
+    final = seg_flows[-1].output
+    pre_norm = flows[norm.index].inputs[0] if norm is not None and norm.index > idx[0] else None
+    outside = [v for v, pos in produced.items()
+               if v != final and any(u not in idx for u in users.get(v, ()))]
+    store_pre = False
+    for value in outside:
+        if value == pre_norm:
+            store_pre = True
+            continue
+        raise reject(f"value {value!r} (operator #{produced[value]}) is read outside the "
+                     f"segment, but a fused kernel stores only its final value"
+                     + (" and the pre-norm value" if norm is not None else ""))
+    epilogues[-1] = Epilogue(bias=last.bias, act=last.act, residual=residual is not None,
+                             norm=norm_kind, norm_shift=shift, store_pre_norm=store_pre)
+    if epilogues[-1].is_identity and not gemms:
+        raise reject("an empty memory-bound segment")
+    bindings.append(("out", final))
+    outputs = [final]
+    if store_pre and pre_norm is not None:
+        bindings.append(("pre_norm_out", pre_norm))
+        outputs.insert(0, pre_norm)
+    family = ("gemm_gemm" if len(gemms) == 2 else
+              "gemm_norm" if gemms and norm is not None else
+              "gemm" if gemms else "add_norm")
+    inputs = tuple(dict.fromkeys(v for f in seg_flows for v in f.inputs if v not in produced))
+    return SegmentMatch(ordinal, idx, family, tuple(epilogues), tuple(bindings), tuple(dims),
+                        eps, tuple(o.role for o in gemms), inputs, tuple(outputs))
+
+
+def match_segments(layer: Layer, scheme: FusionScheme, *,
+                   max_norm_width: int = MAX_NORM_WIDTH) -> tuple[SegmentMatch, ...]:
+    """Map every segment of ``scheme`` to a family; raise :class:`SchemeRejected` if one can't."""
+    if len(scheme) != len(layer.chain):
+        raise PlanError(f"fusion scheme has {len(scheme)} values for a chain of "
+                        f"{len(layer.chain)} operators",
+                        hint="give one value per operator of the layer chain")
+    flows = resolve_dataflow(layer)
+    users = consumers(flows)
+    last = flows[-1].output
+    users = {**users, last: (*users.get(last, ()), len(flows))}
+    return tuple(_match_one(layer, k, seg, flows, users, max_norm_width)
+                 for k, seg in enumerate(scheme.segments()))
+
+
+def reject_reason(layer: Layer, scheme: FusionScheme, *,
+                  max_norm_width: int = MAX_NORM_WIDTH) -> str | None:
+    """Why ``scheme`` cannot run on ``layer`` (one line), or None if it can."""
+    try:
+        match_segments(layer, scheme, max_norm_width=max_norm_width)
+    except SchemeRejected as err:
+        return str(err).split(";")[0]
+    return None
