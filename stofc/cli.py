@@ -18,6 +18,8 @@ from stofc.errors import StofcError
 
 # (module, attribute) of every top-level command, in the order `--help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
+    ("stofc.commands.tune", "tune"),
+    ("stofc.commands.cache", "cache"),
 )
 
 

@@ -245,6 +245,14 @@ class TuningDatabase:
                 deleted += cur.rowcount
         return deleted
 
+    def compact(self) -> bool:
+        """Give freed pages back to the file system (VACUUM); False if another process is busy."""
+        try:
+            self._conn.execute("VACUUM")
+        except sqlite3.OperationalError:
+            return False
+        return True
+
 
 def _looks_corrupt(err: sqlite3.Error) -> bool:
     text = str(err).lower()
