@@ -1,0 +1,58 @@
+// stofc attention device helpers shared by the block-wise and row-wise templates.
+//
+// Reductions over the 4 lanes of an mma quad (lanes sharing g = lane >> 2) and
+// over a whole warp; the -inf-safe online-softmax rescale; the runtime key
+// validity test (length bound plus optional packed key bits).
+#ifndef STOFC_ATTENTION_CUH
+#define STOFC_ATTENTION_CUH
+
+#include <stofc/mma.cuh>
+
+namespace stofc {
+
+#define STOFC_NEG_INF (__int_as_float(0xff800000))
+#define STOFC_LOG2E 1.4426950408889634f
+
+/// Max over the 4 lanes of a quad.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    return x;
+}
+
+/// Sum over the 4 lanes of a quad.
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+}
+
+/// Max over the 32 lanes of a warp.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+/// Sum over the 32 lanes of a warp.
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/// The subtrahend of the exponent for a running max `m` (in log2 units):
+/// 0 when m is -inf so that exp2(-inf - 0) = 0 and never exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float safe_max(float m) {
+    return m == STOFC_NEG_INF ? 0.0f : m;
+}
+
+/// Two bits (key, key+1) of the packed key-validity words of one sequence;
+/// `key` is even, so both bits sit in one 64-bit word.
+__device__ __forceinline__ u32 key_bits2(const u64* words, int key) {
+    return static_cast<u32>((words[key >> 6] >> (key & 63)) & 3ull);
+}
+
+}  // namespace stofc
+
+#endif  // STOFC_ATTENTION_CUH

@@ -1,0 +1,177 @@
+"""Configurations of the two attention kernels, their search spaces and why they prune.
+
+A :class:`AttentionConfig` is everything the Python side decides about a kernel's
+shape; together with the data type, head_dim and the two template flags it forms
+a :class:`KernelSpec`, which renders to exactly one CUDA source.
+
+Block-wise (``kind="block"``): the key tile equals the mask's outer tile ``T``
+(64 or 128); a block owns ``T / q_split`` query rows of one tile row; each warp
+owns ``warp_m`` (16 or 32) of them, so ``warps = T / q_split / warp_m``;
+``stages`` (2..4) is the depth of the cp.async ring of K/V tiles.
+
+Row-wise (``kind="row"``): a warp owns ``warp_m`` (1, 2 or 4) query rows, a
+block ``warps * warp_m`` consecutive rows inside one tile row; ``stages`` and
+``q_split`` are 1 (unused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stofc.errors import StofcError
+from stofc.targets import GpuProfile
+
+HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 128)
+DTYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+KINDS: tuple[str, ...] = ("block", "row")
+ELEM_BYTES = 2
+REG_LIMIT = 255          # registers per thread the hardware allows
+REG_OVERHEAD = 64        # addresses, loop state, masks (ptxas -v on sm_90: 137 regs for T=64,D=64)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One point of a kernel's search space (see the module docstring)."""
+
+    kind: str
+    tile: int
+    warp_m: int
+    warps: int
+    stages: int = 1
+    q_split: int = 1
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows_per_block(self) -> int:
+        """Query rows one thread block owns."""
+        if self.kind == "block":
+            return self.tile // self.q_split
+        return self.warps * self.warp_m
+
+    def describe(self) -> str:
+        if self.kind == "block":
+            return (f"block-wise T={self.tile} rows/block={self.rows_per_block} "
+                    f"warps={self.warps} rows/warp={self.warp_m} stages={self.stages}")
+        return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A config plus what the template needs to render one source."""
+
+    config: AttentionConfig
+    dtype: str            # "float16" | "bfloat16"
+    head_dim: int
+    has_bias: bool = False
+    has_key_bits: bool = False
+
+    @property
+    def name(self) -> str:
+        c = self.config
+        dt = "f16" if self.dtype == "float16" else "bf16"
+        return (f"stofc_attn_{c.kind}_{dt}_d{self.head_dim}_t{c.tile}_w{c.warps}_m{c.warp_m}"
+                f"_s{c.stages}_q{c.q_split}_b{int(self.has_bias)}_k{int(self.has_key_bits)}")
+
+
+def check_head_dim(head_dim: int) -> None:
+    """Raise a StofcError for a head_dim the kernels do not implement."""
+    if head_dim not in HEAD_DIMS:
+        raise StofcError(f"attention head_dim {head_dim} is not supported",
+                         hint=f"use a model whose head_dim is one of {', '.join(map(str, HEAD_DIMS))}")
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise StofcError(f"attention dtype {dtype!r} is not supported",
+                         hint="use float16 or bfloat16")
+
+
+def smem_bytes(config: AttentionConfig, head_dim: int) -> int:
+    """Shared memory one block needs (dynamic for block-wise, static for row-wise)."""
+    if config.kind == "row":
+        return config.warps * 64 * 4
+    srow = (head_dim + 8) * ELEM_BYTES
+    q = config.rows_per_block * srow
+    stage = 2 * config.tile * srow + (config.tile // 8) ** 2 * 8
+    return q + config.stages * stage
+
+
+def estimate_registers(config: AttentionConfig, head_dim: int) -> int:
+    """Registers per thread the kernel's live arrays need (accumulators, S, Q, P)."""
+    if config.kind == "row":
+        return head_dim + 2 * ((head_dim // 2 + 31) // 32) + 16 + REG_OVERHEAD // 2
+    mt = config.warp_m // 16
+    acc = mt * (head_dim // 8) * 4
+    s = mt * (config.tile // 8) * 4
+    qf = mt * (head_dim // 16) * 4
+    pf = mt * (config.tile // 16) * 4
+    return acc + s + qf + pf + REG_OVERHEAD
+
+
+def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | None:
+    """Why ``config`` cannot run (or cannot run well) on ``profile``; None if it is valid."""
+    c = config
+    if c.kind not in KINDS:
+        return f"unknown kernel kind {c.kind!r}"
+    if c.tile not in (16, 32, 64, 128):
+        return f"tile {c.tile} is not a mask-format tile size"
+    if c.kind == "block":
+        if c.tile < 64:
+            return "block-wise needs T >= 64: smaller key tiles starve the tensor cores"
+        if c.warp_m not in (16, 32):
+            return "block-wise warps own 16 or 32 rows (one or two m16 MMA tiles)"
+        if c.q_split not in (1, 2) or c.tile % (c.q_split * c.warp_m):
+            return "rows per block must be T or T/2 and a multiple of rows per warp"
+        if c.warps != c.tile // c.q_split // c.warp_m:
+            return "warps must equal rows per block / rows per warp"
+        if not 2 <= c.stages <= 4:
+            return "stages must be 2..4 (1 has no overlap, more only adds smem)"
+    else:
+        if c.warp_m not in (1, 2, 4) or c.warps not in (1, 2, 4, 8):
+            return "row-wise: 1, 2 or 4 rows per warp and 1..8 warps"
+        if c.tile % c.rows_per_block:
+            return "row-wise: a block's rows must lie inside one tile row (T % rows == 0)"
+        if c.stages != 1 or c.q_split != 1:
+            return "row-wise has no pipeline stages or query split"
+    smem = smem_bytes(c, head_dim)
+    if smem > profile.smem_per_block:
+        return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
+    regs = estimate_registers(c, head_dim)
+    if regs >= REG_LIMIT:
+        return f"needs about {regs} registers per thread (> {REG_LIMIT}): would spill"
+    if regs * c.threads > profile.regs_per_sm:
+        return "the block's registers exceed one SM's register file"
+    return None
+
+
+def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
+                 tile: int = 64) -> list[AttentionConfig]:
+    """Every valid config of ``kind`` for a format with outer tile ``tile``.
+
+    Each candidate that :func:`prune` rejects is dropped; the tuner measures the rest.
+    """
+    check_head_dim(head_dim)
+    check_dtype(dtype)
+    out: list[AttentionConfig] = []
+    if kind == "block":
+        for q_split in (1, 2):
+            for warp_m in (16, 32):
+                if tile % (q_split * warp_m):
+                    continue
+                warps = tile // q_split // warp_m
+                for stages in (2, 3, 4):
+                    cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split)
+                    if prune(cfg, head_dim, profile) is None:
+                        out.append(cfg)
+    elif kind == "row":
+        for warps in (1, 2, 4, 8):
+            for warp_m in (1, 2, 4):
+                cfg = AttentionConfig("row", tile, warp_m, warps)
+                if prune(cfg, head_dim, profile) is None:
+                    out.append(cfg)
+    else:
+        raise StofcError(f"unknown attention kernel {kind!r}", hint="use 'block' or 'row'")
+    return out

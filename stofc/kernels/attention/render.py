@@ -1,0 +1,39 @@
+"""Render and compile the attention templates (logic-free: every value comes from here)."""
+
+from __future__ import annotations
+
+from stofc.codegen import Source, render
+from stofc.compile import CompiledKernel, compile_source
+from stofc.errors import StofcError
+from stofc.kernels.attention.config import DTYPES, KernelSpec, check_dtype, check_head_dim
+
+TEMPLATES = {"block": "attention/block.cu.j2", "row": "attention/row.cu.j2"}
+# -lineinfo costs nothing at run time and lets ncu map stalls to source lines.
+COMPILE_OPTIONS: tuple[str, ...] = ("-lineinfo",)
+
+
+def render_kernel(spec: KernelSpec) -> Source:
+    """The CUDA source of ``spec`` (one ``extern "C"`` kernel named ``spec.name``)."""
+    check_head_dim(spec.head_dim)
+    check_dtype(spec.dtype)
+    c = spec.config
+    if c.kind not in TEMPLATES:
+        raise StofcError(f"unknown attention kernel {c.kind!r}", hint="use 'block' or 'row'")
+    return render(
+        TEMPLATES[c.kind], spec.name, (spec.name,),
+        kernel_name=spec.name,
+        dtype=DTYPES[spec.dtype],
+        head_dim=spec.head_dim,
+        tile=c.tile,
+        warp_m=c.warp_m,
+        warps=c.warps,
+        stages=c.stages,
+        q_split=c.q_split,
+        has_bias="true" if spec.has_bias else "false",
+        has_key_bits="true" if spec.has_key_bits else "false",
+    )
+
+
+def compile_kernel(spec: KernelSpec, target: str) -> CompiledKernel:
+    """Render ``spec`` and compile it for ``target`` (``sm_90``, ...); cached by content."""
+    return compile_source(render_kernel(spec), target, options=COMPILE_OPTIONS)

@@ -1,0 +1,170 @@
+"""The kernel selector: STOF's density formula, refined by a cost model of the GPU.
+
+STOF (design/STOF.md): with ``n = ceil(L/16)`` and ``nnz16`` the non-empty 16x16
+blocks, ``threshold = nnz16 / n^2 - 1.2 / (log2 n)^2``; row-wise when negative.
+That formula ignores the GPU and the batch. stofc also estimates each kernel's
+time from the profile and picks the cheaper one:
+
+* block-wise: every loaded outer tile costs ``4 T^2 D`` tensor-core flops (the
+  mask's zeros inside part tiles are computed and thrown away) at
+  ``BLOCK_EFFICIENCY`` of the fp16 peak; the grid runs in waves of
+  ``sm_count * blocks_per_sm`` blocks (wave quantisation), and the longest tile
+  row bounds the time from below (BigBird's dense global rows);
+* row-wise: every allowed element costs ``4 D`` fp32 flops on the CUDA cores
+  (peak / 16 on tensor-core GPUs, ``ROW_EFFICIENCY`` of it) and re-reads one K
+  and one V row (``4 D`` bytes) through L2 (``L2_FACTOR`` x DRAM bandwidth).
+
+The cheaper estimate wins; the explanation states both numbers, STOF's verdict
+and why they differ. The starting config fills the GPU (query split when the
+grid is short of two waves) and uses the deepest pipeline that costs no occupancy.
+The tuner refines the choice by measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from stofc.kernels.attention.config import (
+    AttentionConfig,
+    check_head_dim,
+    estimate_registers,
+    prune,
+    smem_bytes,
+)
+from stofc.masks.format import MaskFormat
+from stofc.targets import GpuProfile
+
+TAU = 1.2                 # STOF's empirical constant
+BLOCK_EFFICIENCY = 0.35   # mma.sync attention reaches ~35-40% of Hopper's dense fp16 peak
+ROW_EFFICIENCY = 0.5      # fp32 FMA issue share left after conversions and shuffles
+L2_FACTOR = 2.5           # L2 bandwidth over DRAM bandwidth (H100/A100 class)
+BLOCK_LATENCY_US = 3.0    # per wave: Q load + first tile before the first MMA
+ROW_LATENCY_US = 1.5      # per wave: the first K row's latency
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The selector's pick: kernel kind, starting config and why."""
+
+    kernel: str
+    config: AttentionConfig
+    explanation: str
+    stof_threshold: float
+    block_us: float
+    row_us: float
+
+
+def nonempty_blocks16(fmt: MaskFormat) -> float:
+    """Non-empty 16x16 blocks, averaged over the format's heads."""
+    t, itn = fmt.tile, fmt.tile // 8
+    per_tile16 = (t // 16) ** 2
+    total = 0
+    n_full = int(np.asarray(fmt.load_part_idx < 0).sum())
+    total += n_full * per_tile16        # edge tiles overcount a little; fine for a model
+    if fmt.part_bitmaps.size:
+        w = np.asarray(fmt.part_bitmaps).reshape(-1, itn, itn) != 0   # [p, ic, ir]
+        w16 = w.reshape(-1, itn // 2, 2, itn // 2, 2).any(axis=(2, 4))
+        total += int(w16.sum())
+    return total / fmt.num_heads
+
+
+def stof_threshold(fmt: MaskFormat, seq_len: int) -> float:
+    """STOF's ``nnz16 / n^2 - tau / (log2 n)^2`` (negative: row-wise)."""
+    n = max(2, math.ceil(seq_len / 16))
+    return nonempty_blocks16(fmt) / n**2 - TAU / math.log2(n) ** 2
+
+
+def _blocks_per_sm(cfg: AttentionConfig, head_dim: int, profile: GpuProfile) -> int:
+    regs = estimate_registers(cfg, head_dim) * cfg.threads
+    by_regs = profile.regs_per_sm // max(regs, 1)
+    by_warps = profile.max_warps_per_sm // cfg.warps
+    by_smem = profile.smem_per_sm // max(smem_bytes(cfg, head_dim), 1)
+    return max(1, min(by_regs, by_warps, by_smem, profile.max_blocks_per_sm))
+
+
+def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
+                 head_dim: int) -> AttentionConfig:
+    """Starting block-wise config: fill two waves, then the deepest free pipeline."""
+    t = fmt.tile
+    rows = fmt.tile_rows
+    q_split = 1
+    base = AttentionConfig("block", t, 16, t // 16, 2, 1)
+    slots = profile.sm_count * _blocks_per_sm(base, head_dim, profile)
+    if batch * heads * rows < 2 * slots and t >= 64:
+        q_split = 2
+    best = None
+    for stages in (2, 3, 4):
+        cfg = AttentionConfig("block", t, 16, t // q_split // 16, stages, q_split)
+        if prune(cfg, head_dim, profile) is not None:
+            continue
+        if best is None or _blocks_per_sm(cfg, head_dim, profile) >= _blocks_per_sm(best, head_dim, profile):
+            best = cfg
+    return best or base
+
+
+def row_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
+               seq_len: int) -> AttentionConfig:
+    """Starting row-wise config: 4 warps; 2 rows per warp once the grid has 8 waves."""
+    t = fmt.tile
+    rows_needed = batch * heads * seq_len
+    warp_m = 2 if rows_needed >= 8 * 2 * 4 * profile.sm_count * 16 and t % 8 == 0 else 1
+    return AttentionConfig("row", t, warp_m, 4)
+
+
+def _estimates(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, seq_len: int,
+               head_dim: int, bcfg: AttentionConfig) -> tuple[float, float]:
+    t = fmt.tile
+    rows = math.ceil(seq_len / t)
+    hf = heads if fmt.num_heads == 1 else 1          # heads per format head
+    ptr = np.asarray(fmt.load_row_ptr)
+    tiles_per_row = (ptr[:, 1:rows + 1] - ptr[:, :rows]).astype(np.float64)   # [fh, rows]
+    tiles = tiles_per_row.sum() * batch * hf
+    tile_flops = 4.0 * t * t * head_dim
+    rate = BLOCK_EFFICIENCY * profile.fp16_tflops * 1e12
+    blocks = batch * heads * rows * bcfg.q_split
+    slots = profile.sm_count * _blocks_per_sm(bcfg, head_dim, profile)
+    waves = math.ceil(blocks / slots)
+    quant = waves / (blocks / slots)
+    per_block_rate = rate / slots
+    longest = tiles_per_row.max() * tile_flops / bcfg.q_split / per_block_rate if rows else 0.0
+    block_us = max(tiles * tile_flops / rate * min(quant, 2.0), longest) * 1e6
+    block_us += waves * BLOCK_LATENCY_US
+    nnz = float(np.asarray(fmt.row_nnz)[:, :rows].sum()) * batch * hf
+    nnz *= min(1.0, seq_len / fmt.seq_len)           # rows past L hold no work
+    flop_rate = profile.fp16_tflops * 1e12 / 16 * ROW_EFFICIENCY
+    l2 = L2_FACTOR * profile.mem_bandwidth_gbs * 1e9
+    row_us = nnz * max(4.0 * head_dim / flop_rate, 4.0 * head_dim / l2) * 1e6
+    row_blocks = batch * heads * seq_len / 4
+    row_us += math.ceil(row_blocks / (profile.sm_count * 8)) * ROW_LATENCY_US * 0.1 + ROW_LATENCY_US
+    return block_us, row_us
+
+
+def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
+                  seq_len: int, head_dim: int) -> KernelChoice:
+    """Pick block-wise or row-wise for this mask and shape on this GPU, with a reason."""
+    check_head_dim(head_dim)
+    seq_len = min(seq_len, fmt.seq_len)
+    thr = stof_threshold(fmt, seq_len)
+    bcfg = block_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim)
+    rcfg = row_config(fmt, profile, batch=batch, heads=heads, seq_len=seq_len)
+    block_us, row_us = _estimates(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
+                                  head_dim=head_dim, bcfg=bcfg)
+    stof = "row-wise" if thr < 0 else "block-wise"
+    if fmt.tile < 64:
+        kind, why = "row", f"the mask's tile T={fmt.tile} is below the block-wise minimum of 64"
+    elif row_us < block_us:
+        kind = "row"
+        why = (f"row-wise est. {row_us:.1f} us < block-wise {block_us:.1f} us: the allowed elements "
+               f"are too scattered for {fmt.tile}x{fmt.tile} tensor-core tiles")
+    else:
+        kind = "block"
+        why = (f"block-wise est. {block_us:.1f} us <= row-wise {row_us:.1f} us: tensor cores on "
+               f"{fmt.tile}x{fmt.tile} tiles beat per-element K/V re-reads")
+    agree = "agrees" if (thr < 0) == (kind == "row") else "is overruled"
+    cfg = rcfg if kind == "row" else bcfg
+    explanation = (f"{kind}-wise ({cfg.describe()}) on {profile.full_name}: {why}; "
+                   f"STOF's threshold {thr:+.4f} says {stof} and {agree}")
+    return KernelChoice(kind, cfg, explanation, thr, block_us, row_us)

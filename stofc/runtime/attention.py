@@ -1,0 +1,216 @@
+"""Sparse attention on the GPU through CuPy: ``AttentionOp(fmt, config, ...).run(q, k, v)``.
+
+The op uploads the mask format once, compiles (lazily, cached) the kernel for
+the GPU's architecture, and launches it on a given stream. Inputs are 4-D
+arrays with any strides whose last dim is contiguous: ``layout="bshd"``
+(``[B, S, H, D]``, e.g. slices of a packed ``[B, S, 3, H, D]`` QKV output, read
+in place) or ``"bhsd"``. The output has q's logical shape, contiguous, unless
+``out`` is given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from stofc.errors import DeviceError, StofcError
+from stofc.kernels.attention.config import (
+    AttentionConfig,
+    KernelSpec,
+    check_dtype,
+    check_head_dim,
+    prune,
+    smem_bytes,
+)
+from stofc.kernels.attention.render import compile_kernel
+from stofc.masks.format import MaskFormat
+from stofc.runtime.module import LoadedKernel, _cupy, device_arch, load_kernel
+from stofc.targets import GpuProfile, detect
+
+
+@dataclass(frozen=True)
+class _Views:
+    batch: int
+    seq: int
+    heads: int
+    strides: tuple[int, int, int]       # batch, seq, head (elements)
+
+
+def _dtype_ok(dtype, want: str) -> bool:
+    """fp16 arrays for float16; bfloat16 arrays (or their raw uint16 bits) for bfloat16."""
+    if want == "float16":
+        return dtype == np.float16
+    return dtype.name == "bfloat16" or dtype == np.uint16
+
+
+def _views(x, layout: str, what: str) -> _Views:
+    if x.ndim != 4:
+        raise StofcError(f"attention {what} must be 4-D ({layout}), got shape {tuple(x.shape)}",
+                         hint="pass [B, S, H, D] (layout='bshd') or [B, H, S, D] (layout='bhsd')")
+    item = x.dtype.itemsize
+    st = [s // item for s in x.strides]
+    if st[3] != 1:
+        raise StofcError(f"attention {what}: the head dim must be contiguous (strides {st})",
+                         hint="make the last dimension contiguous")
+    if layout == "bshd":
+        return _Views(x.shape[0], x.shape[1], x.shape[2], (st[0], st[1], st[2]))
+    if layout == "bhsd":
+        return _Views(x.shape[0], x.shape[2], x.shape[1], (st[0], st[2], st[1]))
+    raise StofcError(f"unknown attention layout {layout!r}", hint="use 'bshd' or 'bhsd'")
+
+
+class AttentionOp:
+    """One compiled attention (mask format x kernel config x dtype x head_dim)."""
+
+    def __init__(self, fmt: MaskFormat, config, dtype: str, head_dim: int,
+                 profile: GpuProfile | None = None) -> None:
+        config = getattr(config, "config", config)          # KernelChoice or AttentionConfig
+        if not isinstance(config, AttentionConfig):
+            raise TypeError("config must be an AttentionConfig or a KernelChoice")
+        check_head_dim(head_dim)
+        check_dtype(dtype)
+        if config.tile != fmt.tile:
+            raise StofcError(f"kernel tile {config.tile} differs from the mask format's tile {fmt.tile}",
+                             hint="encode the mask with the kernel's tile")
+        self.profile = profile or detect()
+        reason = prune(config, head_dim, self.profile)
+        if reason:
+            raise StofcError(f"attention config {config.describe()} is invalid: {reason}",
+                             hint="pick one from search_space()")
+        self.fmt, self.config, self.dtype, self.head_dim = fmt, config, dtype, head_dim
+        self.target = device_arch()
+        cp = _cupy()
+        self._cp = cp
+        self._row_ptr = cp.asarray(np.ascontiguousarray(fmt.load_row_ptr, dtype=np.int32).ravel())
+        self._col_idx = cp.asarray(np.concatenate([fmt.load_col_idx, [0]]).astype(np.int32))
+        self._part_idx = cp.asarray(np.concatenate([fmt.load_part_idx, [-1]]).astype(np.int32))
+        words = np.ascontiguousarray(fmt.part_bitmaps, dtype=np.uint64).ravel()
+        self._bitmaps = cp.asarray(words if words.size else np.zeros(2, dtype=np.uint64))
+        self._fmt_head_stride = 0 if fmt.num_heads == 1 else fmt.tile_rows + 1
+        self._dummy = cp.zeros(8, dtype=cp.float16 if dtype == "float16" else cp.uint16)
+        self._dummy_words = cp.zeros(1, dtype=cp.uint64)
+        self._orders: dict[int, tuple[object, int]] = {}
+        self._kernels: dict[tuple[bool, bool], LoadedKernel] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def spec(self, *, has_bias: bool, has_key_bits: bool) -> KernelSpec:
+        return KernelSpec(self.config, self.dtype, self.head_dim, has_bias, has_key_bits)
+
+    def _kernel(self, has_bias: bool, has_key_bits: bool) -> LoadedKernel:
+        key = (has_bias, has_key_bits)
+        if key not in self._kernels:
+            spec = self.spec(has_bias=has_bias, has_key_bits=has_key_bits)
+            compiled = compile_kernel(spec, self.target)
+            smem = smem_bytes(self.config, self.head_dim) if self.config.kind == "block" else 0
+            self._kernels[key] = load_kernel(compiled, spec.name, dynamic_smem=smem)
+        return self._kernels[key]
+
+    def _order(self, seq_len: int):
+        """Tile rows that hold queries < seq_len, longest (most allowed elements) first."""
+        if seq_len not in self._orders:
+            rows = math.ceil(seq_len / self.fmt.tile)
+            work = np.asarray(self.fmt.row_nnz, dtype=np.int64).sum(axis=0)[:rows]
+            order = np.argsort(-work, kind="stable").astype(np.int32)
+            self._orders[seq_len] = (self._cp.asarray(order), rows)
+        return self._orders[seq_len]
+
+    # ------------------------------------------------------------------ run
+    def run(self, q, k, v, out=None, *, layout: str = "bshd", seq_lens=None, key_mask=None,
+            bias=None, scale: float | None = None, stream=None):
+        """Attention of ``q`` over ``k, v`` under the mask; returns ``out``.
+
+        ``seq_lens`` int ``[B]`` and/or ``key_mask`` 0/1 ``[B, >=L]`` drop padding keys;
+        ``bias`` ``[B|1, H|1, >=L, >=L]`` (q's dtype) is added to the scaled scores;
+        ``scale`` defaults to ``1/sqrt(head_dim)``.
+        """
+        cp = self._cp
+        q, k, v = (cp.asarray(x) for x in (q, k, v))
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not _dtype_ok(x.dtype, self.dtype):
+                raise StofcError(f"attention {name} has dtype {x.dtype}, the op was built for {self.dtype}",
+                                 hint=f"cast the inputs to {self.dtype}")
+            if x.shape[-1] != self.head_dim:
+                raise StofcError(f"attention {name} has head_dim {x.shape[-1]}, the op was built for {self.head_dim}",
+                                 hint="build the op for this head_dim")
+        vq, vk, vv = _views(q, layout, "q"), _views(k, layout, "k"), _views(v, layout, "v")
+        if not ((vq.batch, vq.seq, vq.heads) == (vk.batch, vk.seq, vk.heads) == (vv.batch, vv.seq, vv.heads)):
+            raise StofcError("attention q, k, v shapes differ",
+                             hint="pass q, k, v with the same batch, length and heads")
+        batch, seq, heads = vq.batch, vq.seq, vq.heads
+        if seq > self.fmt.seq_len or seq < 1:
+            raise StofcError(f"sequence length {seq} exceeds the mask's L_max {self.fmt.seq_len}",
+                             hint="compile the mask for a larger --max-seq-len")
+        if self.fmt.num_heads not in (1, heads):
+            raise StofcError(f"the mask has {self.fmt.num_heads} per-head layouts, the input {heads} heads",
+                             hint="encode the mask for the model's number of heads")
+        for name, x, vw in (("q", q, vq), ("k", k, vk), ("v", v, vv)):
+            if x.data.ptr % 16 or any(s % 8 for s in vw.strides):
+                raise StofcError(f"attention {name} is not 16-byte aligned (strides {vw.strides})",
+                                 hint="use strides that are multiples of 8 elements")
+        if out is None:
+            out = cp.empty(q.shape, dtype=q.dtype)
+        vo = _views(out, layout, "out")
+        if (vo.batch, vo.seq, vo.heads) != (batch, seq, heads) or out.dtype != q.dtype:
+            raise StofcError("attention out has the wrong shape or dtype", hint="pass out like q")
+
+        kv_len = cp.full((batch,), seq, dtype=cp.int32)
+        if seq_lens is not None:
+            sl = cp.asarray(seq_lens).astype(cp.int32).ravel()
+            if sl.shape != (batch,):
+                raise StofcError(f"seq_lens must have shape [{batch}]", hint="one length per sequence")
+            kv_len = cp.minimum(kv_len, sl)
+        key_words, words = 0, self._dummy_words
+        if key_mask is not None:
+            km = cp.asarray(key_mask)
+            if km.ndim != 2 or km.shape[0] != batch or km.shape[1] < seq:
+                raise StofcError(f"key_mask must be [B={batch}, S>={seq}], got {tuple(km.shape)}",
+                                 hint="pass the model's 0/1 attention_mask")
+            bits = km[:, :seq] != 0
+            last = cp.where(bits.any(axis=1), seq - cp.argmax(bits[:, ::-1], axis=1), 0)
+            kv_len = cp.minimum(kv_len, last.astype(cp.int32))
+            key_words = -(-seq // 64)
+            padded = cp.zeros((batch, key_words * 64), dtype=cp.bool_)
+            padded[:, :seq] = bits
+            words = cp.packbits(padded.ravel(), bitorder="little").view(cp.uint64)  # [B*kw], row-major
+        bias_arr, bsb, bsh, bsq = self._dummy, 0, 0, 0
+        if bias is not None:
+            bias_arr = cp.asarray(bias)
+            if (bias_arr.ndim != 4 or bias_arr.dtype != q.dtype or bias_arr.shape[0] not in (1, batch)
+                    or bias_arr.shape[1] not in (1, heads) or min(bias_arr.shape[2:]) < seq
+                    or bias_arr.strides[3] != bias_arr.dtype.itemsize):
+                raise StofcError(f"bias must be [B|1, H|1, >=L, >=L] of {self.dtype} with contiguous "
+                                 f"last dim, got {tuple(bias_arr.shape)} {bias_arr.dtype}",
+                                 hint="pass the additive bias in the model's layout and dtype")
+            item = bias_arr.dtype.itemsize
+            bsb = 0 if bias_arr.shape[0] == 1 else bias_arr.strides[0] // item
+            bsh = 0 if bias_arr.shape[1] == 1 else bias_arr.strides[1] // item
+            bsq = bias_arr.strides[2] // item
+        scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        if not scale > 0:
+            raise StofcError(f"attention scale must be > 0, got {scale}", hint="pass a positive scale")
+
+        order, rows = self._order(seq)
+        c = self.config
+        per_row = c.q_split if c.kind == "block" else c.tile // c.rows_per_block
+        grid = heads * batch * rows * per_row
+        kern = self._kernel(bias is not None, key_mask is not None)
+        i64, i32 = np.int64, np.int32
+        args = (q, k, v, out,
+                *(i64(s) for s in vq.strides), *(i64(s) for s in vk.strides),
+                *(i64(s) for s in vv.strides), *(i64(s) for s in vo.strides),
+                self._row_ptr, self._col_idx, self._part_idx, self._bitmaps,
+                i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
+                bias_arr, i64(bsb), i64(bsh), i64(bsq),
+                i32(batch), i32(heads), i32(seq), np.float32(scale))
+        if grid > 0:
+            kern.launch(grid, c.threads, args, stream=stream)
+        return out
+
+
+def check_device_result(out) -> None:
+    """Raise DeviceError if a result holds NaN or inf (used by tests and the tuner)."""
+    cp = _cupy()
+    if not bool(cp.isfinite(cp.asarray(out).astype(cp.float32)).all()):
+        raise DeviceError("attention produced NaN or inf", hint="report this as a stofc bug")
