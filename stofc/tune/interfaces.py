@@ -34,7 +34,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 ParamValue = int | float | str | bool
 
-MoveKind = Literal["expand", "seize", "compete"]
+MoveKind = Literal["expand", "seize", "compete", "split"]
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,9 @@ class Move:
     ``kind``: ``expand`` (a segment merges its neighbour), ``seize`` (a segment
     holding a compute-intensive operator takes an operator from an MI-only
     neighbour), ``compete`` (two segments want one operator; the one with a
-    single CI operator takes it). ``ops``: the operators that change segment.
+    single CI operator takes it), ``split`` (the inverse: cut a segment, so a
+    greedy initial scheme can be undone). ``ops``: the operators whose segment
+    changes.
     ``result``: the scheme after the move. ``reason``: one line for logs.
     """
 
