@@ -1,0 +1,105 @@
+// stofc ONNX Runtime custom-op library: helpers and the attribute parsing both twins share.
+#include "common.h"
+
+#include <cmath>
+
+#include "ops.h"
+
+namespace stofc_ort {
+
+bool try_attr(const OrtKernelInfo* info, const char* name, int64_t& out) {
+    OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &out);
+    if (st) Ort::GetApi().ReleaseStatus(st);
+    return st == nullptr;
+}
+
+bool try_attr(const OrtKernelInfo* info, const char* name, float& out) {
+    OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &out);
+    if (st) Ort::GetApi().ReleaseStatus(st);
+    return st == nullptr;
+}
+
+bool try_attr(const OrtKernelInfo* info, const char* name, std::string& out) {
+    size_t size = 0;
+    OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, nullptr, &size);
+    if (st) {
+        Ort::GetApi().ReleaseStatus(st);
+        return false;
+    }
+    std::string buf(size, '\0');
+    st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, &buf[0], &size);
+    if (st) {
+        Ort::GetApi().ReleaseStatus(st);
+        return false;
+    }
+    buf.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    out = buf;
+    return true;
+}
+
+Input get_input(const Ort::KernelContext& ctx, size_t i) {
+    Input in;
+    if (i >= ctx.GetInputCount()) return in;
+    in.value = ctx.GetInput(i);
+    if (!in.present()) return in;
+    auto info = in.value.GetTensorTypeAndShapeInfo();
+    in.shape = info.GetShape();
+    in.type = info.GetElementType();
+    return in;
+}
+
+std::pair<std::string, std::string> split_kernel_ref(const std::string& ref) {
+    const auto colon = ref.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == ref.size())
+        throw OpError("attribute 'kernel' must be 'FILE.cubin:ENTRY', got '" + ref + "'");
+    return {ref.substr(0, colon), ref.substr(colon + 1)};
+}
+
+std::string resolve_package_path(const std::string& package_dir, const std::string& rel) {
+    if (rel.empty()) throw OpError("an empty file attribute");
+    if (rel[0] == '/' || package_dir.empty()) return rel;
+    return package_dir + "/" + rel;
+}
+
+AttentionAttrs::AttentionAttrs(const OrtKernelInfo* info, const std::string& package_dir) {
+    num_heads = require_attr<int64_t>(info, "num_heads");
+    head_dim = require_attr<int64_t>(info, "head_dim");
+    if (num_heads < 1 || head_dim < 1)
+        throw OpError("attributes num_heads and head_dim must be >= 1, got " + std::to_string(num_heads) + " and " +
+                      std::to_string(head_dim));
+    if (!try_attr(info, "scale", scale)) scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const auto rel = require_attr<std::string>(info, "mask_file");
+    try_attr(info, "kernel", kernel_ref);
+    mask_path = resolve_package_path(package_dir, rel);
+    mask = load_mask_file(mask_path);
+    if (mask->num_heads != 1 && mask->num_heads != num_heads)
+        throw OpError("mask file '" + mask_path + "' has " + std::to_string(mask->num_heads) +
+                      " per-head masks but the node has num_heads=" + std::to_string(num_heads) +
+                      "; compile the package for this model's head count");
+}
+
+GemmAttrs::GemmAttrs(const OrtKernelInfo* info) {
+    std::string act = "none";
+    try_attr(info, "activation", act);
+    if (act == "none") activation = Activation::kNone;
+    else if (act == "gelu_erf") activation = Activation::kGeluErf;
+    else if (act == "gelu_tanh") activation = Activation::kGeluTanh;
+    else throw OpError("attribute activation='" + act + "' is not one of none, gelu_erf, gelu_tanh");
+    int64_t after = 1;
+    try_attr(info, "residual_after_activation", after);
+    if (after != 0 && after != 1) throw OpError("attribute residual_after_activation must be 0 or 1");
+    residual_after_activation = after == 1;
+    try_attr(info, "kernel", kernel_ref);
+}
+
+NormAttrs::NormAttrs(const OrtKernelInfo* info) {
+    try_attr(info, "epsilon", epsilon);
+    if (!(epsilon >= 0.0f)) throw OpError("attribute epsilon must be >= 0");
+    int64_t r = 0;
+    try_attr(info, "rms", r);
+    if (r != 0 && r != 1) throw OpError("attribute rms must be 0 or 1");
+    rms = r == 1;
+    try_attr(info, "kernel", kernel_ref);
+}
+
+}  // namespace stofc_ort

@@ -1,0 +1,252 @@
+// stofc ONNX Runtime custom-op library: the CPU twins (reference implementations).
+//
+// Straightforward and exact to the contract in OPS.md, accumulating in float
+// (statistics of the norms in double). Work is spread over ORT's intra-op
+// thread pool with KernelContext::ParallelFor, one query row / GEMM row / norm
+// row per item.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "ops.h"
+
+namespace stofc_ort {
+namespace {
+
+template <typename Fn>
+void parallel_for(const Ort::KernelContext& ctx, size_t total, Fn& fn) {
+    if (total == 0) return;
+    ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Fn*>(data))(i); }, total, 0, &fn);
+}
+
+void expect_shape(const Input& in, const std::vector<int64_t>& want, const char* name) {
+    if (in.shape != want)
+        throw OpError(std::string("input ") + name + " has shape " + shape_str(in.shape) + ", expected " +
+                      shape_str(want));
+}
+
+/// key_padding_mask [B, S] as one byte per key (1 = real token).
+std::vector<uint8_t> key_valid(const Input& kpm, int64_t B, int64_t S) {
+    std::vector<uint8_t> valid(static_cast<size_t>(B * S), 1);
+    if (!kpm.present()) return valid;
+    expect_shape(kpm, {B, S}, "key_padding_mask");
+    const size_t n = valid.size();
+    switch (kpm.type) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
+            for (size_t i = 0; i < n; ++i) valid[i] = kpm.data<int64_t>()[i] != 0;
+            break;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
+            for (size_t i = 0; i < n; ++i) valid[i] = kpm.data<int32_t>()[i] != 0;
+            break;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
+            for (size_t i = 0; i < n; ++i) valid[i] = kpm.data<bool>()[i];
+            break;
+        default:
+            throw OpError("input key_padding_mask must be int64, int32 or bool");
+    }
+    return valid;
+}
+
+float gelu(float x, Activation a) {
+    switch (a) {
+        case Activation::kGeluErf:
+            return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+        case Activation::kGeluTanh:
+            return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+        case Activation::kNone:
+            break;
+    }
+    return x;
+}
+
+}  // namespace
+
+template <typename T>
+OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
+    return guarded("SparseAttention", [&] {
+        Ort::KernelContext ctx(context);
+        const Input q = get_input(ctx, 0), k = get_input(ctx, 1), v = get_input(ctx, 2);
+        const Input kpm = get_input(ctx, 3), bias = get_input(ctx, 4);
+        const int64_t H = attrs.num_heads, D = attrs.head_dim;
+        if (q.shape.size() != 3 || q.shape[2] != H * D)
+            throw OpError("input q has shape " + shape_str(q.shape) + ", expected [B, S, " +
+                          std::to_string(H * D) + "] (num_heads * head_dim)");
+        const int64_t B = q.shape[0], S = q.shape[1];
+        expect_shape(k, q.shape, "k");
+        expect_shape(v, q.shape, "v");
+        const MaskData& m = *attrs.mask;
+        if (S > m.seq_len)
+            throw OpError("sequence length " + std::to_string(S) + " exceeds the compiled maximum " +
+                          std::to_string(m.seq_len) + "; compile the package with --max-seq-len >= " +
+                          std::to_string(S));
+        const std::vector<uint8_t> valid = key_valid(kpm, B, S);
+        int64_t bias_sb = 0, bias_sh = 0;
+        if (bias.present()) {
+            const auto& bs = bias.shape;
+            if (bs.size() != 4 || (bs[0] != 1 && bs[0] != B) || (bs[1] != 1 && bs[1] != H) || bs[2] != S ||
+                bs[3] != S)
+                throw OpError("input bias has shape " + shape_str(bs) + ", expected [B|1, H|1, S, S] with B=" +
+                              std::to_string(B) + ", H=" + std::to_string(H) + ", S=" + std::to_string(S));
+            bias_sh = bs[1] == 1 ? 0 : S * S;
+            bias_sb = bs[0] == 1 ? 0 : bs[1] * S * S;
+        }
+        auto out = ctx.GetOutput(0, q.shape);
+        T* o = out.GetTensorMutableData<T>();
+        const T* qp = q.data<T>();
+        const T* kp = k.data<T>();
+        const T* vp = v.data<T>();
+        const T* bp = bias.present() ? bias.data<T>() : nullptr;
+        const int64_t row = H * D;  // elements between consecutive positions
+        const float scale = attrs.scale;
+
+        auto one_row = [&](size_t item) {
+            const int64_t qi = static_cast<int64_t>(item) % S;
+            const int64_t h = (static_cast<int64_t>(item) / S) % H;
+            const int64_t b = static_cast<int64_t>(item) / (S * H);
+            const int mh = m.num_heads == 1 ? 0 : static_cast<int>(h);
+            const T* qrow = qp + b * S * row + qi * row + h * D;
+            std::vector<float> qf(D), acc(D, 0.0f);
+            for (int64_t d = 0; d < D; ++d) qf[d] = to_float(qrow[d]);
+            std::vector<int> keys;
+            std::vector<float> scores;
+            const uint8_t* kv_valid = valid.data() + b * S;
+            const T* brow = bp ? bp + b * bias_sb + h * bias_sh + qi * S : nullptr;
+            m.for_each_tile(mh, static_cast<int>(qi), static_cast<int>(S), [&](int k0, int k1, int part) {
+                for (int key = k0; key < k1; ++key) {
+                    if (!kv_valid[key]) continue;
+                    if (part >= 0 && !m.part_bit(part, static_cast<int>(qi), key)) continue;
+                    const T* krow = kp + b * S * row + key * row + h * D;
+                    float s = 0.0f;
+                    for (int64_t d = 0; d < D; ++d) s += qf[d] * to_float(krow[d]);
+                    s *= scale;
+                    if (brow) s += to_float(brow[key]);
+                    keys.push_back(key);
+                    scores.push_back(s);
+                }
+            });
+            float mx = -std::numeric_limits<float>::infinity();
+            for (float s : scores) mx = s > mx ? s : mx;
+            T* orow = o + b * S * row + qi * row + h * D;
+            if (keys.empty() || mx == -std::numeric_limits<float>::infinity()) {
+                for (int64_t d = 0; d < D; ++d) orow[d] = from_float<T>(0.0f);  // no allowed key
+                return;
+            }
+            float denom = 0.0f;
+            for (size_t j = 0; j < keys.size(); ++j) {
+                const float p = std::exp(scores[j] - mx);
+                denom += p;
+                const T* vrow = vp + b * S * row + keys[j] * row + h * D;
+                for (int64_t d = 0; d < D; ++d) acc[d] += p * to_float(vrow[d]);
+            }
+            for (int64_t d = 0; d < D; ++d) orow[d] = from_float<T>(acc[d] / denom);
+        };
+        parallel_for(ctx, static_cast<size_t>(B * H * S), one_row);
+    });
+}
+
+template <typename T>
+OrtStatusPtr FusedGemmCpu<T>::ComputeV2(OrtKernelContext* context) {
+    return guarded("FusedGemm", [&] {
+        Ort::KernelContext ctx(context);
+        const Input x = get_input(ctx, 0), w = get_input(ctx, 1), bias = get_input(ctx, 2),
+                    res = get_input(ctx, 3);
+        if (x.shape.empty()) throw OpError("input x must have rank >= 1");
+        if (w.shape.size() != 2 || w.shape[0] != x.shape.back())
+            throw OpError("input w has shape " + shape_str(w.shape) + ", expected [K, N] with K=" +
+                          std::to_string(x.shape.back()) + " (the last dimension of x " + shape_str(x.shape) + ")");
+        const int64_t K = w.shape[0], N = w.shape[1];
+        const int64_t M = K ? numel(x.shape) / K : 0;
+        std::vector<int64_t> yshape = x.shape;
+        yshape.back() = N;
+        if (bias.present()) expect_shape(bias, {N}, "bias");
+        if (res.present()) expect_shape(res, yshape, "residual");
+        auto out = ctx.GetOutput(0, yshape);
+        T* y = out.GetTensorMutableData<T>();
+        std::vector<float> wf(static_cast<size_t>(K * N));
+        for (size_t i = 0; i < wf.size(); ++i) wf[i] = to_float(w.data<T>()[i]);
+        const T* xp = x.data<T>();
+        const T* bp = bias.present() ? bias.data<T>() : nullptr;
+        const T* rp = res.present() ? res.data<T>() : nullptr;
+        const Activation act = attrs.activation;
+        const bool after = attrs.residual_after_activation;
+
+        auto one_row = [&](size_t mi) {
+            std::vector<float> acc(static_cast<size_t>(N), 0.0f);
+            const T* xr = xp + static_cast<int64_t>(mi) * K;
+            for (int64_t kk = 0; kk < K; ++kk) {
+                const float xv = to_float(xr[kk]);
+                const float* wr = wf.data() + kk * N;
+                for (int64_t n = 0; n < N; ++n) acc[n] += xv * wr[n];
+            }
+            T* yr = y + static_cast<int64_t>(mi) * N;
+            const T* rr = rp ? rp + static_cast<int64_t>(mi) * N : nullptr;
+            for (int64_t n = 0; n < N; ++n) {
+                float t = acc[n] + (bp ? to_float(bp[n]) : 0.0f);
+                if (rr && !after) t += to_float(rr[n]);
+                t = gelu(t, act);
+                if (rr && after) t += to_float(rr[n]);
+                yr[n] = from_float<T>(t);
+            }
+        };
+        parallel_for(ctx, static_cast<size_t>(M), one_row);
+    });
+}
+
+template <typename T>
+OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
+    return guarded("AddLayerNorm", [&] {
+        Ort::KernelContext ctx(context);
+        const Input x = get_input(ctx, 0), res = get_input(ctx, 1), gamma = get_input(ctx, 2),
+                    beta = get_input(ctx, 3);
+        if (!gamma.present()) throw OpError("input gamma is required");
+        if (x.shape.empty()) throw OpError("input x must have rank >= 1");
+        const int64_t C = x.shape.back();
+        const int64_t M = C ? numel(x.shape) / C : 0;
+        if (res.present()) expect_shape(res, x.shape, "residual");
+        expect_shape(gamma, {C}, "gamma");
+        if (beta.present()) expect_shape(beta, {C}, "beta");
+        auto out = ctx.GetOutput(0, x.shape);
+        T* y = out.GetTensorMutableData<T>();
+        T* sum_out = nullptr;
+        if (ctx.GetOutputCount() > 1) {
+            auto s = ctx.GetOutput(1, x.shape);
+            if (static_cast<OrtValue*>(s) != nullptr) sum_out = s.GetTensorMutableData<T>();
+        }
+        const T* xp = x.data<T>();
+        const T* rp = res.present() ? res.data<T>() : nullptr;
+        const T* gp = gamma.data<T>();
+        const T* bp = beta.present() ? beta.data<T>() : nullptr;
+        const bool rms = attrs.rms;
+        const double eps = attrs.epsilon;
+
+        auto one_row = [&](size_t mi) {
+            const int64_t base = static_cast<int64_t>(mi) * C;
+            std::vector<float> h(static_cast<size_t>(C));
+            double sum = 0.0, sq = 0.0;
+            for (int64_t c = 0; c < C; ++c) {
+                h[c] = to_float(xp[base + c]) + (rp ? to_float(rp[base + c]) : 0.0f);
+                if (sum_out) sum_out[base + c] = from_float<T>(h[c]);
+                sum += h[c];
+                sq += static_cast<double>(h[c]) * h[c];
+            }
+            const double mean = rms ? 0.0 : sum / C;
+            const double var = rms ? sq / C : sq / C - mean * mean;
+            const double inv = 1.0 / std::sqrt((var > 0.0 ? var : 0.0) + eps);
+            for (int64_t c = 0; c < C; ++c) {
+                const double n = (h[c] - mean) * inv * to_float(gp[c]) + (bp ? to_float(bp[c]) : 0.0f);
+                y[base + c] = from_float<T>(static_cast<float>(n));
+            }
+        };
+        parallel_for(ctx, static_cast<size_t>(M), one_row);
+    });
+}
+
+template struct SparseAttentionCpu<float>;
+template struct SparseAttentionCpu<Ort::Float16_t>;
+template struct FusedGemmCpu<float>;
+template struct FusedGemmCpu<Ort::Float16_t>;
+template struct AddLayerNormCpu<float>;
+template struct AddLayerNormCpu<Ort::Float16_t>;
+
+}  // namespace stofc_ort

@@ -1,0 +1,148 @@
+// stofc ONNX Runtime custom-op library: the op declarations (domain ai.stofc, v1).
+//
+// Every op exists twice: a CPU twin (a straightforward C++ reference, float and
+// float16) and a CUDA twin (float16, device pointers, ORT's compute stream).
+// The contract (inputs, attributes, semantics) is cuda/ort/OPS.md. Op objects
+// are created per RegisterCustomOps call and carry the package directory that
+// relative file attributes (mask_file, kernel) are resolved against.
+#ifndef STOFC_ORT_OPS_H
+#define STOFC_ORT_OPS_H
+
+#include <memory>
+#include <string>
+
+#include "common.h"
+#include "mask_file.h"
+
+namespace stofc_ort {
+
+// ---------------------------------------------------------------- kernels
+
+/// Attributes of SparseAttention shared by both twins, validated at creation.
+struct AttentionAttrs {
+    int64_t num_heads = 0;
+    int64_t head_dim = 0;
+    float scale = 0.0f;
+    std::string mask_path;   // resolved absolute path of mask.bin
+    std::string kernel_ref;  // "kernels/x.cubin:entry" (CUDA twin only)
+    std::shared_ptr<const MaskData> mask;
+    AttentionAttrs(const OrtKernelInfo* info, const std::string& package_dir);
+};
+
+template <typename T>
+struct SparseAttentionCpu {
+    AttentionAttrs attrs;
+    SparseAttentionCpu(const OrtKernelInfo* info, const std::string& package_dir) : attrs(info, package_dir) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
+
+/// The epilogue of FusedGemm.
+enum class Activation { kNone, kGeluErf, kGeluTanh };
+
+struct GemmAttrs {
+    Activation activation = Activation::kNone;
+    bool residual_after_activation = true;
+    std::string kernel_ref;
+    explicit GemmAttrs(const OrtKernelInfo* info);
+};
+
+template <typename T>
+struct FusedGemmCpu {
+    GemmAttrs attrs;
+    explicit FusedGemmCpu(const OrtKernelInfo* info) : attrs(info) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
+
+struct NormAttrs {
+    float epsilon = 1e-5f;
+    bool rms = false;
+    std::string kernel_ref;
+    explicit NormAttrs(const OrtKernelInfo* info);
+};
+
+template <typename T>
+struct AddLayerNormCpu {
+    NormAttrs attrs;
+    explicit AddLayerNormCpu(const OrtKernelInfo* info) : attrs(info) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
+
+/// The CUDA twins (cuda_ops.cc). Created only when a node is assigned to the CUDA EP.
+struct SparseAttentionCuda;
+struct FusedGemmCuda;
+struct AddLayerNormCuda;
+SparseAttentionCuda* make_sparse_attention_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+FusedGemmCuda* make_fused_gemm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+AddLayerNormCuda* make_add_layer_norm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+OrtStatusPtr compute(SparseAttentionCuda* k, OrtKernelContext* context);
+OrtStatusPtr compute(FusedGemmCuda* k, OrtKernelContext* context);
+OrtStatusPtr compute(AddLayerNormCuda* k, OrtKernelContext* context);
+void destroy(SparseAttentionCuda* k);
+void destroy(FusedGemmCuda* k);
+void destroy(AddLayerNormCuda* k);
+
+/// Owns an opaque CUDA kernel object behind the ComputeV2 interface CustomOpBase wants.
+template <typename K>
+struct CudaKernelHandle {
+    K* impl;
+    explicit CudaKernelHandle(K* k) : impl(k) {}
+    ~CudaKernelHandle() { destroy(impl); }
+    CudaKernelHandle(const CudaKernelHandle&) = delete;
+    CudaKernelHandle& operator=(const CudaKernelHandle&) = delete;
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) { return compute(impl, context); }
+};
+
+// ---------------------------------------------------------------- op descriptions
+
+/// The shape of one op: name, input types (UNDEFINED = checked at run time),
+/// optional inputs and outputs.
+struct OpSignature {
+    const char* name;
+    int inputs;
+    int first_optional_input;           // inputs at or past this index are optional ...
+    unsigned optional_input_mask;       // ... plus these (bit i = input i optional)
+    unsigned any_type_input_mask;       // bit i = input i accepts any type (checked in Compute)
+    int outputs;
+    unsigned optional_output_mask;
+};
+
+constexpr OpSignature kSparseAttentionSig{"SparseAttention", 5, 3, 0u, 1u << 3, 1, 0u};
+constexpr OpSignature kFusedGemmSig{"FusedGemm", 4, 2, 0u, 0u, 1, 0u};
+constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 3), 0u, 2, 1u << 1};
+
+/// One registered op: a signature, an element type, an execution provider and a
+/// factory for its kernel. TKernel is created by `Make(info, package_dir)`.
+template <typename TKernel, typename Make>
+struct StofcOp : Ort::CustomOpBase<StofcOp<TKernel, Make>, TKernel, true> {
+    OpSignature sig;
+    ONNXTensorElementDataType elem;
+    const char* ep;  // nullptr = CPU
+    std::string package_dir;
+    Make make;
+
+    StofcOp(OpSignature s, ONNXTensorElementDataType t, const char* provider, std::string dir, Make m)
+        : sig(s), elem(t), ep(provider), package_dir(std::move(dir)), make(m) {}
+
+    OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+        return guarded(sig.name, [&] { *kernel = make(info, package_dir); });
+    }
+    const char* GetName() const { return sig.name; }
+    const char* GetExecutionProviderType() const { return ep; }
+    size_t GetInputTypeCount() const { return static_cast<size_t>(sig.inputs); }
+    ONNXTensorElementDataType GetInputType(size_t i) const {
+        return (sig.any_type_input_mask >> i) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : elem;
+    }
+    OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+        const bool opt = static_cast<int>(i) >= sig.first_optional_input || ((sig.optional_input_mask >> i) & 1u);
+        return opt ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    }
+    size_t GetOutputTypeCount() const { return static_cast<size_t>(sig.outputs); }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return elem; }
+    OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+        return (sig.optional_output_mask >> i) & 1u ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    }
+};
+
+}  // namespace stofc_ort
+
+#endif  // STOFC_ORT_OPS_H

@@ -1,0 +1,127 @@
+// stofc ONNX Runtime custom-op library: RegisterCustomOps, the one exported symbol.
+//
+// Loaded with SessionOptions.register_custom_ops_library(".../libstofc_ort.so").
+// Each call creates the ai.stofc domain with every op twice (CPU twin for float
+// and float16, CUDA twin for float16) bound to the package directory:
+//   1. the session config entry "stofc.package_dir" when it is set (set it
+//      BEFORE register_custom_ops_library), else
+//   2. the directory holding this library file (a package ships its own copy,
+//      so loading DIR/libstofc_ort.so binds DIR).
+// Op objects and domains live until the process exits (ORT keeps raw pointers).
+#include <dlfcn.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops.h"
+
+namespace stofc_ort {
+namespace {
+
+std::string library_dir() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || !info.dli_fname) return "";
+    std::string path = info.dli_fname;
+    const auto slash = path.rfind('/');
+    return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+std::string config_entry(const OrtApi& api, const OrtSessionOptions* options, const char* key) {
+    int has = 0;
+    OrtStatus* st = api.HasSessionConfigEntry(options, key, &has);
+    if (st) {
+        api.ReleaseStatus(st);
+        return "";
+    }
+    if (!has) return "";
+    size_t size = 0;
+    st = api.GetSessionConfigEntry(options, key, nullptr, &size);
+    if (st) api.ReleaseStatus(st);
+    std::string value(size, '\0');
+    st = api.GetSessionConfigEntry(options, key, &value[0], &size);
+    if (st) {
+        api.ReleaseStatus(st);
+        return "";
+    }
+    value.resize(size > 0 ? size - 1 : 0);
+    return value;
+}
+
+template <typename K>
+using Factory = K* (*)(const OrtKernelInfo*, const std::string&);
+
+template <typename K>
+void add(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain, OpSignature sig,
+         ONNXTensorElementDataType t, const char* ep, const std::string& dir, Factory<K> make) {
+    auto op = std::make_unique<StofcOp<K, Factory<K>>>(sig, t, ep, dir, make);
+    domain.Add(op.get());
+    ops.push_back(std::move(op));
+}
+
+template <typename K>
+K* make_cpu(const OrtKernelInfo* info, const std::string& dir) {
+    if constexpr (std::is_constructible<K, const OrtKernelInfo*, const std::string&>::value)
+        return new K(info, dir);
+    else
+        return new K(info);
+}
+
+using AttnCuda = CudaKernelHandle<SparseAttentionCuda>;
+using GemmCuda = CudaKernelHandle<FusedGemmCuda>;
+using NormCuda = CudaKernelHandle<AddLayerNormCuda>;
+AttnCuda* make_attn_cuda(const OrtKernelInfo* i, const std::string& d) {
+    return new AttnCuda(make_sparse_attention_cuda(i, d));
+}
+GemmCuda* make_gemm_cuda(const OrtKernelInfo* i, const std::string& d) { return new GemmCuda(make_fused_gemm_cuda(i, d)); }
+NormCuda* make_norm_cuda(const OrtKernelInfo* i, const std::string& d) {
+    return new NormCuda(make_add_layer_norm_cuda(i, d));
+}
+
+template <typename T>
+void add_cpu_twins(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain,
+                   const std::string& dir) {
+    const auto t = onnx_type<T>();
+    add<SparseAttentionCpu<T>>(ops, domain, kSparseAttentionSig, t, nullptr, dir, &make_cpu<SparseAttentionCpu<T>>);
+    add<FusedGemmCpu<T>>(ops, domain, kFusedGemmSig, t, nullptr, dir, &make_cpu<FusedGemmCpu<T>>);
+    add<AddLayerNormCpu<T>>(ops, domain, kAddLayerNormSig, t, nullptr, dir, &make_cpu<AddLayerNormCpu<T>>);
+}
+
+OrtStatus* register_ops(OrtSessionOptions* options, const OrtApi& api) {
+    std::string dir = config_entry(api, options, kPackageDirKey);
+    if (dir.empty()) dir = library_dir();
+    // Kept for the life of the process: sessions hold raw pointers to these.
+    static auto* keep_ops = new std::vector<std::unique_ptr<OrtCustomOp>>();
+    static auto* keep_domains = new std::vector<Ort::CustomOpDomain>();
+    Ort::CustomOpDomain domain(kDomain);
+    add_cpu_twins<float>(*keep_ops, domain, dir);
+    add_cpu_twins<Ort::Float16_t>(*keep_ops, domain, dir);
+    const auto f16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    add<AttnCuda>(*keep_ops, domain, kSparseAttentionSig, f16, kCudaEp, dir, &make_attn_cuda);
+    add<GemmCuda>(*keep_ops, domain, kFusedGemmSig, f16, kCudaEp, dir, &make_gemm_cuda);
+    add<NormCuda>(*keep_ops, domain, kAddLayerNormSig, f16, kCudaEp, dir, &make_norm_cuda);
+    Ort::UnownedSessionOptions(options).Add(domain);
+    keep_domains->push_back(std::move(domain));
+    return nullptr;
+}
+
+}  // namespace
+}  // namespace stofc_ort
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+    const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+    if (!api) {
+        const OrtApi* v1 = api_base->GetApi(1);
+        const std::string msg = std::string("stofc: libstofc_ort.so needs ONNX Runtime API ") +
+                                std::to_string(ORT_API_VERSION) + " (ORT >= 1.21); this runtime is " +
+                                api_base->GetVersionString();
+        return v1 ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+    }
+    Ort::InitApi(api);
+    try {
+        return stofc_ort::register_ops(options, *api);
+    } catch (const std::exception& e) {
+        return api->CreateStatus(ORT_FAIL, (std::string("stofc: registering the ai.stofc ops failed: ") + e.what()).c_str());
+    }
+}
