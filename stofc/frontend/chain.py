@@ -1,0 +1,147 @@
+"""Assemble a layer's operator chain around its attention block.
+
+Order of discovery (dataflow only): the Q/K/V projections behind the block's
+inputs and their common input ``h``; a norm producing ``h`` (pre-LN lead norm);
+the output projection after the block; the residual Add, whose other operand
+says the order (``h``: post-LN; the lead norm's input: pre-LN); then norm, FFN
+in, activation, FFN out, residual, and (post-LN) the closing norm.
+
+When a step does not match, the chain stops there and the reason is reported
+as :class:`Unsupported` (the rest of the layer is left to ONNX Runtime).
+"""
+
+from __future__ import annotations
+
+from stofc.frontend.graph import GraphIndex
+from stofc.frontend.ops import (
+    Piece,
+    activation_fwd,
+    linear_back,
+    linear_fwd,
+    norm_back,
+    norm_fwd,
+    residual_fwd,
+)
+from stofc.frontend.types import AttentionBlock, OpKind, Unsupported
+
+
+class ChainStop(Exception):
+    """The chain cannot be followed further: (node name, op type, reason)."""
+
+    def __init__(self, node: str, op_type: str, reason: str) -> None:
+        super().__init__(reason)
+        self.unsupported = Unsupported(node, op_type, reason)
+
+
+def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], str]:
+    if block.packed_qkv:
+        got = linear_back(idx, block.q_input, "qkv")
+        if got is None:
+            raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
+                            "the packed QKV projection is not a MatMul/Gemm with constant weight")
+        return got
+    pieces, inputs = [], set()
+    for role, value in (("q", block.q_input), ("k", block.k_input), ("v", block.v_input)):
+        got = linear_back(idx, value, role)
+        if got is None:
+            raise ChainStop(_producer(idx, value), _op(idx, value),
+                            f"the {role.upper()} projection is not a MatMul/Gemm with constant "
+                            "weight")
+        pieces.extend(got[0])
+        inputs.add(got[1])
+    if len(inputs) != 1:
+        raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
+                        "Q, K and V are projected from different inputs (cross-attention)")
+    return pieces, inputs.pop()
+
+
+def _producer(idx: GraphIndex, value: str) -> str:
+    node = idx.produced_by(value)
+    return node.name if node is not None else value
+
+
+def _op(idx: GraphIndex, value: str) -> str:
+    node = idx.produced_by(value)
+    return node.op_type if node is not None else "input"
+
+
+def _first_user(idx: GraphIndex, value: str) -> tuple[str, str]:
+    users = idx.users(value)
+    return (users[0].name, users[0].op_type) if users else (value, "output")
+
+
+def build_chain(idx: GraphIndex, block: AttentionBlock
+                ) -> tuple[str, list[Piece], Unsupported | None]:
+    """(norm order, the chain's pieces in order, the reason it stopped early or None)."""
+    attention = Piece(OpKind.ATTENTION, "", [idx.by_name[n] for n in block.nodes],
+                      {"layer": block.layer},
+                      inputs=tuple(dict.fromkeys(
+                          v for v in (block.q_input, block.k_input, block.v_input,
+                                      block.mask_input) if v)),
+                      outputs=(block.output,))
+    pieces: list[Piece] = []
+    order = "post"
+    try:
+        proj, h = _projections(idx, block)
+        lead = norm_back(idx, h)
+        pieces = [*proj, attention]
+        got = linear_fwd(idx, block.output, "out")
+        if got is None:
+            raise ChainStop(*_first_user(idx, block.output),
+                            "no output projection (MatMul/Gemm with constant weight) after "
+                            "attention")
+        pieces.extend(got[0])
+        stream_in = (h, lead[1]) if lead else (h,)
+        res = residual_fwd(idx, got[1], stream_in)
+        if res is None:
+            raise ChainStop(*_first_user(idx, got[1]),
+                            "no residual Add of the layer input after the output projection")
+        piece, value, other = res
+        if lead is not None and other == lead[1]:
+            order = "pre"
+            pieces.insert(0, lead[0])
+        pieces.append(piece)
+        _ffn(idx, value, order, pieces)
+    except ChainStop as stop:
+        return order, pieces or [attention], stop.unsupported
+    return order, pieces, None
+
+
+def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
+    """From the first residual's output: norm, FFN, residual (and closing norm if post-LN).
+
+    Appends to ``pieces`` as it goes, so a stop keeps what was matched.
+    """
+    norm = norm_fwd(idx, value)
+    if norm is None:
+        raise _stop_with(pieces, idx, value, "no LayerNorm/RMSNorm after the attention residual")
+    pieces.append(norm[0])
+    normed = norm[1]
+    stream = normed if order == "post" else value
+    got = linear_fwd(idx, normed, "ffn_in")
+    if got is None:
+        raise _stop_with(pieces, idx, normed, "no FFN input projection after the norm")
+    pieces.extend(got[0])
+    act = activation_fwd(idx, got[1])
+    if act is None:
+        raise _stop_with(pieces, idx, got[1], "FFN activation not recognised (gated FFN or an "
+                         "unknown activation)")
+    pieces.append(act[0])
+    out = linear_fwd(idx, act[1], "ffn_out")
+    if out is None:
+        raise _stop_with(pieces, idx, act[1], "no FFN output projection after the activation")
+    pieces.extend(out[0])
+    res = residual_fwd(idx, out[1], (stream,))
+    if res is None:
+        raise _stop_with(pieces, idx, out[1], "no residual Add after the FFN")
+    pieces.append(res[0])
+    if order == "post":
+        closing = norm_fwd(idx, res[1])
+        if closing is None:
+            raise _stop_with(pieces, idx, res[1], "no LayerNorm after the FFN residual "
+                             "(post-LN layer)")
+        pieces.append(closing[0])
+
+
+def _stop_with(_pieces, idx, value, reason) -> ChainStop:
+    return ChainStop(*_first_user(idx, value), reason)

@@ -1,0 +1,125 @@
+"""Read an ONNX file and canonicalize it: constants folded, shapes inferred, nodes named.
+
+Every way a file can be wrong ends in one :class:`ModelError` line: not a file,
+not ONNX, a truncated protobuf, missing external data, an empty graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from stofc.errors import ModelError
+
+_LOG = logging.getLogger(__name__)
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load ``path`` with its external data; raise ModelError naming the problem."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"model file not found: {p}", hint="check the path")
+    if not p.is_file():
+        raise ModelError(f"not a file: {p}", hint="pass the path of a .onnx file")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError, TypeError, OSError) as err:
+        raise ModelError(f"{p} is not a valid ONNX model (cannot parse the protobuf: "
+                         f"{_one_line(err) or 'truncated or not ONNX'})",
+                         hint="re-export the model or check that the file is complete") from None
+    except Exception as err:  # protobuf raises a variety of internal errors
+        raise ModelError(f"{p} is not a valid ONNX model ({type(err).__name__}: "
+                         f"{_one_line(err)})", hint="re-export the model") from None
+    if not model.HasField("graph") or len(model.graph.node) == 0:
+        raise ModelError(f"{p} is not an ONNX model with a graph (no nodes found)",
+                         hint="pass an exported .onnx model, not another file")
+    _load_external(model, p)
+    return model
+
+
+def _load_external(model: onnx.ModelProto, path: Path) -> None:
+    base = path.parent
+    missing = set()
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+        if not location or not (base / location).is_file():
+            missing.add(location or "<no location>")
+    if missing:
+        names = ", ".join(sorted(missing))
+        raise ModelError(f"external data of {path} not found: {names}",
+                         hint=f"copy the data file(s) next to {path.name}")
+    try:
+        onnx.load_external_data_for_model(model, str(base))
+    except Exception as err:
+        raise ModelError(f"cannot read the external data of {path}: {_one_line(err)}",
+                         hint="check the data file is complete") from None
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold constants (shape arithmetic included), drop Identity, infer shapes, name nodes.
+
+    Uses onnxscript's optimizer (over onnx-ir) when it succeeds; the matchers do
+    not depend on it (they fold what they need themselves), so a failure there
+    only logs and keeps the original graph.
+    """
+    model = _optimize(model)
+    _name_nodes(model)
+    return _infer_shapes(model)
+
+
+def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        import onnx_ir as ir
+        from onnxscript import optimizer
+    except ImportError:  # pragma: no cover - both are dependencies
+        return model
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ir_model = ir.serde.deserialize_model(model)
+            optimizer.optimize(ir_model, num_iterations=2)
+            out = ir.serde.serialize_model(ir_model)
+    except Exception as err:  # keep going on the unoptimized graph
+        _LOG.warning("onnxscript optimizer failed (%s); using the graph as exported", err)
+        return model
+    return out
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    if model.ByteSize() > 1_800_000_000:  # protobuf limit; the matchers fold what they need
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as err:
+        _LOG.warning("ONNX shape inference failed (%s); shapes partly unknown", err)
+        return model
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    """The default-domain opset the model imports."""
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
