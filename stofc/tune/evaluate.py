@@ -66,26 +66,57 @@ class Evaluator:
 
     def measure(self, segment: SegmentSpace, config: Config) -> Measurement:
         """The time of ``config`` on ``segment``; measured only if never seen before."""
+        return self.measure_many(segment, [config])[0]
+
+    def measure_many(self, segment: SegmentSpace, configs: Sequence[Config], *,
+                     deadline: float | None = None) -> list[Measurement]:
+        """Measurements of ``configs`` (in order); only the never-seen ones reach the GPU.
+
+        The new ones go to ``measurer.measure_batch`` when the measurer has it
+        (so it can compile them in parallel first), else one by one, stopping
+        at ``deadline`` (on this evaluator's clock). A config not measured
+        because of the deadline is left out of the result.
+        """
         memo = self._memo_of(segment)
-        hit = memo.get(config.key)
-        if hit is not None:
-            if hit.cached:
-                self.stats.db_hits += 1
+        fresh: list[Config] = []
+        for config in configs:
+            if config.key not in memo and config not in fresh:
+                fresh.append(config)
+        results: dict[str, Measurement] = {}
+        if fresh:
+            start = self.clock()
+            batch = getattr(self.measurer, "measure_batch", None)
+            if batch is not None and (deadline is None or start < deadline):
+                results = dict(zip((c.key for c in fresh), batch(segment, fresh), strict=True))
             else:
-                self.stats.memo_hits += 1
-            return hit
-        start = self.clock()
-        result = self.measurer.measure(segment, config)
-        self.stats.measure_seconds += self.clock() - start
-        self.stats.measured += 1
-        self.stats.measured_keys.append((segment_key(segment), config.key))
-        if result.fault is not None:
-            self.stats.faults += 1
-        memo[config.key] = Measurement(result.time_ms, result.fault, cached=False)
-        if self.db is not None:
-            self.db.add_samples(self.record_key(segment),
-                                [Sample(config.key, result.time_ms, result.fault)])
-        return memo[config.key]
+                for config in fresh:
+                    if deadline is not None and self.clock() >= deadline:
+                        break
+                    results[config.key] = self.measurer.measure(segment, config)
+            self.stats.measure_seconds += self.clock() - start
+            for key, result in results.items():
+                self.stats.measured += 1
+                self.stats.measured_keys.append((segment_key(segment), key))
+                self.stats.faults += result.fault is not None
+                memo[key] = Measurement(result.time_ms, result.fault, cached=False)
+            if self.db is not None and results:
+                self.db.add_samples(self.record_key(segment),
+                                    [Sample(k, r.time_ms, r.fault) for k, r in results.items()])
+        out = []
+        first = set(results)
+        for config in configs:
+            hit = memo.get(config.key)
+            if hit is None:
+                continue
+            if config.key in first:
+                first.discard(config.key)  # this occurrence was the measurement
+            else:
+                if hit.cached:
+                    self.stats.db_hits += 1
+                else:
+                    self.stats.memo_hits += 1
+            out.append(hit)
+        return out
 
     def mark_fault(self, segment: SegmentSpace, config: Config, fault: str) -> None:
         """Record ``config`` of ``segment`` as faulty (e.g. a wrong result at verification)."""

@@ -16,6 +16,13 @@ initialised only there (never in the tuner). The tuner sends a
 So a faulting candidate never stops the search and never poisons a later
 measurement (the next one runs in a fresh CUDA context).
 
+Compilation needs no GPU, so it runs beside the GPU worker: with a
+``compiler`` (``"module:function"``, called as ``function(payload,
+config_key)``, e.g. rendering and compiling into the on-disk kernel cache of
+:func:`stofc.compile.nvrtc.compile_source`), :meth:`WorkerMeasurer.measure_batch`
+first compiles a whole batch in a process pool (``compile_workers``
+processes), records compile errors as faults, then times the rest one by one.
+
 The runner: a module-level function named ``"package.module:function"``,
 called in the worker as ``function(task) -> float | bool`` (the median time
 in ms for ``task.mode == "time"``, the reference check for ``"verify"``). The
@@ -27,10 +34,13 @@ otherwise :func:`device_identity` asks CUDA. Runners time with
 
 from __future__ import annotations
 
+import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import importlib
 import math
 import multiprocessing
+import os
 import signal
 import statistics
 import time
@@ -129,6 +139,12 @@ def _resolve(ref: str) -> tuple[Callable[[MeasureTask], Any], Callable[[], dict]
     return getattr(module, attr), getattr(module, "describe", device_identity)
 
 
+def _compile_one(ref: str, payload: Any, config_key: str) -> None:
+    """In a compile-pool process: ``function(payload, config_key)`` of ``ref``."""
+    module_name, _, attr = ref.partition(":")
+    getattr(importlib.import_module(module_name), attr)(payload, config_key)
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
@@ -215,7 +231,8 @@ class WorkerMeasurer:
 
     def __init__(self, runner: str, *, timeout_s: float = 10.0, start_timeout_s: float = 120.0,
                  payload_of: Callable[[SegmentSpace], Any] | None = None,
-                 settings: TimingSettings = TimingSettings()) -> None:
+                 settings: TimingSettings = TimingSettings(), compiler: str | None = None,
+                 compile_workers: int | None = None) -> None:
         self.runner = runner
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
@@ -224,6 +241,9 @@ class WorkerMeasurer:
         self.replacements = 0
         self.worker_pids: list[int] = []
         self._worker: _Worker | None = None
+        self.compiler = compiler
+        self.compile_workers = compile_workers or max(1, (os.cpu_count() or 2) - 1)
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     def _ensure(self) -> _Worker:
         if self._worker is None:
@@ -286,12 +306,44 @@ class WorkerMeasurer:
             return Measurement(None, f"invalid time {value!r}")
         return Measurement(time_ms)
 
+    def measure_batch(self, segment: SegmentSpace, configs: list[Config]) -> list[Measurement]:
+        """Compile ``configs`` in parallel (with a ``compiler``), then time each in the worker."""
+        errors = self._compile(segment, configs) if self.compiler else {}
+        return [Measurement(None, f"compile error: {errors[c.key]}") if c.key in errors
+                else self.measure(segment, c) for c in configs]
+
+    def _compile(self, segment: SegmentSpace, configs: list[Config]) -> dict[str, str]:
+        """config key -> one-line error, for the configs that failed to compile."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.compile_workers, mp_context=multiprocessing.get_context("spawn"))
+        payload = self.payload_of(segment)
+        futures = {c.key: self._pool.submit(_compile_one, self.compiler, payload, c.key)
+                   for c in configs}
+        errors: dict[str, str] = {}
+        broken = False
+        for key, future in futures.items():
+            try:
+                future.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                errors[key] = "compiler process died"
+                broken = True
+            except Exception as err:
+                errors[key] = _one_line(err)
+        if broken:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        return errors
+
     def verify(self, segment: SegmentSpace, config: Config) -> bool:
         status, value = self._call(self._task("verify", segment, config))
         return status == "ok" and bool(value)
 
     def close(self) -> None:
-        """Stop the worker (idempotent)."""
+        """Stop the worker and the compile pool (idempotent)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         if self._worker is not None:
             self._worker.stop()
             self._worker = None

@@ -320,6 +320,12 @@ def describe() -> dict[str, str]:
     return {"gpu": "SIM GPU", "driver": "0.0"}
 
 
+def compile_simulated(payload: dict, config_key: str) -> None:
+    """A compiler for the worker protocol: fails for ``payload["compile_errors"]`` keys."""
+    if config_key in payload.get("compile_errors", ()):
+        raise RuntimeError(f"NVRTC: too many resources requested for {config_key} (simulated)")
+
+
 def run_simulated_task(task) -> float | bool:
     """A runner for the worker protocol, driven by ``task.payload``.
 

@@ -58,10 +58,8 @@ def ci_violations(scheme: Scheme, compute_intensive: frozenset[int]) -> list[tup
 def segment_estimate(evaluator: Evaluator, segment: SegmentSpace, samples: int,
                      seed: int) -> float:
     """The best time (ms) over the fixed sample of ``segment``; +inf if none ran."""
-    best = float("inf")
-    for config in sample_configs(segment, samples, seed):
-        best = min(best, evaluator.measure(segment, config).score)
-    return best
+    configs = sample_configs(segment, samples, seed)
+    return min((m.score for m in evaluator.measure_many(segment, configs)), default=float("inf"))
 
 
 def _changed(before: Scheme, after: Scheme, before_spaces: Sequence[SegmentSpace],

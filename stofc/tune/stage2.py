@@ -201,12 +201,11 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
         improved = False
         for i, state in enumerate(searching):
             before = _best_ms(evaluator, state.space)
-            for config in _pick(state, evaluator, shares[i]):
-                if deadline is not None and clock() >= deadline:
-                    break
-                evaluator.measure(state.space, config)
-                state.measured += 1
-                done += 1
+            picked = _pick(state, evaluator, shares[i])
+            if picked:
+                got = evaluator.measure_many(state.space, picked, deadline=deadline)
+                state.measured += len(got)
+                done += len(got)
                 reporter.progress(_progress_event(state, evaluator, done, per_round, start,
                                                   clock, deadline))
             after = _best_ms(evaluator, state.space)

@@ -92,3 +92,20 @@ def test_rotation_exceeds_l2():
     assert n * 8 * 1024 * 1024 >= 2 * l2
     assert rotation_count(1 << 40, l2) == 2
     assert rotation_count(1, l2) == 64
+
+
+def test_batches_compile_in_parallel_beside_the_worker_and_compile_errors_are_faults():
+    from stofc.tune.evaluate import Evaluator
+
+    seg = FakeSegment(payload={"base_ms": 1.0, "behaviour": {cfg(4).key: "abort"},
+                               "compile_errors": [cfg(2).key]})
+    with WorkerMeasurer(RUNNER, timeout_s=5, start_timeout_s=60, compile_workers=2,
+                        compiler="stofc.tune.simulate:compile_simulated") as measurer:
+        evaluator = Evaluator(measurer)
+        results = evaluator.measure_many(seg, [cfg(1), cfg(2), cfg(3), cfg(1), cfg(4), cfg(5)])
+        assert [r.ok for r in results] == [True, False, True, True, False, True]
+        assert results[1].fault.startswith("compile error: RuntimeError: NVRTC: too many")
+        assert results[4].fault == "worker died (SIGABRT)"
+        assert results[5].time_ms == pytest.approx(expected_ms(cfg(5)))
+        assert measurer.replacements == 1  # only the abort; compile errors never touch the GPU worker
+        assert evaluator.stats.measured == 5 and evaluator.stats.memo_hits == 1
