@@ -11,7 +11,7 @@ Public API::
 
 from stofc.masks.build import bigbird_random_blocks, build_predicate
 from stofc.masks.decode import MaskStats, load, save, stats, tile_classes, to_dense, to_dense_all
-from stofc.masks.encode import TILES, encode
+from stofc.masks.encoder import TILES, encode
 from stofc.masks.format import MaskFormat
 from stofc.masks.parse import FAMILIES, parse_mask
 from stofc.masks.spec import Combine, Family, HeadMasks, MaskSpec, Override

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from stofc.errors import MaskSpecError
-from stofc.masks.encode import format_hash
+from stofc.masks.encoder import format_hash
 from stofc.masks.format import MaskFormat
 from stofc.masks.predicates import unpack_tiles
 
@@ -66,7 +66,7 @@ def to_dense(fmt: MaskFormat, head: int = 0) -> np.ndarray:
     pcols = fmt.part_col_idx[p0:p1]
     step = 4096
     for s in range(0, p1 - p0, step):
-        bits = unpack_tiles(fmt.part_bitmaps[p0 + s:p0 + s + step], T)
+        bits = unpack_tiles(fmt.part_bitmaps[p0 + s:min(p1, p0 + s + step)], T)
         grid[prows[s:s + step], :, pcols[s:s + step], :] = bits
     return grid.reshape(R * T, R * T)[:L, :L].copy()
 

@@ -252,13 +252,12 @@ def _yaml_node(obj: object, file: str, line: int, base: Path) -> Node:
         raise MaskSpecError(f"{where}: expected a mask (a mapping such as "
                             f"{{sliding: {{window: 128}}}}), got {obj!r}",
                             hint=f"accepted keys: {_NODE_KEYS}")
+    # 'causal: true/false' is the modifier; 'causal: {}' (or null) is the causal family.
     causal = False
-    if "causal" in obj:
-        if not isinstance(obj["causal"], bool):
-            raise MaskSpecError(f"{file} line {obj.lines['causal']}: key 'causal' is "
-                                f"{obj['causal']!r}", hint=f"accepted: {ACCEPTED['bool']}")
+    modifier = "causal" in obj and isinstance(obj["causal"], bool)
+    if modifier:
         causal = obj["causal"]
-    keys = [k for k in obj if k != "causal"]
+    keys = [k for k in obj if not (k == "causal" and modifier)]
     for k in keys:
         if k not in FAMILIES and k not in COMBINE_OPS:
             raise MaskSpecError(f"{file} line {obj.lines[k]}: unknown key '{k}'",
@@ -340,6 +339,9 @@ def parse_yaml(path: Path) -> MaskSpec:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and cmark is not None:
+            problem = f"{problem} ({context} started on line {cmark.line + 1})"
         raise MaskSpecError(f"{file}{line}: YAML syntax error: {problem}",
                             hint="fix the YAML (indentation, colons, brackets)") from None
     if not isinstance(doc, _LineDict):

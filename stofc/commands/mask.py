@@ -1,0 +1,187 @@
+"""``stofc mask``: look at, measure, export and encode attention masks."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import click
+import numpy as np
+
+from stofc.errors import MaskSpecError
+
+_TILE = click.Choice(["16", "32", "64", "128"])
+
+
+def _spec_options(fn):
+    fn = click.option("--num-heads", type=click.IntRange(min=1), default=None,
+                      help="Heads of the model (needed for per-head specs).")(fn)
+    fn = click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True,
+                      help="Layer whose overrides apply.")(fn)
+    fn = click.option("--tile", type=_TILE, default="64", show_default=True,
+                      help="Outer tile size.")(fn)
+    fn = click.option("--seq-len", "-L", type=click.IntRange(min=1), required=True,
+                      help="Maximum sequence length L_max.")(fn)
+    return click.argument("spec")(fn)
+
+
+def _encode(spec_text: str, seq_len: int, tile: str, layer: int, num_heads: int | None):
+    from stofc.masks import encode, parse_mask
+
+    spec = parse_mask(spec_text)
+    if num_heads is None and spec.is_per_head(layer) and spec.file_heads(layer) is None:
+        raise MaskSpecError(f"mask '{spec_text}' differs per head",
+                            hint="pass --num-heads H (the model's attention heads)")
+    return encode(spec, seq_len, tile=int(tile), layer=layer, num_heads=num_heads)
+
+
+def select_for(fmt, gpu: str, *, batch: int, heads: int, head_dim: int) -> dict | None:
+    """The attention kernel the selector would choose, or None if it is not importable.
+
+    Calls ``stofc.kernels.attention.select_kernel(fmt, profile, batch=, heads=,
+    seq_len=, head_dim=)`` (owned by the attention-kernel work) with ``seq_len = L_max``.
+    """
+    try:
+        from stofc.kernels.attention import select_kernel
+    except ImportError:
+        return None
+    from stofc.targets import get_profile
+
+    choice = select_kernel(fmt, get_profile(gpu), batch=batch, heads=heads,
+                           seq_len=fmt.seq_len, head_dim=head_dim)
+    return {"gpu": gpu, "batch": batch, "heads": heads, "head_dim": head_dim,
+            "kernel": str(choice.kernel), "explanation": str(choice.explanation)}
+
+
+@click.group("mask")
+def mask() -> None:
+    """Inspect attention masks (MASKS.md specs) and their tile format."""
+
+
+@mask.command("show")
+@_spec_options
+@click.option("--head", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Head to draw (per-head specs).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Picture to write (.png, .svg, .pdf).")
+def show(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None, head: int,
+         output: str) -> None:
+    """Draw SPEC: every element for L <= 1024, else a map of full/part/empty tiles."""
+    from stofc.masks.picture import render
+
+    fmt = _encode(spec, seq_len, tile, layer, num_heads)
+    if fmt.num_heads > 1 and head >= fmt.num_heads:
+        raise MaskSpecError(f"--head {head} is out of range for {fmt.num_heads} heads",
+                            hint=f"accepted: 0-{fmt.num_heads - 1}")
+    suffix = Path(output).suffix.lower()
+    if suffix not in (".png", ".svg", ".pdf"):
+        raise MaskSpecError(f"cannot write a picture to '{output}'",
+                            hint="accepted extensions: .png, .svg, .pdf")
+    mode = render(fmt, output, head=head, title=spec)
+    click.echo(f"wrote {output} ({'elements' if mode == 'element' else 'tile map'}, "
+               f"L_max={seq_len}, tile={tile})")
+
+
+@mask.command("stats")
+@_spec_options
+@click.option("--gpu", default="h100", show_default=True,
+              help="GPU profile for the kernel selector.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch size for the kernel selector.")
+@click.option("--head-dim", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Head dimension for the kernel selector.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def stats_cmd(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None, gpu: str,
+              batch: int, head_dim: int, as_json: bool) -> None:
+    """Density, tiles full/part/empty, bitmap and format bytes, kernel choice."""
+    from stofc.masks import stats
+
+    fmt = _encode(spec, seq_len, tile, layer, num_heads)
+    st = stats(fmt)
+    heads = num_heads or (fmt.num_heads if fmt.num_heads > 1 else 12)
+    selected = select_for(fmt, gpu, batch=batch, heads=heads, head_dim=head_dim)
+    if as_json:
+        out = st.to_json()
+        out["spec"] = json.loads(fmt.spec)
+        out["spec_hash"] = fmt.spec_hash
+        out["selector"] = selected
+        click.echo(json.dumps(out, indent=1, sort_keys=True))
+        return
+    total = st.tiles_full + st.tiles_part + st.tiles_empty
+    rows = [
+        ("spec", spec),
+        ("L_max / tile", f"{st.seq_len} / {st.tile}  ({fmt.tile_rows} x {fmt.tile_rows} tiles"
+                         f"{f', {st.num_heads} heads' if st.num_heads > 1 else ''})"),
+        ("density", f"{st.density:.4%}  ({st.nnz} allowed elements)"),
+        ("tiles full", f"{st.tiles_full}  ({st.tiles_full / total:.2%})"),
+        ("tiles part", f"{st.tiles_part}  ({st.tiles_part / total:.2%})"),
+        ("tiles empty", f"{st.tiles_empty}  ({st.tiles_empty / total:.2%})"),
+        ("tiles per tile row", f"max {st.row_tiles_max}, mean {st.row_tiles_mean:.1f}"),
+        ("16x16 blocks non-empty", str(st.blocks16_nonempty)),
+        ("bitmap bytes", f"{st.bitmap_bytes}"),
+        ("format bytes", f"{st.format_bytes}"),
+        ("spec hash", fmt.spec_hash[:16]),
+    ]
+    if selected is None:
+        rows.append(("kernel", "(selector not available yet: "
+                               "stofc.kernels.attention.select_kernel)"))
+    else:
+        rows.append((f"kernel ({gpu}, batch {batch}, {heads} heads, D={head_dim})",
+                     selected["kernel"]))
+        if selected["explanation"]:
+            rows.append(("why", selected["explanation"]))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+
+
+@mask.command("export")
+@_spec_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="The .npy file to write.")
+def export(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None,
+           output: str) -> None:
+    """Write the dense bool mask [L, L] (or [H, L, L] per head) to a .npy file."""
+    from stofc.masks.decode import DENSE_LIMIT, to_dense_all
+
+    if seq_len > DENSE_LIMIT:
+        raise MaskSpecError(f"--seq-len {seq_len} is too large to export densely",
+                            hint=f"accepted: at most {DENSE_LIMIT}; use 'stofc mask encode'")
+    if not output.endswith(".npy"):
+        raise MaskSpecError(f"cannot export to '{output}'", hint="accepted: a .npy path")
+    dense = to_dense_all(_encode(spec, seq_len, tile, layer, num_heads))
+    _atomic(output, lambda f: np.save(f, dense))
+    click.echo(f"wrote {output} (bool {list(dense.shape)}, {int(dense.sum())} allowed)")
+
+
+@mask.command("encode")
+@_spec_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="The .npz file to write.")
+def encode_cmd(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None,
+               output: str) -> None:
+    """Write the unified tile format (.npz, with the canonical spec and its hash)."""
+    from stofc.masks import save
+
+    if not output.endswith(".npz"):
+        raise MaskSpecError(f"cannot write the format to '{output}'",
+                            hint="accepted: a .npz path")
+    fmt = _encode(spec, seq_len, tile, layer, num_heads)
+    save(fmt, output)
+    click.echo(f"wrote {output} ({len(fmt.full_col_idx)} full + {len(fmt.part_col_idx)} part "
+               f"tiles, hash {fmt.spec_hash[:16]})")
+
+
+def _atomic(output: str, write) -> None:
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npy")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
