@@ -20,6 +20,7 @@ from stofc.errors import StofcError
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("stofc.commands.tune", "tune"),
     ("stofc.commands.cache", "cache"),
+    ("stofc.commands.mask", "mask"),
 )
 
 
