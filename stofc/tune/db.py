@@ -280,11 +280,12 @@ def _ensure_schema(conn: sqlite3.Connection, target: Path) -> None:
     try:
         tables = {row[0] for row in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
+        if not tables:  # a fresh file: version 1, then the same upgrades as an old file
             for statement in (*_SCHEMA_V1, "CREATE TABLE schema_version (version INTEGER NOT NULL)"):
                 conn.execute(statement)
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif "schema_version" not in tables:
+            conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+            tables = {"schema_version"}
+        if "schema_version" not in tables:
             raise TuningDatabaseError(
                 f"{target} is an SQLite file but not a stofc tuning database "
                 f"(tables: {', '.join(sorted(tables))})",
@@ -302,7 +303,7 @@ def _ensure_schema(conn: sqlite3.Connection, target: Path) -> None:
                 if steps is None:
                     raise TuningDatabaseError(
                         f"tuning database {target} has schema version {version}, which cannot "
-                        "be upgraded", hint="clear it with: stofc cache clear --tuning --yes")
+                        "be upgraded", hint=f"move {target.name} away or pass --db with another path")
                 for statement in steps:
                     conn.execute(statement)
                 version += 1

@@ -69,6 +69,26 @@ def test_schema_version_newer_is_refused(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_an_older_schema_is_upgraded_in_place(tmp_path, monkeypatch):
+    import stofc.tune.db as dbmod
+
+    old = tmp_path / "old.sqlite"
+    with TuningDatabase.open(old) as db:
+        db.upsert_best(key(), '{"b":1}', 2.0)
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(dbmod, "_MIGRATIONS", {1: ("ALTER TABLE records ADD COLUMN note TEXT",)})
+    for path in (old, tmp_path / "fresh.sqlite"):
+        with TuningDatabase.open(path) as db:
+            assert db._conn.execute("SELECT version FROM schema_version").fetchone() == (2,)
+            columns = [r[1] for r in db._conn.execute("PRAGMA table_info(records)")]
+            assert "note" in columns
+    with TuningDatabase.open(old) as db:
+        assert db.best(key()).time_ms == 2.0
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 3)
+    with pytest.raises(TuningDatabaseError, match="schema version 2, which cannot be upgraded"):
+        TuningDatabase.open(old)
+
+
 def test_a_foreign_sqlite_file_is_refused_not_overwritten(tmp_path):
     path = tmp_path / "mine.sqlite"
     conn = sqlite3.connect(path)
