@@ -21,6 +21,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("stofc.commands.tune", "tune"),
     ("stofc.commands.cache", "cache"),
     ("stofc.commands.mask", "mask"),
+    ("stofc.commands.inspect", "inspect"),
 )
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +123,9 @@ def _probe(idx: GraphIndex, value: str) -> np.ndarray | None:
     try:
         from onnx.reference import ReferenceEvaluator
 
-        result = ReferenceEvaluator(model).run(None, feeds)[0]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            result = ReferenceEvaluator(model).run(None, feeds)[0]
     except Exception:
         return None
     return np.asarray(result)

@@ -18,9 +18,14 @@ Contract (stable names; fields may be added, never renamed):
   order is q, bias q, k, bias k, v, bias v.
 * **Gemm nodes with a C input**: an ONNX ``Gemm`` with a bias is represented as
   a ``gemm`` ChainOp followed by a ``bias_add`` ChainOp; both list the same
-  ONNX node in ``nodes``. The ``bias_add``'s ``inputs``/``outputs`` are then
-  the Gemm's own (the intermediate value does not exist in the graph: the
-  ``gemm`` op's ``outputs`` is empty and its ``param("fused_bias")`` is True).
+  ONNX node in ``nodes``. The intermediate value does not exist in the graph,
+  so the ``gemm`` has ``inputs == (x,)``, ``outputs == ()`` and
+  ``param("fused_bias") is True``; the ``bias_add`` has ``inputs == ()`` and
+  ``outputs == (y,)`` (the Gemm's output, or the Reshape after it).
+* ``inputs`` never lists weights, biases, norm scales or other constants (they
+  are in ``params``); ``outputs`` lists values used outside the op.
+* Shape arithmetic and Constant nodes used by one op only are included in its
+  ``nodes`` (the rest of the shape plumbing is left to ONNX Runtime).
 * Value names in ``inputs``/``outputs`` are ONNX value names of the
   canonicalized model (:attr:`ModelGraph.model`).
 """

@@ -1,0 +1,170 @@
+"""``stofc inspect``: what stofc understands of an ONNX model, per layer."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import click
+
+from stofc.frontend.types import ModelGraph
+
+_DEFAULT_SEQ = 512
+
+
+def _seq_len(graph: ModelGraph) -> int:
+    """The model's static sequence length if its inputs fix one, else 512."""
+    for vi in graph.inputs:
+        if vi.name in (graph.padding_mask_input, "input_ids") and len(vi.shape) >= 2 \
+                and isinstance(vi.shape[-1], int) and vi.shape[-1] > 0:
+            return vi.shape[-1]
+    return _DEFAULT_SEQ
+
+
+def _mask_report(spec_text: str | None, graph: ModelGraph) -> dict | None:
+    """The --mask spec with its density at the model's sequence length (or 512)."""
+    if spec_text is None:
+        return None
+    seq = _seq_len(graph)
+    try:
+        from stofc.masks import encode, parse_mask
+    except ImportError:  # the mask module is not there: show the spec only
+        return {"spec": spec_text, "seq_len": seq, "density": None}
+    heads = graph.layers[0].attention.num_heads if graph.layers else None
+    fmt = encode(parse_mask(spec_text), seq, tile=64, layer=0, num_heads=heads)
+    return {"spec": spec_text, "seq_len": seq, "density": float(fmt.density)}
+
+
+def _segments(graph: ModelGraph) -> list[dict]:
+    from stofc.frontend.segments import encode_scheme, rule_based_segments
+
+    out = []
+    for layer in graph.layers:
+        segs = rule_based_segments(layer)
+        out.append({"layer": layer.index, "scheme": list(encode_scheme(layer, segs)),
+                    "segments": [s.as_dict() for s in segs]})
+    return out
+
+
+def report(graph: ModelGraph, mask: dict | None = None) -> dict:
+    """The JSON object ``inspect --json`` prints (keys documented on the command)."""
+    return {
+        "model": graph.path,
+        "opset": graph.opset,
+        "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)}
+                   for v in graph.inputs],
+        "outputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)}
+                    for v in graph.outputs],
+        "padding_mask_input": graph.padding_mask_input,
+        "attention": [layer.attention.as_dict() for layer in graph.layers],
+        "layers": [{"layer": layer.index, "norm_order": layer.norm_order,
+                    "chain": [op.as_dict() for op in layer.chain]} for layer in graph.layers],
+        "segments": _segments(graph),
+        "segments_source": "stofc.frontend.segments.rule_based_segments",
+        "unsupported": [{"node": u.node, "op_type": u.op_type, "reason": u.reason}
+                        for u in graph.unsupported],
+        "left_to_ort": list(graph.left_to_ort),
+        "mask": mask,
+    }
+
+
+def _print_tables(data: dict, graph: ModelGraph) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    ins = ", ".join(f"{v['name']} {v['dtype']}{v['shape']}" for v in data["inputs"])
+    console.print(f"[bold]{data['model']}[/]  opset {data['opset']}  "
+                  f"layers {len(graph.layers)}  inputs: {ins}")
+    console.print(f"padding mask input: {data['padding_mask_input'] or '-'}")
+    if data["mask"]:
+        m = data["mask"]
+        dens = "n/a (mask module unavailable)" if m["density"] is None else f"{m['density']:.2%}"
+        console.print(f"mask: {m['spec']}  density at L={m['seq_len']}: {dens}")
+    att = Table(title="Attention blocks")
+    for col in ("layer", "heads x dim", "qkv", "scale", "mask", "guard", "causal", "nodes"):
+        att.add_column(col, overflow="fold")
+    for a in data["attention"]:
+        mask = a["mask_form"] + (f" <- {a['mask_source']}" if a["mask_source"] else "")
+        att.add_row(str(a["layer"]), f"{a['num_heads']} x {a['head_dim']} = {a['hidden_size']}",
+                    "packed" if a["packed_qkv"] else "q,k,v", f"{a['scale']:.4g} {a['scale_form']}",
+                    mask, "yes" if a["softmax_guarded"] else "no",
+                    "yes" if a["causal_in_graph"] else "no", str(len(a["nodes"])))
+    console.print(att)
+    for layer, seg in zip(data["layers"], data["segments"], strict=True):
+        seg_of = {i: s["name"] for s in seg["segments"] for i in s["ops"]}
+        table = Table(title=f"Layer {layer['layer']} chain ({layer['norm_order']}-LN)")
+        for col in ("#", "op", "role", "segment", "details", "nodes"):
+            table.add_column(col)
+        for op in layer["chain"]:
+            p = op["params"]
+            details = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                for k, v in p.items()
+                                if k in ("in_features", "out_features", "weight_layout",
+                                         "epsilon", "approximation", "form", "op", "features"))
+            table.add_row(str(op["index"]), op["kind"], op["role"], seg_of.get(op["index"], ""),
+                          details, str(len(op["nodes"])))
+        console.print(table)
+        console.print("segments: " + " | ".join(
+            f"{s['name']}[{','.join(map(str, s['ops']))}]" for s in seg["segments"])
+            + f"   scheme {''.join(map(str, seg['scheme']))}")
+    if data["unsupported"]:
+        uns = Table(title="Not handled by stofc (left to ONNX Runtime)")
+        uns.add_column("node", overflow="fold")
+        uns.add_column("op")
+        uns.add_column("reason", overflow="fold")
+        for u in data["unsupported"]:
+            uns.add_row(u["node"], u["op_type"], u["reason"])
+        console.print(uns)
+    by_type: dict[str, list[str]] = {}
+    ops = {n.name: n.op_type for n in graph.model.graph.node}
+    for name in data["left_to_ort"]:
+        by_type.setdefault(ops.get(name, "?"), []).append(name)
+    left = Table(title=f"Operators left to ONNX Runtime ({len(data['left_to_ort'])})")
+    left.add_column("op")
+    left.add_column("count")
+    left.add_column("nodes", overflow="fold")
+    counts = Counter({k: len(v) for k, v in by_type.items()})
+    for op_type, count in counts.most_common():
+        left.add_row(op_type, str(count), ", ".join(by_type[op_type]))
+    console.print(left)
+
+
+@click.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--mask", "mask_spec", default=None, metavar="SPEC",
+              help="A mask spec (MASKS.md); shows its density at the model's sequence "
+                   "length, or 512 when the length is dynamic.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys below).")
+def inspect(model: str, mask_spec: str | None, as_json: bool) -> None:
+    """Show the attention blocks, layer chains and fusion segments stofc finds in MODEL.
+
+    \b
+    --json prints ONE object with these stable keys:
+      model, opset                 the file and its default-domain opset
+      inputs, outputs              [{name, dtype, shape}] (symbolic dims as strings)
+      padding_mask_input           graph input the padding mask flows from, or null
+      attention                    one entry per block: layer, num_heads, head_dim,
+                                   hidden_size, nodes, q_input, k_input, v_input,
+                                   output, packed_qkv, scale, scale_form, mask_form,
+                                   mask_source, mask_input, bias_input,
+                                   softmax_guarded, causal_in_graph
+      layers                       [{layer, norm_order, chain: [{index, kind, role,
+                                   nodes, inputs, outputs, params}]}]
+      segments                     [{layer, scheme, segments: [{name, ops}]}]: the
+                                   starting fusion segments (chain indices) and
+                                   STOF's 0/1 scheme encoding
+      segments_source              which function computed the segments
+      unsupported                  [{node, op_type, reason}]: blocks stofc leaves
+                                   to ONNX Runtime, with the reason
+      left_to_ort                  every node not covered by a layer chain
+      mask                         null, or {spec, seq_len, density} for --mask
+    """
+    from stofc.frontend import load_model
+
+    graph = load_model(model)
+    data = report(graph, _mask_report(mask_spec, graph))
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        _print_tables(data, graph)
