@@ -109,3 +109,12 @@ def test_batches_compile_in_parallel_beside_the_worker_and_compile_errors_are_fa
         assert results[5].time_ms == pytest.approx(expected_ms(cfg(5)))
         assert measurer.replacements == 1  # only the abort; compile errors never touch the GPU worker
         assert evaluator.stats.measured == 5 and evaluator.stats.memo_hits == 1
+
+
+def test_the_gpu_probe_kernel_compiles_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOFC_CACHE_DIR", str(tmp_path))
+    from stofc.compile import compile_source
+    from stofc.tune.probe import PROBE_SOURCE
+
+    for target in ("sm_80", "sm_90"):
+        assert compile_source(PROBE_SOURCE, target).binary[:4] == b"\x7fELF"
