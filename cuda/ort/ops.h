@@ -124,7 +124,13 @@ struct StofcOp : Ort::CustomOpBase<StofcOp<TKernel, Make>, TKernel, true> {
         : sig(s), elem(t), ep(provider), package_dir(std::move(dir)), make(m) {}
 
     OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-        return guarded(sig.name, [&] { *kernel = make(info, package_dir); });
+        std::string label = sig.name;
+        try {
+            const std::string node = Ort::ConstKernelInfo(info).GetNodeName();
+            if (!node.empty()) label += " (node '" + node + "')";
+        } catch (const Ort::Exception&) {
+        }
+        return guarded(label.c_str(), [&] { *kernel = make(info, package_dir); });
     }
     const char* GetName() const { return sig.name; }
     const char* GetExecutionProviderType() const { return ep; }

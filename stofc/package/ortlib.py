@@ -51,7 +51,7 @@ def _sources() -> tuple[list[Path], list[Path]]:
     if not units:
         raise StofcError(f"no custom-op library sources in {root}",
                          hint="reinstall stofc or set STOFC_HOME to its source tree")
-    deps = sorted(root.glob("*.h")) + [root / EXPORTS_MAP]
+    deps = [*sorted(root.glob("*.h")), root / EXPORTS_MAP]
     return units, deps
 
 
