@@ -20,6 +20,7 @@ norm families).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from stofc.errors import PlanError
@@ -89,7 +90,7 @@ def activation_of(op: ChainOp) -> str | None:
 
 def _chain_reason(ops: list[ChainOp], flows: list[OpFlow]) -> str | None:
     inside = {f.output for f in flows}
-    for prev, flow in zip(flows, flows[1:], strict=False):
+    for prev, flow in itertools.pairwise(flows):
         if prev.output not in flow.inputs:
             return (f"operator #{flow.index} ({flow.kind.value}) does not read operator "
                     f"#{prev.index}'s output, so they do not form a fusable chain")
@@ -204,8 +205,8 @@ def _match_one(layer: Layer, ordinal: int, idx: tuple[int, ...], flows: tuple[Op
         if gemms:
             width = int(gemms[-1].param("out_features"))
             if width > max_norm_width:
-                raise reject(f"GEMM+{norm_kind} needs a tile spanning the full row; "
-                             f"out_features {width} > {max_norm_width}")
+                raise reject(f"GEMM+{norm_kind} needs a tile spanning the full row "
+                             f"(out_features {width} > {max_norm_width})")
     if residual is not None:
         res_flow = flows[residual.index]
         prev_out = flows[residual.index - 1].output if residual.index > idx[0] else None

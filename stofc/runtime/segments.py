@@ -1,0 +1,315 @@
+"""Segment runner (CuPy): execute one planned segment, or a layer's chain, on device tensors.
+
+For tests, the tuner and benchmarks. :class:`SegmentRunner` takes a layer, its
+:class:`~stofc.plan.plan.LayerPlan` and the layer's parameters (ONNX layouts,
+any float dtype), puts the parameters on the GPU in the plan's dtype (GEMM
+weights transposed once to ``[N, K]``), renders and compiles every segment's
+kernel (NVRTC, cached) and loads the cubins. ``run_segment`` reads its inputs
+from a ``{value name: cupy array}`` dict and writes its outputs into it.
+
+Activations are 2-D ``[tokens, features]`` arrays; a projection stored with
+``store="heads"`` is written as ``[G, B, H, S, D]``. bf16 tensors are held as
+``uint16`` arrays of raw bits (CuPy has no bf16 dtype): use :func:`to_device`
+and :func:`to_host` to convert. Wrong shapes or dtypes raise
+:class:`SegmentInputError` naming the value, the expected and the actual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stofc.compile import compile_source
+from stofc.errors import StofcError
+from stofc.frontend.types import Layer, OpKind
+from stofc.kernels import gemm as gemm_family
+from stofc.kernels import gemm_gemm as gg_family
+from stofc.kernels import norm as norm_family
+from stofc.kernels.epilogue import Epilogue
+from stofc.plan.plan import LayerPlan, Segment
+
+
+class SegmentInputError(StofcError):
+    """A tensor handed to the segment runner has the wrong shape or dtype."""
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def storage_dtype(dtype: str) -> np.dtype:
+    """The CuPy/numpy dtype that holds ``dtype`` (bf16 as raw ``uint16`` bits)."""
+    return np.dtype(np.float16) if dtype == "float16" else np.dtype(np.uint16)
+
+
+def to_bits(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Host float array -> host storage array (bf16: round to nearest even)."""
+    if dtype == "float16":
+        return np.ascontiguousarray(array, dtype=np.float16)
+    f = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    rounded = f + 0x7FFF + ((f >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def from_bits(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Host storage array -> float32."""
+    if dtype == "float16":
+        return np.asarray(array, dtype=np.float32)
+    return (np.asarray(array, dtype=np.uint32) << 16).view(np.float32)
+
+
+def to_device(array: np.ndarray, dtype: str):
+    """A host float array on the GPU in ``dtype`` storage."""
+    return _cupy().asarray(to_bits(np.asarray(array), dtype))
+
+
+def to_host(array, dtype: str) -> np.ndarray:
+    """A device array in ``dtype`` storage -> host float32."""
+    return from_bits(_cupy().asnumpy(array), dtype)
+
+
+@dataclass
+class _Loaded:
+    function: Any
+    smem: int
+    threads: int
+    config: Any
+    kind: str  # "gemm" | "norm" | "gemm_gemm" | "vendor"
+
+
+def _load(source, arch: str, smem: int):
+    cupy = _cupy()
+    compiled = compile_source(source, arch)
+    module = cupy.cuda.function.Module()
+    module.load(compiled.binary)
+    function = module.get_function(source.entry_points[0])
+    if smem > 48 * 1024:
+        drv = cupy.cuda.driver
+        drv.funcSetAttribute(function.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             smem)
+    return module, function
+
+
+class SegmentRunner:
+    """Compiled kernels and device parameters for one layer plan."""
+
+    def __init__(self, layer: Layer, plan: LayerPlan, weights: dict[str, np.ndarray], *,
+                 dtype: str, arch: str | None = None) -> None:
+        cupy = _cupy()
+        if arch is None:
+            arch = f"sm_{cupy.cuda.Device().compute_capability}"
+        self.layer, self.plan, self.dtype, self.arch = layer, plan, dtype, arch
+        self.storage = storage_dtype(dtype)
+        self.params: dict[str, Any] = {}
+        for op in layer.chain:
+            for key in ("bias", "scale"):
+                name = op.param(key)
+                if isinstance(name, str):
+                    self.params[name] = to_device(np.asarray(weights[name]).reshape(-1), dtype)
+            if op.kind == OpKind.GEMM:
+                w = np.asarray(weights[op.param("weight")])
+                nk = w.T if op.param("weight_layout", "KN") == "KN" else w
+                self.params[op.param("weight")] = to_device(np.ascontiguousarray(nk), dtype)
+        self._dummy = cupy.zeros(8, dtype=self.storage)
+        self.poison = False  # fill outputs with NaN before each launch (tests: unwritten = NaN)
+        self._modules: list[Any] = []
+        self.kernels: dict[int, _Loaded] = {}
+        for seg in plan.segments:
+            if seg.family != "attention":
+                self.kernels[seg.ordinal] = self._compile(seg)
+
+    # -- compilation ---------------------------------------------------------------
+    def _compile(self, seg: Segment) -> _Loaded:
+        spec, ep = seg.kernel, seg.epilogues[-1]
+        tokens = 4096
+        if spec.template == "vendor/cublas" or seg.family == "add_norm":
+            width = seg.dim("n0") if spec.template == "vendor/cublas" else seg.dim("n")
+            cfg = norm_family.NormConfig(spec.param("tpr"), spec.param("rows"))
+            src = norm_family.render_norm(norm_family.NormProblem(tokens, width, self.dtype, ep),
+                                          cfg)
+            mod, fn = _load(src, self.arch, 0)
+            self._modules.append(mod)
+            kind = "vendor" if spec.template == "vendor/cublas" else "norm"
+            return _Loaded(fn, 0, cfg.tpr * cfg.rows, cfg, kind)
+        if seg.family in ("gemm", "gemm_norm"):
+            cfg = gemm_family.GemmConfig(*(spec.param(k) for k in
+                                           ("bm", "bn", "bk", "warps_m", "warps_n", "stages")))
+            problem = gemm_family.GemmProblem(tokens, seg.dim("n0"), seg.dim("k0"), self.dtype, ep,
+                                              spec.param("store", "row"))
+            smem = cfg.smem_bytes(self.dtype)
+            mod, fn = _load(gemm_family.render_gemm(problem, cfg), self.arch, smem)
+            self._modules.append(mod)
+            return _Loaded(fn, smem, cfg.threads, cfg, "gemm")
+        if seg.family == "gemm_gemm":
+            cfg2 = gg_family.GemmGemmConfig(*(spec.param(k) for k in
+                                              ("bm", "bh", "bk", "warps", "stages")))
+            problem2 = gg_family.GemmGemmProblem(tokens, seg.dim("k0"), seg.dim("n0"),
+                                                 seg.dim("n1"), self.dtype, seg.epilogues[0],
+                                                 seg.epilogues[1])
+            smem = cfg2.smem_bytes(problem2)
+            mod, fn = _load(gg_family.render_gemm_gemm(problem2, cfg2), self.arch, smem)
+            self._modules.append(mod)
+            return _Loaded(fn, smem, cfg2.warps * 32, (cfg2, problem2), "gemm_gemm")
+        raise SegmentInputError(f"segment family {seg.family!r} cannot run here",
+                                hint="attention segments run through the attention runner")
+
+    # -- checks --------------------------------------------------------------------
+    def _get(self, values: dict[str, Any], seg: Segment, slot: str, shape: tuple[int, ...]):
+        name = seg.binding(slot)
+        if name is None:
+            return self._dummy
+        if name in self.params:
+            arr = self.params[name]
+        elif name in values:
+            arr = values[name]
+        else:
+            raise SegmentInputError(f"segment {seg.ordinal} needs value {name!r} ({slot})",
+                                    hint="run the producing segment first or pass it in values")
+        if tuple(arr.shape) != shape or arr.dtype != self.storage:
+            raise SegmentInputError(
+                f"segment {seg.ordinal} input {name!r} ({slot}) is {arr.dtype}{list(arr.shape)}, "
+                f"expected {self.storage}{list(shape)}",
+                hint=f"pass a contiguous {self.dtype} tensor of that shape (bf16 as uint16 bits)")
+        if not arr.flags.c_contiguous:
+            raise SegmentInputError(f"segment {seg.ordinal} input {name!r} is not contiguous",
+                                    hint="pass cupy.ascontiguousarray(x)")
+        return arr
+
+    # -- execution -----------------------------------------------------------------
+    def run_segment(self, seg: Segment, values: dict[str, Any], *, batch: int, seq_len: int,
+                    stream=None) -> None:
+        """Run one non-attention segment; outputs are allocated and stored in ``values``."""
+        _cupy()
+        loaded = self.kernels.get(seg.ordinal)
+        if loaded is None:
+            raise SegmentInputError(f"segment {seg.ordinal} ({seg.family}) has no kernel here",
+                                    hint="attention segments run through the attention runner")
+        m = batch * seq_len
+        ep = seg.epilogues[-1]
+        i32, f32 = np.int32, np.float32
+        if loaded.kind == "norm":
+            n = seg.dim("n")
+            x = self._get(values, seg, "x", (m, n))
+            out = self._empty((m, n), dtype=self.storage)
+            pre = self._empty((m, n), dtype=self.storage) if ep.store_pre_norm else self._dummy
+            self._launch_norm(loaded, seg, values, x, out, pre, m, n, stream)
+            self._store(values, seg, out, pre)
+            return
+        k, n = seg.dim("k0"), seg.dim("n0")
+        x = self._get(values, seg, "x", (m, k))
+        w = self._get(values, seg, "w0", (n, k))
+        if loaded.kind == "gemm_gemm":
+            cfg, problem = loaded.config
+            n2 = problem.n2
+            w1 = self._get(values, seg, "w1", (n2, n))
+            out = self._empty((m, n2), dtype=self.storage)
+            args = (x, w, w1, out, self._get(values, seg, "b0", (n,)),
+                    self._get(values, seg, "b1", (n2,)),
+                    self._get(values, seg, "residual", (m, n2)), i32(m))
+            loaded.function((-(-m // cfg.bm), 1, 1), (loaded.threads, 1, 1), args,
+                            shared_mem=loaded.smem, stream=stream)
+            self._store(values, seg, out, None)
+            return
+        store = seg.kernel.param("store", "row")
+        heads, head_dim = self.layer.attention.num_heads, self.layer.attention.head_dim
+        if store == "heads":
+            if n % (heads * head_dim):
+                raise SegmentInputError(f"heads store needs N={n} divisible by H*D",
+                                        hint="use store='row'")
+            out = self._empty((n // (heads * head_dim), batch, heads, seq_len, head_dim),
+                             dtype=self.storage)
+        else:
+            out = self._empty((m, n), dtype=self.storage)
+        pre = self._empty((m, n), dtype=self.storage) if ep.store_pre_norm else self._dummy
+        if loaded.kind == "vendor":
+            if store != "row":
+                raise SegmentInputError("the vendor path stores row-major only",
+                                        hint="plan store='row' for cuBLAS segments")
+            tmp = out if ep.is_identity else self._empty((m, n), dtype=self.storage)
+            cublas_gemm(x, w, tmp, self.dtype, stream=stream)
+            if not ep.is_identity:
+                self._launch_norm(loaded, seg, values, tmp, out, pre, m, n, stream)
+            self._store(values, seg, out, pre)
+            return
+        cfg = loaded.config
+        grid_x = 1 if ep.norm != "none" else -(-n // cfg.bn)
+        if ep.norm != "none" and cfg.bn < n:
+            raise SegmentInputError(f"GEMM+norm tile {cfg.bn} narrower than the row {n}",
+                                    hint="choose bn >= out_features")
+        args = (x, w, out, self._get(values, seg, "b0", (n,)),
+                self._get(values, seg, "residual", (m, n)), self._get(values, seg, "gamma", (n,)),
+                self._get(values, seg, "beta", (n,)), pre, i32(m), i32(n), i32(k),
+                i32(seq_len), i32(heads), i32(head_dim), f32(seg.epsilon))
+        loaded.function((grid_x, -(-m // cfg.bm), 1), (loaded.threads, 1, 1), args,
+                        shared_mem=loaded.smem, stream=stream)
+        self._store(values, seg, out, pre)
+
+    def _empty(self, shape, dtype):
+        cupy = _cupy()
+        if not self.poison:
+            return cupy.empty(shape, dtype=dtype)
+        nan_bits = 0x7E00 if self.dtype == "float16" else 0x7FC0
+        return cupy.full(shape, nan_bits, dtype=np.uint16).view(dtype)
+
+    def _launch_norm(self, loaded, seg, values, x, out, pre, m, n, stream) -> None:
+        cfg = loaded.config
+        bias_slot = "b0" if seg.binding("b0") else "bias"
+        args = (x, self._get(values, seg, bias_slot, (n,)),
+                self._get(values, seg, "residual", (m, n)), self._get(values, seg, "gamma", (n,)),
+                self._get(values, seg, "beta", (n,)), out, pre, np.int32(m), np.int32(n),
+                np.float32(seg.epsilon))
+        loaded.function((-(-m // cfg.rows), 1, 1), (loaded.threads, 1, 1), args, stream=stream)
+
+    def _store(self, values, seg: Segment, out, pre) -> None:
+        values[seg.binding("out")] = out
+        if pre is not None and seg.binding("pre_norm_out"):
+            values[seg.binding("pre_norm_out")] = pre
+
+    def run_chain(self, values: dict[str, Any], *, batch: int, seq_len: int,
+                  attention: Callable[[Segment, dict[str, Any]], Any] | None = None,
+                  stream=None) -> dict[str, Any]:
+        """Run every segment in order; ``attention(segment, values)`` returns its output."""
+        for seg in self.plan.segments:
+            if seg.family == "attention":
+                if attention is None:
+                    raise SegmentInputError("the chain has an attention segment",
+                                            hint="pass attention=callable(segment, values)")
+                values[seg.outputs[0]] = attention(seg, values)
+            else:
+                self.run_segment(seg, values, batch=batch, seq_len=seq_len, stream=stream)
+        return values
+
+
+_CUBLAS_HANDLE: dict[int, Any] = {}
+
+
+def cublas_gemm(x, w_nk, out, dtype: str, *, stream=None) -> None:
+    """``out[M, N] = x[M, K] @ w_nk[N, K]ᵀ`` through cublasGemmEx, fp32 accumulation."""
+    cupy = _cupy()
+    from cupy_backends.cuda.api import runtime
+    from cupy_backends.cuda.libs import cublas
+    dev = cupy.cuda.Device().id
+    if dev not in _CUBLAS_HANDLE:
+        _CUBLAS_HANDLE[dev] = cublas.create()
+    handle = _CUBLAS_HANDLE[dev]
+    cublas.setStream(handle, stream.ptr if stream is not None else
+                     cupy.cuda.get_current_stream().ptr)
+    m, k = x.shape
+    n = w_nk.shape[0]
+    dtype_code = (getattr(runtime, "CUDA_R_16F", 2) if dtype == "float16"
+                  else getattr(runtime, "CUDA_R_16BF", 14))
+    alpha = np.array(1.0, dtype=np.float32)
+    beta = np.array(0.0, dtype=np.float32)
+    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, alpha.ctypes.data,
+                  w_nk.data.ptr, dtype_code, k, x.data.ptr, dtype_code, k, beta.ctypes.data,
+                  out.data.ptr, dtype_code, n, getattr(cublas, "CUBLAS_COMPUTE_32F", 68),
+                  getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1))
+
+
+def epilogue_of(seg: Segment) -> Epilogue:
+    """The segment's last epilogue (what its output went through)."""
+    return seg.epilogues[-1]
