@@ -223,16 +223,16 @@ OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
         auto one_row = [&](size_t mi) {
             const int64_t base = static_cast<int64_t>(mi) * C;
             std::vector<float> h(static_cast<size_t>(C));
-            double sum = 0.0, sq = 0.0;
+            double sum = 0.0;
             for (int64_t c = 0; c < C; ++c) {
                 h[c] = to_float(xp[base + c]) + (rp ? to_float(rp[base + c]) : 0.0f);
                 if (sum_out) sum_out[base + c] = from_float<T>(h[c]);
                 sum += h[c];
-                sq += static_cast<double>(h[c]) * h[c];
             }
-            const double mean = rms ? 0.0 : sum / C;
-            const double var = rms ? sq / C : sq / C - mean * mean;
-            const double inv = 1.0 / std::sqrt((var > 0.0 ? var : 0.0) + eps);
+            const double mean = rms ? 0.0 : sum / C;  // RMSNorm: no centring
+            double sq = 0.0;                          // two passes: no cancellation
+            for (int64_t c = 0; c < C; ++c) sq += (h[c] - mean) * (h[c] - mean);
+            const double inv = 1.0 / std::sqrt(sq / C + eps);
             for (int64_t c = 0; c < C; ++c) {
                 const double n = (h[c] - mean) * inv * to_float(gp[c]) + (bp ? to_float(bp[c]) : 0.0f);
                 y[base + c] = from_float<T>(static_cast<float>(n));
