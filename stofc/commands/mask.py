@@ -12,29 +12,33 @@ import numpy as np
 
 from stofc.errors import MaskSpecError
 
-_TILE = click.Choice(["16", "32", "64", "128"])
-
 
 def _spec_options(fn):
-    fn = click.option("--num-heads", type=click.IntRange(min=1), default=None,
+    # Plain ints: stofc validates them itself so that a bad value is one line, exit 2.
+    fn = click.option("--num-heads", type=int, default=None,
                       help="Heads of the model (needed for per-head specs).")(fn)
-    fn = click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True,
+    fn = click.option("--layer", type=int, default=0, show_default=True,
                       help="Layer whose overrides apply.")(fn)
-    fn = click.option("--tile", type=_TILE, default="64", show_default=True,
-                      help="Outer tile size.")(fn)
-    fn = click.option("--seq-len", "-L", type=click.IntRange(min=1), required=True,
+    fn = click.option("--tile", type=int, default=64, show_default=True,
+                      help="Outer tile size: 16, 32, 64 or 128.")(fn)
+    fn = click.option("--seq-len", "-L", type=int, required=True,
                       help="Maximum sequence length L_max.")(fn)
     return click.argument("spec")(fn)
 
 
-def _encode(spec_text: str, seq_len: int, tile: str, layer: int, num_heads: int | None):
+def _encode(spec_text: str, seq_len: int, tile: int, layer: int, num_heads: int | None):
     from stofc.masks import encode, parse_mask
 
+    if layer < 0:
+        raise MaskSpecError(f"--layer {layer} is negative", hint="accepted: an integer >= 0")
+    if num_heads is not None and num_heads < 1:
+        raise MaskSpecError(f"--num-heads {num_heads} is invalid",
+                            hint="accepted: an integer >= 1")
     spec = parse_mask(spec_text)
     if num_heads is None and spec.is_per_head(layer) and spec.file_heads(layer) is None:
         raise MaskSpecError(f"mask '{spec_text}' differs per head",
                             hint="pass --num-heads H (the model's attention heads)")
-    return encode(spec, seq_len, tile=int(tile), layer=layer, num_heads=num_heads)
+    return encode(spec, seq_len, tile=tile, layer=layer, num_heads=num_heads)
 
 
 def select_for(fmt, gpu: str, *, batch: int, heads: int, head_dim: int) -> dict | None:
@@ -62,23 +66,23 @@ def mask() -> None:
 
 @mask.command("show")
 @_spec_options
-@click.option("--head", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--head", type=int, default=0, show_default=True,
               help="Head to draw (per-head specs).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Picture to write (.png, .svg, .pdf).")
-def show(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None, head: int,
+def show(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None, head: int,
          output: str) -> None:
     """Draw SPEC: every element for L <= 1024, else a map of full/part/empty tiles."""
     from stofc.masks.picture import render
 
-    fmt = _encode(spec, seq_len, tile, layer, num_heads)
-    if fmt.num_heads > 1 and head >= fmt.num_heads:
-        raise MaskSpecError(f"--head {head} is out of range for {fmt.num_heads} heads",
-                            hint=f"accepted: 0-{fmt.num_heads - 1}")
     suffix = Path(output).suffix.lower()
     if suffix not in (".png", ".svg", ".pdf"):
         raise MaskSpecError(f"cannot write a picture to '{output}'",
                             hint="accepted extensions: .png, .svg, .pdf")
+    fmt = _encode(spec, seq_len, tile, layer, num_heads)
+    if head < 0 or (fmt.num_heads > 1 and head >= fmt.num_heads):
+        raise MaskSpecError(f"--head {head} is out of range for {fmt.num_heads} heads",
+                            hint=f"accepted: 0-{max(fmt.num_heads, 1) - 1}")
     mode = render(fmt, output, head=head, title=spec)
     click.echo(f"wrote {output} ({'elements' if mode == 'element' else 'tile map'}, "
                f"L_max={seq_len}, tile={tile})")
@@ -88,16 +92,19 @@ def show(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None, 
 @_spec_options
 @click.option("--gpu", default="h100", show_default=True,
               help="GPU profile for the kernel selector.")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch", type=int, default=1, show_default=True,
               help="Batch size for the kernel selector.")
-@click.option("--head-dim", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--head-dim", type=int, default=64, show_default=True,
               help="Head dimension for the kernel selector.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def stats_cmd(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None, gpu: str,
+def stats_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None, gpu: str,
               batch: int, head_dim: int, as_json: bool) -> None:
     """Density, tiles full/part/empty, bitmap and format bytes, kernel choice."""
     from stofc.masks import stats
 
+    if batch < 1 or head_dim < 1:
+        raise MaskSpecError(f"--batch {batch} / --head-dim {head_dim} must be >= 1",
+                            hint="accepted: positive integers")
     fmt = _encode(spec, seq_len, tile, layer, num_heads)
     st = stats(fmt)
     heads = num_heads or (fmt.num_heads if fmt.num_heads > 1 else 12)
@@ -141,7 +148,7 @@ def stats_cmd(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | N
 @_spec_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="The .npy file to write.")
-def export(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None,
+def export(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None,
            output: str) -> None:
     """Write the dense bool mask [L, L] (or [H, L, L] per head) to a .npy file."""
     from stofc.masks.decode import DENSE_LIMIT, to_dense_all
@@ -160,7 +167,7 @@ def export(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None
 @_spec_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="The .npz file to write.")
-def encode_cmd(spec: str, seq_len: int, tile: str, layer: int, num_heads: int | None,
+def encode_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None,
                output: str) -> None:
     """Write the unified tile format (.npz, with the canonical spec and its hash)."""
     from stofc.masks import save

@@ -23,7 +23,7 @@ from stofc.masks.predicates import FULL, MAYBE, ONES, pack_tiles
 from stofc.masks.spec import MaskSpec, Node, canonical_json, sha256_text
 
 TILES = (16, 32, 64, 128)
-_GRID_CELLS = 1 << 20  # tile-grid cells classified per chunk
+_GRID_CELLS = 1 << 15  # tile-grid cells classified per chunk (bounds temporaries)
 
 
 def popcount(words: np.ndarray) -> np.ndarray:
@@ -52,77 +52,94 @@ def format_hash(spec_text: str, seq_len: int, tile: int) -> str:
 
 @dataclass(frozen=True)
 class HeadTiles:
-    """One head's tiles: full and part coordinates (row-major sorted), bitmaps, row counts."""
+    """One head's tiles, row-major: per-row counts, columns, bitmaps and the load order.
 
-    full_r: np.ndarray
-    full_c: np.ndarray
-    part_r: np.ndarray
-    part_c: np.ndarray
-    words: np.ndarray
-    row_nnz: np.ndarray
+    ``load_local`` is, for each loaded tile, its index among this head's part
+    tiles, or -1 for a full tile.
+    """
+
+    full_counts: np.ndarray   # int64 [R]
+    full_c: np.ndarray        # int32
+    part_counts: np.ndarray   # int64 [R]
+    part_c: np.ndarray        # int32
+    words: np.ndarray         # uint64 [n_part, (T//8)**2]
+    load_c: np.ndarray        # int32
+    load_local: np.ndarray    # int32
+    row_nnz: np.ndarray       # int64 [R]
+
+
+def _cat(parts: list[np.ndarray], dtype, width: int | None = None) -> np.ndarray:
+    if parts:
+        return np.concatenate(parts)
+    return np.zeros((0, width) if width else 0, dtype=dtype)
 
 
 def encode_node(node: Node, seq_len: int, tile: int) -> HeadTiles:
-    """Tiles of one node (one head) for ``(L_max, tile)``."""
+    """Tiles of one node (one head) for ``(L_max, tile)``, built chunk by chunk of tile rows."""
     pred = build_predicate(node, seq_len, tile)
     L, T = seq_len, tile
     R = -(-L // T)
+    W = (T // 8) ** 2
     starts = np.arange(R, dtype=np.int64) * T
     ends = np.minimum(starts + T, L) - 1
-    last = L - starts[-1]  # in-range rows/cols of the last tile row/column
-    full_r, full_c, part_r, part_c, words_all = [], [], [], [], []
+    sizes = ends - starts + 1
+    last = int(sizes[-1])  # in-range rows/cols of the last tile row/column
+    full_counts = np.zeros(R, dtype=np.int64)
+    part_counts = np.zeros(R, dtype=np.int64)
+    row_nnz = np.zeros(R, dtype=np.int64)
+    full_c, part_c, words_all, load_c, load_local = [], [], [], [], []
+    n_part = 0
     chunk = max(1, _GRID_CELLS // R)
     for r0 in range(0, R, chunk):
         r1 = min(R, r0 + chunk)
         cls = np.broadcast_to(pred.classify(starts[r0:r1, None], ends[r0:r1, None],
                                             starts[None, :], ends[None, :]), (r1 - r0, R))
-        fr, fc = np.nonzero(cls == FULL)
-        full_r.append(fr + r0)
-        full_c.append(fc)
+        full_grid = cls == FULL
+        part_grid = np.zeros_like(full_grid)
         mr, mc = np.nonzero(cls == MAYBE)
-        if not len(mr):
-            continue
-        mr += r0
-        words = pred.maybe_words(starts[mr], starts[mc])
-        full = np.zeros(len(mr), dtype=bool)
-        edge = (mr == R - 1) | (mc == R - 1)
-        inner = ~edge
-        full[inner] = (words[inner] == ONES).all(axis=1)
-        if edge.any():
-            for rows, cols in {(int(last if r == R - 1 else T), int(last if c == R - 1 else T))
-                               for r, c in zip(mr[edge], mc[edge], strict=True)}:
-                sel = edge & (np.where(mr == R - 1, last, T) == rows) \
-                    & (np.where(mc == R - 1, last, T) == cols)
-                rw = range_words(T, rows, cols)
-                words[sel] &= rw
-                full[sel] = (words[sel] == rw).all(axis=1)
-        empty = ~words.any(axis=1)
-        part = ~full & ~empty
-        full_r.append(mr[full])
-        full_c.append(mc[full])
-        part_r.append(mr[part])
-        part_c.append(mc[part])
-        words_all.append(words[part])
-    fr = np.concatenate(full_r).astype(np.int64)
-    fc = np.concatenate(full_c).astype(np.int64)
-    order = np.lexsort((fc, fr))
-    fr, fc = fr[order], fc[order]
-    pr = np.concatenate(part_r).astype(np.int64) if part_r else np.zeros(0, np.int64)
-    pc = np.concatenate(part_c).astype(np.int64) if part_c else np.zeros(0, np.int64)
-    words = (np.concatenate(words_all) if words_all
-             else np.zeros((0, (T // 8) ** 2), dtype=np.uint64))
-    sizes = np.minimum(starts + T, L) - starts
-    row_nnz = np.bincount(fr, weights=sizes[fr] * sizes[fc], minlength=R)
-    row_nnz = np.rint(row_nnz).astype(np.int64)
-    if len(pr):
-        row_nnz += np.bincount(pr, weights=popcount(words).sum(axis=1), minlength=R).astype(
-            np.int64)
-    return HeadTiles(fr, fc, pr, pc, words, row_nnz)
+        words = np.zeros((0, W), dtype=np.uint64)
+        if len(mr):
+            words = pred.maybe_words(starts[mr + r0], starts[mc])
+            full = np.zeros(len(mr), dtype=bool)
+            edge = (mr + r0 == R - 1) | (mc == R - 1)
+            inner = ~edge
+            full[inner] = (words[inner] == ONES).all(axis=1)
+            if edge.any():
+                rows_in = np.where(mr + r0 == R - 1, last, T)
+                cols_in = np.where(mc == R - 1, last, T)
+                for rows, cols in set(zip(rows_in[edge].tolist(), cols_in[edge].tolist(),
+                                          strict=True)):
+                    sel = edge & (rows_in == rows) & (cols_in == cols)
+                    rw = range_words(T, rows, cols)
+                    words[sel] &= rw
+                    full[sel] = (words[sel] == rw).all(axis=1)
+            part = ~full & words.any(axis=1)
+            full_grid[mr[full], mc[full]] = True
+            part_grid[mr[part], mc[part]] = True
+            words = words[part]
+            if len(words):
+                row_nnz[r0:r1] += np.bincount(mr[part], weights=popcount(words).sum(axis=1),
+                                              minlength=r1 - r0).astype(np.int64)
+        full_counts[r0:r1] = full_grid.sum(axis=1)
+        part_counts[r0:r1] = part_grid.sum(axis=1)
+        row_nnz[r0:r1] += (full_grid @ sizes) * sizes[r0:r1]
+        full_c.append(np.nonzero(full_grid)[1].astype(np.int32))
+        part_c.append(np.nonzero(part_grid)[1].astype(np.int32))
+        index = np.full(full_grid.shape, -1, dtype=np.int32)
+        index[part_grid] = np.arange(n_part, n_part + len(words), dtype=np.int32)
+        lr, lc = np.nonzero(full_grid | part_grid)
+        load_c.append(lc.astype(np.int32))
+        load_local.append(index[lr, lc])
+        words_all.append(words)
+        n_part += len(words)
+    return HeadTiles(full_counts, _cat(full_c, np.int32), part_counts, _cat(part_c, np.int32),
+                     _cat(words_all, np.uint64, W), _cat(load_c, np.int32),
+                     _cat(load_local, np.int32), row_nnz)
 
 
-def _row_ptr(rows: np.ndarray, R: int, offset: int) -> np.ndarray:
-    ptr = np.zeros(R + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=R), out=ptr[1:])
+def _row_ptr(counts: np.ndarray, offset: int) -> np.ndarray:
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
     return ptr + offset
 
 
@@ -134,26 +151,20 @@ def _frozen(a: np.ndarray, dtype) -> np.ndarray:
 
 def assemble(spec_text: str, seq_len: int, tile: int, heads: list[HeadTiles]) -> MaskFormat:
     """Concatenate per-head tiles into one MaskFormat with global CSR offsets."""
-    R = -(-seq_len // tile)
     fptr, pptr, lptr = [], [], []
     fcol, pcol, lcol, lpart, bitmaps = [], [], [], [], []
     nf = np_ = 0
     for h in heads:
-        fptr.append(_row_ptr(h.full_r, R, nf))
-        pptr.append(_row_ptr(h.part_r, R, np_))
-        lptr.append(_row_ptr(np.concatenate([h.full_r, h.part_r]), R, nf + np_))
-        rows = np.concatenate([h.full_r, h.part_r])
-        cols = np.concatenate([h.full_c, h.part_c])
-        pidx = np.concatenate([np.full(len(h.full_r), -1, np.int64),
-                               np.arange(len(h.part_r), dtype=np.int64) + np_])
-        order = np.lexsort((cols, rows))
+        fptr.append(_row_ptr(h.full_counts, nf))
+        pptr.append(_row_ptr(h.part_counts, np_))
+        lptr.append(_row_ptr(h.full_counts + h.part_counts, nf + np_))
         fcol.append(h.full_c)
         pcol.append(h.part_c)
-        lcol.append(cols[order])
-        lpart.append(pidx[order])
+        lcol.append(h.load_c)
+        lpart.append(np.where(h.load_local >= 0, h.load_local + np_, -1).astype(np.int32))
         bitmaps.append(h.words)
-        nf += len(h.full_r)
-        np_ += len(h.part_r)
+        nf += len(h.full_c)
+        np_ += len(h.part_c)
     row_nnz = np.stack([h.row_nnz for h in heads])
     i32 = np.int32
     return MaskFormat(

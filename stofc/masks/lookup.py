@@ -18,7 +18,7 @@ class RandomBlocks(Pred):
         super().__init__(seq_len, tile)
         self.block = block
         self.cols = cols  # int64 [nb, r]
-        self.keys, self.cls = self._tile_marks()
+        self._tile_marks()
 
     def allowed(self, q, k):
         top, b = self.L - 1, self.block
@@ -27,8 +27,13 @@ class RandomBlocks(Pred):
         rows = self.cols[np.minimum(q, top) // b]
         return (rows == (np.minimum(k, top) // b)[..., None]).any(axis=-1)
 
-    def _tile_marks(self) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted keys ``tr * R + tc`` of every tile a random block touches, and its class."""
+    def _tile_marks(self) -> None:
+        """Every (random block, tile) pair, sorted by tile key ``tr * R + tc``.
+
+        Sets ``pair_key`` and the pairs' in-range element rectangles (``pair_q``,
+        ``pair_k``: inclusive bounds), and per distinct key (``keys``) the class
+        of the tile: FULL when one block covers it, else MAYBE.
+        """
         b, t, L = self.block, self.T, self.L
         R = -(-L // t)
         ii = np.repeat(np.arange(self.cols.shape[0], dtype=np.int64), self.cols.shape[1])
@@ -39,7 +44,7 @@ class RandomBlocks(Pred):
         ka, kb = jj * b, np.minimum(jj * b + b, L) - 1
         tr0, tr1, tc0, tc1 = qa // t, qb // t, ka // t, kb // t
         span = -(-b // t) + 1
-        keys, classes = [], []
+        keys, classes, rects = [], [], []
         for dr in range(span):
             tr = tr0 + dr
             for dc in range(span):
@@ -52,13 +57,45 @@ class RandomBlocks(Pred):
                            & (ka[ok] <= c * t) & (kb[ok] >= np.minimum(c * t + t, L) - 1))
                 keys.append(r * R + c)
                 classes.append(np.where(covered, FULL, MAYBE).astype(np.int8))
+                rects.append(np.stack([qa[ok], qb[ok], ka[ok], kb[ok]], axis=1))
         if not keys:
-            return np.zeros(0, np.int64), np.zeros(0, np.int8)
-        key, cls = np.concatenate(keys), np.concatenate(classes)
+            key, cls, rect = np.zeros(0, np.int64), np.zeros(0, np.int8), np.zeros((0, 4), np.int64)
+        else:
+            key, cls, rect = np.concatenate(keys), np.concatenate(classes), np.concatenate(rects)
         order = np.lexsort((cls, key))
-        key, cls = key[order], cls[order]
-        last = np.append(key[1:] != key[:-1], True)  # the max class of each key is last
-        return key[last], cls[last]
+        key, cls, rect = key[order], cls[order], rect[order]
+        self.pair_key, self.pair_rect = key, rect
+        last = np.append(key[1:] != key[:-1], True) if len(key) else np.zeros(0, bool)
+        self.keys, self.cls = key[last], cls[last]  # the max class of each key is last
+
+    def maybe_words(self, q0, k0):
+        """OR of the rectangles of the random blocks touching each tile (no element loop)."""
+        t, g = self.T, self.T // 8
+        R = -(-self.L // t)
+        want = (q0 // t) * R + k0 // t
+        lo = np.searchsorted(self.pair_key, want, side="left")
+        hi = np.searchsorted(self.pair_key, want, side="right")
+        counts = hi - lo
+        out = np.zeros((len(q0), g * g), dtype=np.uint64)
+        has = counts > 0
+        if not has.any():
+            return out
+        owner = np.repeat(np.arange(len(q0)), counts)
+        first = np.cumsum(counts) - counts
+        pair = np.arange(counts.sum()) - np.repeat(first, counts) + np.repeat(lo, counts)
+        rect = self.pair_rect[pair]
+        ar = np.arange(t)
+        rows = (ar >= (rect[:, 0] - q0[owner])[:, None]) & (ar <= (rect[:, 1] - q0[owner])[:, None])
+        cols = (ar >= (rect[:, 2] - k0[owner])[:, None]) & (ar <= (rect[:, 3] - k0[owner])[:, None])
+        # An IT word is colbyte(ic) * rowspread(ir): each selected row's byte holds the columns.
+        row_spread = (rows.reshape(-1, g, 8).astype(np.uint64)
+                      << (np.arange(8, dtype=np.uint64) * np.uint64(8))).sum(axis=2, dtype=np.uint64)
+        col_byte = (cols.reshape(-1, g, 8).astype(np.uint64)
+                    << np.arange(8, dtype=np.uint64)).sum(axis=2, dtype=np.uint64)
+        words = (col_byte[:, :, None] * row_spread[:, None, :]).reshape(-1, g * g)
+        starts = first[has]
+        out[has] = np.bitwise_or.reduceat(words, starts, axis=0)
+        return out
 
     def classify(self, qlo, qhi, klo, khi):
         R = -(-self.L // self.T)

@@ -25,7 +25,7 @@ from stofc.masks.spec import Combine, Family, MaskSpec
 
 TILES = (16, 32, 64, 128)
 MAX_L = 300
-SETTINGS = settings(max_examples=60, deadline=None,
+SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 
@@ -200,7 +200,7 @@ def test_random_specs_decode_to_reference(npy_dir, data, L, tile):
     check_format(fmt, [tree_dense(tree, L)])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), L=st.integers(1, 200), tile=st.sampled_from(TILES),
        cells=st.sampled_from([1, 3, 17]), batch=st.sampled_from([1, 100, 700]))
 def test_chunked_encoding_is_the_same(npy_dir, monkeypatch, data, L, tile, cells, batch):
@@ -241,7 +241,7 @@ def test_command_line_form_decodes_to_reference(npy_dir, data, L, tile):
     check_format(encode(spec, L, tile=tile), [tree_dense(tree, L)])
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), L=st.integers(1, 160), tile=st.sampled_from(TILES),
        num_heads=st.integers(1, 6))
 def test_head_and_layer_overrides(npy_dir, data, L, tile, num_heads):
@@ -266,7 +266,7 @@ def test_head_and_layer_overrides(npy_dir, data, L, tile, num_heads):
         check_format(fmt, want)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), L=st.integers(1, MAX_L), tile=st.sampled_from(TILES),
        heads=st.integers(2, 4))
 def test_per_head_files(npy_dir, data, L, tile, heads):
