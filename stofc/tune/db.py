@@ -22,6 +22,7 @@ fresh database is created; an SQLite file of some other program is refused.
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import sys
 import time
@@ -150,9 +151,9 @@ class TuningDatabase:
             result = conn.execute("PRAGMA quick_check").fetchone()
             if result is None or result[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {result[0] if result else 'no answer'}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
-            _ensure_schema(conn, target)
+            _retry_locked(lambda: _ensure_schema(conn, target))
         except BaseException:
             conn.close()
             raise
@@ -170,7 +171,7 @@ class TuningDatabase:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (``BEGIN IMMEDIATE``: takes the write lock up front)."""
-        self._conn.execute("BEGIN IMMEDIATE")
+        _retry_locked(lambda: self._conn.execute("BEGIN IMMEDIATE"))
         try:
             yield self._conn
         except BaseException:
@@ -252,6 +253,28 @@ class TuningDatabase:
         except sqlite3.OperationalError:
             return False
         return True
+
+
+def _retry_locked(step: Callable[[], object], timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    """Run ``step``, retrying while another process holds the lock.
+
+    SQLite's busy handler is not called when waiting could deadlock (two
+    connections switching a fresh file to WAL at once); it reports
+    "database is locked" at once instead. Retrying after a short, jittered
+    sleep is then correct.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as err:
+            text = str(err).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay * (1 + random.random()))
+        delay = min(delay * 2, 0.2)
 
 
 def _looks_corrupt(err: sqlite3.Error) -> bool:

@@ -42,6 +42,7 @@ class Evaluator:
         self.clock = clock
         self.stats = EvaluatorStats()
         self._memo: dict[SegKey, dict[str, Measurement]] = {}
+        self._verified: dict[tuple[SegKey, str], bool] = {}
 
     def record_key(self, segment: SegmentSpace) -> RecordKey:
         """The database key of ``segment`` on this measurer's GPU and driver."""
@@ -117,6 +118,13 @@ class Evaluator:
                     self.stats.memo_hits += 1
             out.append(hit)
         return out
+
+    def verify(self, segment: SegmentSpace, config: Config) -> bool:
+        """The measurer's reference check of ``config``, run once per (segment, config)."""
+        key = (segment_key(segment), config.key)
+        if key not in self._verified:
+            self._verified[key] = bool(self.measurer.verify(segment, config))
+        return self._verified[key]
 
     def mark_fault(self, segment: SegmentSpace, config: Config, fault: str) -> None:
         """Record ``config`` of ``segment`` as faulty (e.g. a wrong result at verification)."""

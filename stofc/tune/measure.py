@@ -46,8 +46,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
+from stofc.paths import cache_dir
 from stofc.tune.interfaces import Config, Measurement, SegmentSpace
 
 
@@ -173,6 +175,38 @@ def _worker_main(conn: Any, runner_ref: str) -> None:
             conn.send(("fault", _one_line(err)))
 
 
+class GpuLock:
+    """An exclusive file lock held while a candidate runs, so two tuners on one
+    machine never time at the same moment (their kernels would share the GPU and
+    both timings would be wrong). Re-entrant within a process is not needed:
+    one measurer holds it around one candidate at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def __enter__(self) -> GpuLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import fcntl
+
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def default_lock_path() -> Path:
+    """One lock per machine under the cache directory (all GPUs: simple and safe)."""
+    return cache_dir() / "locks" / "measure.lock"
+
+
 class WorkerUnavailable(RuntimeError):
     """The worker could not start (runner import failed, no GPU)."""
 
@@ -226,13 +260,16 @@ class WorkerMeasurer:
     ``runner``: ``"module:function"`` (see the module doc). ``payload_of``:
     turns a segment into the picklable payload the runner needs (default: the
     segment's ``payload`` attribute, else None). ``timeout_s``: per candidate.
-    ``replacements`` counts workers replaced after faults.
+    ``replacements`` counts workers replaced after faults. ``lock_path``: the
+    :class:`GpuLock` file held while each candidate runs (default
+    :func:`default_lock_path`; None: no lock).
     """
 
     def __init__(self, runner: str, *, timeout_s: float = 10.0, start_timeout_s: float = 120.0,
                  payload_of: Callable[[SegmentSpace], Any] | None = None,
                  settings: TimingSettings = TimingSettings(), compiler: str | None = None,
-                 compile_workers: int | None = None) -> None:
+                 compile_workers: int | None = None,
+                 lock_path: Path | Literal["default"] | None = "default") -> None:
         self.runner = runner
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
@@ -244,6 +281,7 @@ class WorkerMeasurer:
         self.compiler = compiler
         self.compile_workers = compile_workers or max(1, (os.cpu_count() or 2) - 1)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.lock_path = default_lock_path() if lock_path == "default" else lock_path
 
     def _ensure(self) -> _Worker:
         if self._worker is None:
@@ -268,6 +306,12 @@ class WorkerMeasurer:
     def _call(self, task: MeasureTask) -> tuple[str, Any]:
         """("ok", value) or ("fault", one line); never raises for a bad candidate."""
         worker = self._ensure()
+        if self.lock_path is None:
+            return self._call_unlocked(worker, task)
+        with GpuLock(self.lock_path):
+            return self._call_unlocked(worker, task)
+
+    def _call_unlocked(self, worker: _Worker, task: MeasureTask) -> tuple[str, Any]:
         try:
             worker.conn.send(task)
         except (OSError, BrokenPipeError):

@@ -334,7 +334,8 @@ def run_simulated_task(task) -> float | bool:
     in this process fails too, as in a real poisoned context), ``"abort"``
     (``os.abort``), ``"exit"`` (``os._exit(3)``), ``"sleep"`` (hangs),
     ``"reject"`` (:class:`~stofc.tune.measure.CandidateRejected`) or
-    ``"wrong"`` (verification fails). Other configs take ``base_ms`` x a
+    ``"wrong"`` (verification fails). With ``payload["log"]`` (a file), each
+    task appends ``pid start end`` after holding for ``hold_s``. Other configs take ``base_ms`` x a
     deterministic factor of the config.
     """
     import os
@@ -343,6 +344,12 @@ def run_simulated_task(task) -> float | bool:
     from stofc.tune.measure import CandidateRejected
 
     global _POISONED
+    log = task.payload.get("log")
+    if log is not None:  # record when this candidate held the GPU (lock tests)
+        start = _time.time()
+        _time.sleep(task.payload.get("hold_s", 0.02))
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()} {start:.6f} {_time.time():.6f}\n")
     if _POISONED:
         raise SimulatedCudaError("cudaErrorIllegalAddress: an illegal memory access "
                                  "was encountered (sticky)")

@@ -277,7 +277,7 @@ def _finish(state: _State, evaluator: Evaluator, reporter: Reporter,
         if best is None:
             break
         config, measurement = best
-        if evaluator.measurer.verify(space, config):
+        if evaluator.verify(space, config):
             if evaluator.db is not None:
                 evaluator.db.upsert_best(evaluator.record_key(space), config.key,
                                          measurement.score)

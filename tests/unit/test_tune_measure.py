@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,11 @@ from stofc.tune.interfaces import Config
 from stofc.tune.measure import MeasureTask, WorkerMeasurer, rotation_count
 
 RUNNER = "stofc.tune.simulate:run_simulated_task"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOFC_CACHE_DIR", str(tmp_path / "cache"))
 
 
 @dataclass(frozen=True)
@@ -118,3 +125,29 @@ def test_the_gpu_probe_kernel_compiles_without_a_gpu(tmp_path, monkeypatch):
 
     for target in ("sm_80", "sm_90"):
         assert compile_source(PROBE_SOURCE, target).binary[:4] == b"\x7fELF"
+
+
+def _measure_many_times(log: str, lock: str, count: int) -> None:
+    seg = FakeSegment(payload={"base_ms": 1.0, "behaviour": {}, "log": log, "hold_s": 0.03})
+    with WorkerMeasurer(RUNNER, timeout_s=10, start_timeout_s=60, lock_path=Path(lock)) as m:
+        for i in range(count):
+            assert m.measure(seg, cfg(i)).ok
+
+
+def test_two_tuners_on_one_machine_never_time_at_the_same_moment(tmp_path):
+    import multiprocessing
+
+    log, lock = tmp_path / "log.txt", tmp_path / "measure.lock"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_measure_many_times, args=(str(log), str(lock), 8))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    spans = sorted(tuple(map(float, line.split()[1:])) for line in log.read_text().splitlines())
+    assert len(spans) == 16
+    assert len({line.split()[0] for line in log.read_text().splitlines()}) == 2
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end - 1e-3
