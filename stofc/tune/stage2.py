@@ -178,8 +178,11 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
         else:
             searching.append(state)
     per_round = per_round or max(8, 4 * len(searching))
+    candidates = sum(len(st.configs) for st in searching)
+    pruned = sum(sum(st.space.prune_reasons().values()) for st in searching)
     reporter.stage("stage 2", f"parameter search over {len(searching)} segments "
-                   f"({len(states) - len(searching)} from the database), {per_round} per round")
+                   f"({len(states) - len(searching)} from the database): {candidates} candidates "
+                   f"after analytical pruning ({pruned} pruned), {per_round} measured per round")
     allocations: list[tuple[int, ...]] = []
     gain_log: list[tuple[float, ...]] = []
     stale = 0

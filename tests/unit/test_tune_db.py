@@ -57,6 +57,15 @@ def test_values_are_parameters_not_sql(tmp_path):
         assert db.counts_by_gpu()["NVIDIA H200"] == (1, 0)
 
 
+def test_an_unopenable_path_is_a_clear_error_not_a_move(tmp_path):
+    folder = tmp_path / "a_directory"
+    folder.mkdir()
+    with pytest.raises(TuningDatabaseError, match="cannot open tuning database") as err:
+        TuningDatabase.open(folder)
+    assert "\n" not in str(err.value) and folder.is_dir()
+    assert not list(tmp_path.glob("*.corrupt-*"))
+
+
 def test_schema_version_newer_is_refused(tmp_path):
     path = tmp_path / "t.sqlite"
     TuningDatabase.open(path).close()

@@ -176,6 +176,9 @@ def test_stage2_finds_the_known_optimum_within_budget_and_shifts_budget():
             assert shares[top] == max(shares)
             assert all(shares[i] <= 1 for i, g in enumerate(gains) if g == 0)
     assert sum(sum(a) for a in result.allocations) >= evaluator.stats.measured - len(segments)
+    (stage,) = reporter.of_kind("stage")
+    assert stage[0] == "stage 2" and f"{total_space} candidates after analytical pruning" in stage[1]
+    assert f"({5 * sum(segments[0].prune_reasons().values())} pruned)" in stage[1]
     progress = reporter.of_kind("progress")
     done = [p.done for p in progress]
     assert done == sorted(set(done)) and done[-1] == sum(r.measured for r in result.segments)
