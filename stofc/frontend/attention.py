@@ -187,7 +187,7 @@ def _reaches_scores(idx: GraphIndex, value: str, depth: int = 0) -> bool:
     if node.op_type == "MatMul":
         return idx.const(node.input[0]) is None and idx.const(node.input[1]) is None and \
             not idx.is_initializer_like(node.input[1])
-    if node.op_type in ("Cast", "Identity", "Mul", "Div", "Add", "Where"):
+    if node.op_type in ("Cast", "Identity", "Mul", "Div", "Add", "Where", "Tanh"):
         return any(_reaches_scores(idx, i, depth + 1) for i in node.input
                    if i and idx.const(i) is None)
     return False

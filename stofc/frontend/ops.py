@@ -136,7 +136,10 @@ def linear_back(idx: GraphIndex, value: str, role: str, expect: str | None = Non
         return None
     gemm, fused_bias, data = got
     pre = idx.produced_by(data, "Reshape", "Flatten") if node.op_type == "Gemm" else None
-    if pre is not None and data != expect and idx.sole_data_user(pre.output[0]) is node:  # 3-D -> 2-D for Gemm
+    # 3-D -> 2-D in front of a Gemm (possibly shared by the Q, K and V Gemms: then it is
+    # listed in each of their gemm ops)
+    if pre is not None and data != expect and all(
+            u.op_type in ("Gemm", "MatMul") for u in idx.data_users(pre.output[0])):
         gemm.nodes.insert(0, pre)
         data = pre.input[0]
         if gemm.inputs is not None:

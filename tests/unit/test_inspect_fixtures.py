@@ -1,0 +1,125 @@
+"""``stofc inspect`` on every committed exporter fixture (tests/fixtures/MANIFEST.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from stofc.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
+ENTRIES = {e["file"]: e for e in MANIFEST["fixtures"]}
+
+PRE_LN = {"gpt2", "vit", "t5"}
+NO_BIAS = {"t5"}
+
+
+def _inspect(*args: str) -> dict:
+    result = CliRunner().invoke(main, ["inspect", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _expected_kinds(arch: str, packed: bool) -> list[str]:
+    norm = "rmsnorm" if arch == "t5" else "layernorm"
+    bias = [] if arch in NO_BIAS else ["bias_add"]
+    proj = ["gemm", *bias] if packed else ["gemm", *bias] * 3
+    act = "activation" if arch == "t5" else "gelu"
+    body = [*proj, "attention", "gemm", *bias, "residual_add", norm, "gemm", *bias, act,
+            "gemm", *bias, "residual_add"]
+    return [norm, *body] if arch in PRE_LN else [*body, norm]
+
+
+def test_manifest_lists_every_committed_fixture():
+    on_disk = {p.name for p in FIXTURES.glob("*.onnx")}
+    assert on_disk == set(ENTRIES)
+    archs = {e["arch"] for e in ENTRIES.values()}
+    assert archs == {"bert", "roberta", "distilbert", "electra", "gpt2", "vit", "t5"}
+    for arch in archs:  # both exporters, for every architecture
+        assert {e["exporter"] for e in ENTRIES.values() if e["arch"] == arch} == {"ts", "dynamo"}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_one_attention_block_per_layer(name):
+    entry = ENTRIES[name]
+    data = _inspect(str(FIXTURES / name))
+    attention = data["attention"]
+    assert len(attention) == entry["num_layers"]
+    assert [a["layer"] for a in attention] == list(range(entry["num_layers"]))
+    for a in attention:
+        assert (a["num_heads"], a["head_dim"], a["hidden_size"]) == (
+            entry["num_heads"], entry["head_dim"], entry["hidden_size"])
+        assert a["nodes"] and a["scale"] == pytest.approx(
+            1.0 if entry["arch"] == "t5" else entry["head_dim"] ** -0.5, rel=1e-5)
+        assert a["causal_in_graph"] == (entry["arch"] == "gpt2")
+        assert a["mask_source"] == (None if entry["arch"] == "vit" else "attention_mask")
+        assert a["packed_qkv"] == (entry["arch"] == "gpt2")
+    assert data["unsupported"] == []
+    assert data["opset"] == entry["opset"]
+    for layer in data["layers"]:
+        kinds = [op["kind"] for op in layer["chain"]]
+        assert kinds == _expected_kinds(entry["arch"], entry["arch"] == "gpt2")
+        assert layer["norm_order"] == ("pre" if entry["arch"] in PRE_LN else "post")
+    if entry["arch"] == "t5":
+        assert {a["mask_form"] for a in attention} == {"relative_bias+additive"}
+    segs = data["segments"]
+    assert [s["layer"] for s in segs] == list(range(entry["num_layers"]))
+    for seg in segs:
+        assert [s["name"] for s in seg["segments"]] == ["qkv", "attention", "out", "ffn_in",
+                                                         "ffn_out"]
+        flat = [i for s in seg["segments"] for i in s["ops"]]
+        assert flat == list(range(len(seg["scheme"])))
+
+
+def test_opset23_dynamo_export_uses_onnx_attention():
+    data = _inspect(str(FIXTURES / "bert_dynamo_op23.onnx"))
+    assert {a["scale_form"] for a in data["attention"]} == {"onnx_attention"}
+
+
+def test_eager_exports_scale_the_scores():
+    for name in ("bert_ts_op17_eager.onnx", "gpt2_ts_op17_eager.onnx"):
+        data = _inspect(str(FIXTURES / name))
+        assert {a["scale_form"] for a in data["attention"]} <= {"mul_scores", "div_scores"}
+
+
+def test_segments_pre_and_post_ln():
+    bert = _inspect(str(FIXTURES / "bert_ts_op17.onnx"))["segments"][0]["segments"]
+    assert [s["ops"] for s in bert] == [[0, 1, 2, 3, 4, 5], [6], [7, 8, 9, 10], [11, 12, 13],
+                                        [14, 15, 16, 17]]
+    gpt2 = _inspect(str(FIXTURES / "gpt2_dynamo_op18.onnx"))["segments"][0]
+    assert [s["ops"] for s in gpt2["segments"]] == [[0, 1, 2], [3], [4, 5, 6], [7, 8, 9, 10],
+                                                    [11, 12, 13]]
+    assert gpt2["scheme"] == [0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0]
+
+
+def test_json_keys_are_stable():
+    data = _inspect(str(FIXTURES / "vit_dynamo_op20.onnx"))
+    assert {"model", "opset", "attention", "layers", "segments", "unsupported",
+            "left_to_ort", "inputs", "outputs", "padding_mask_input", "mask"} <= set(data)
+    assert {"layer", "num_heads", "head_dim", "hidden_size", "nodes", "scale", "scale_form",
+            "mask_form", "mask_source", "bias_input", "softmax_guarded",
+            "causal_in_graph"} <= set(data["attention"][0])
+    names = {n for layer in data["layers"] for op in layer["chain"] for n in op["nodes"]}
+    assert not names & set(data["left_to_ort"])
+
+
+def test_human_output_and_mask_option():
+    result = CliRunner().invoke(main, ["inspect", str(FIXTURES / "bert_ts_op17.onnx"),
+                                       "--mask", "sliding:window=16"])
+    assert result.exit_code == 0, result.output
+    for text in ("Attention blocks", "Layer 0 chain", "Layer 1 chain", "segments:",
+                 "left to ONNX Runtime", "sliding:window=16"):
+        assert text in result.stdout
+    data = _inspect(str(FIXTURES / "bert_ts_op17.onnx"), "--mask", "sliding:window=16")
+    assert data["mask"]["spec"] == "sliding:window=16" and data["mask"]["seq_len"] == 512
+    try:
+        import stofc.masks  # noqa: F401
+    except ImportError:
+        assert data["mask"]["density"] is None
+    else:  # |i - j| <= 16 at L = 512: a band of 33 minus the corners
+        band = sum(min(i + 16, 511) - max(i - 16, 0) + 1 for i in range(512)) / 512**2
+        assert data["mask"]["density"] == pytest.approx(band, rel=1e-6)
