@@ -100,7 +100,8 @@ def main() -> int:
     tag = host if host not in ("", "localhost", "vm") else cpu
     tag = re.sub(r"[^A-Za-z0-9]+", "-", tag).strip("-").lower()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
-    out = Path(args.out) / f"mask_encode-{tag}-{date}.json"
+    suffix = "" if args.tile == 64 else f"-t{args.tile}"
+    out = Path(args.out) / f"mask_encode-{tag}-{date}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "mask_encode", "date_utc": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "host": host, "cpu": cpu,

@@ -83,7 +83,8 @@ def show(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None, 
     if head < 0 or (fmt.num_heads > 1 and head >= fmt.num_heads):
         raise MaskSpecError(f"--head {head} is out of range for {fmt.num_heads} heads",
                             hint=f"accepted: 0-{max(fmt.num_heads, 1) - 1}")
-    mode = render(fmt, output, head=head, title=spec)
+    title = spec if not layer else f"{spec}  (layer {layer})"
+    mode = render(fmt, output, head=head, title=title)
     click.echo(f"wrote {output} ({'elements' if mode == 'element' else 'tile map'}, "
                f"L_max={seq_len}, tile={tile})")
 

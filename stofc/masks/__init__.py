@@ -7,9 +7,10 @@ Public API::
     dense = to_dense(fmt, head=0)                          # bool [L, L]
     save(fmt, "mask.npz"); fmt = load("mask.npz")          # hash-checked
     stats(fmt)                                             # -> MaskStats
+    predicate(spec, L).allowed(q, k)                       # vectorised MASKS.md predicate
 """
 
-from stofc.masks.build import bigbird_random_blocks, build_predicate
+from stofc.masks.build import bigbird_random_blocks, build_predicate, predicate
 from stofc.masks.decode import MaskStats, load, save, stats, tile_classes, to_dense, to_dense_all
 from stofc.masks.encoder import TILES, encode
 from stofc.masks.format import MaskFormat
@@ -31,6 +32,7 @@ __all__ = [
     "encode",
     "load",
     "parse_mask",
+    "predicate",
     "save",
     "stats",
     "tile_classes",

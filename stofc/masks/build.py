@@ -190,3 +190,20 @@ def build_predicate(node: Node, seq_len: int, tile: int) -> Pred:
     if isinstance(pred, DiffBand):
         return DiffBand(seq_len, tile, max(pred.a, 0), pred.b, pred.d)
     return Combined(seq_len, tile, "intersect", [pred, DiffBand(seq_len, tile, 0, BIG)])
+
+
+def predicate(spec, seq_len: int, *, tile: int = 64, layer: int = 0, head: int = 0,
+              num_heads: int | None = None) -> Pred:
+    """The predicate of one head of one layer of a :class:`MaskSpec` (or spec text).
+
+    ``predicate(spec, L).allowed(q, k)`` evaluates MASKS.md on broadcast int64
+    position arrays (``0 <= q, k < L``).
+    """
+    from stofc.masks.parse import parse_mask
+
+    if isinstance(spec, str):
+        spec = parse_mask(spec)
+    resolved = spec.for_layer(layer, num_heads)
+    node = resolved.heads[0] if resolved.shared else resolved.heads[head]
+    return build_predicate(node, seq_len, tile)
+

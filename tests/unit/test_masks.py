@@ -316,3 +316,16 @@ def test_stats_match_the_format():
     padded[:500, :500] = dense
     assert s.blocks16_nonempty == int(padded.reshape(n16, 16, n16, 16).any(axis=(1, 3)).sum())
     assert s.row_nnz[0] == tuple(int(dense[r * 32:(r + 1) * 32].sum()) for r in range(16))
+
+
+@pytest.mark.parametrize("text", ["causal", "sliding:window=9", "global:first=4",
+                                  "bigbird:block=8,window=3,global=1,random=2,seed=3",
+                                  "strided:stride=6", "dilated:window=12,dilation=4"])
+def test_predicate_allowed_broadcasts(text):
+    from stofc.masks import predicate
+
+    L = 70
+    q, k = np.arange(L)[:, None], np.arange(L)[None, :]
+    got = predicate(text, L).allowed(q, k)
+    assert got.shape == (L, L) and (got == tree_dense(text, L)).all()
+    assert predicate(text, L).allowed(np.array(5), np.array(3)) == tree_dense(text, L)[5, 3]
