@@ -78,6 +78,52 @@ AttentionAttrs::AttentionAttrs(const OrtKernelInfo* info, const std::string& pac
                       "; compile the package for this model's head count");
 }
 
+namespace {
+void expect_same(const Input& in, const std::vector<int64_t>& want, const char* name) {
+    if (in.shape != want)
+        throw OpError(std::string("input ") + name + " has shape " + shape_str(in.shape) + ", expected " +
+                      shape_str(want));
+}
+}  // namespace
+
+AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const Input& k, const Input& v,
+                              const Input& kpm, const Input& bias) {
+    AttentionCall c;
+    c.H = attrs.num_heads;
+    c.D = attrs.head_dim;
+    if (q.shape.size() != 3 || q.shape[2] != c.H * c.D)
+        throw OpError("input q has shape " + shape_str(q.shape) + ", expected [B, S, " + std::to_string(c.H * c.D) +
+                      "] (num_heads * head_dim)");
+    c.B = q.shape[0];
+    c.S = q.shape[1];
+    expect_same(k, q.shape, "k");
+    expect_same(v, q.shape, "v");
+    if (k.type != q.type || v.type != q.type) throw OpError("inputs q, k and v must have one element type");
+    if (c.S > attrs.mask->seq_len)
+        throw OpError("sequence length " + std::to_string(c.S) + " exceeds the compiled maximum " +
+                      std::to_string(attrs.mask->seq_len) + "; compile the package with --max-seq-len >= " +
+                      std::to_string(c.S));
+    c.has_kpm = kpm.present();
+    if (c.has_kpm) {
+        expect_same(kpm, {c.B, c.S}, "key_padding_mask");
+        if (kpm.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 && kpm.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
+            kpm.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL)
+            throw OpError("input key_padding_mask must be int64, int32 or bool");
+    }
+    c.has_bias = bias.present();
+    if (c.has_bias) {
+        const auto& bs = bias.shape;
+        if (bs.size() != 4 || (bs[0] != 1 && bs[0] != c.B) || (bs[1] != 1 && bs[1] != c.H) || bs[2] != c.S ||
+            bs[3] != c.S)
+            throw OpError("input bias has shape " + shape_str(bs) + ", expected [B|1, H|1, S, S] with B=" +
+                          std::to_string(c.B) + ", H=" + std::to_string(c.H) + ", S=" + std::to_string(c.S));
+        if (bias.type != q.type) throw OpError("input bias must have q's element type");
+        c.bias_sh = bs[1] == 1 ? 0 : c.S * c.S;
+        c.bias_sb = bs[0] == 1 ? 0 : bs[1] * c.S * c.S;
+    }
+    return c;
+}
+
 GemmAttrs::GemmAttrs(const OrtKernelInfo* info) {
     std::string act = "none";
     try_attr(info, "activation", act);

@@ -29,8 +29,7 @@ void expect_shape(const Input& in, const std::vector<int64_t>& want, const char*
 /// key_padding_mask [B, S] as one byte per key (1 = real token).
 std::vector<uint8_t> key_valid(const Input& kpm, int64_t B, int64_t S) {
     std::vector<uint8_t> valid(static_cast<size_t>(B * S), 1);
-    if (!kpm.present()) return valid;
-    expect_shape(kpm, {B, S}, "key_padding_mask");
+    if (!kpm.present()) return valid;  // shape and type checked by check_attention
     const size_t n = valid.size();
     switch (kpm.type) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
@@ -68,29 +67,10 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
         Ort::KernelContext ctx(context);
         const Input q = get_input(ctx, 0), k = get_input(ctx, 1), v = get_input(ctx, 2);
         const Input kpm = get_input(ctx, 3), bias = get_input(ctx, 4);
-        const int64_t H = attrs.num_heads, D = attrs.head_dim;
-        if (q.shape.size() != 3 || q.shape[2] != H * D)
-            throw OpError("input q has shape " + shape_str(q.shape) + ", expected [B, S, " +
-                          std::to_string(H * D) + "] (num_heads * head_dim)");
-        const int64_t B = q.shape[0], S = q.shape[1];
-        expect_shape(k, q.shape, "k");
-        expect_shape(v, q.shape, "v");
+        const AttentionCall c = check_attention(attrs, q, k, v, kpm, bias);
+        const int64_t B = c.B, S = c.S, H = c.H, D = c.D, bias_sb = c.bias_sb, bias_sh = c.bias_sh;
         const MaskData& m = *attrs.mask;
-        if (S > m.seq_len)
-            throw OpError("sequence length " + std::to_string(S) + " exceeds the compiled maximum " +
-                          std::to_string(m.seq_len) + "; compile the package with --max-seq-len >= " +
-                          std::to_string(S));
         const std::vector<uint8_t> valid = key_valid(kpm, B, S);
-        int64_t bias_sb = 0, bias_sh = 0;
-        if (bias.present()) {
-            const auto& bs = bias.shape;
-            if (bs.size() != 4 || (bs[0] != 1 && bs[0] != B) || (bs[1] != 1 && bs[1] != H) || bs[2] != S ||
-                bs[3] != S)
-                throw OpError("input bias has shape " + shape_str(bs) + ", expected [B|1, H|1, S, S] with B=" +
-                              std::to_string(B) + ", H=" + std::to_string(H) + ", S=" + std::to_string(S));
-            bias_sh = bs[1] == 1 ? 0 : S * S;
-            bias_sb = bs[0] == 1 ? 0 : bs[1] * S * S;
-        }
         auto out = ctx.GetOutput(0, q.shape);
         T* o = out.GetTensorMutableData<T>();
         const T* qp = q.data<T>();

@@ -29,6 +29,18 @@ struct AttentionAttrs {
     AttentionAttrs(const OrtKernelInfo* info, const std::string& package_dir);
 };
 
+/// The checked geometry of one SparseAttention call (shared by both twins).
+struct AttentionCall {
+    int64_t B = 0, S = 0, H = 0, D = 0;
+    bool has_kpm = false, has_bias = false;
+    int64_t bias_sb = 0, bias_sh = 0;  // element strides of bias (0 = broadcast)
+};
+
+/// Validates q, k, v, key_padding_mask and bias against the node and its mask;
+/// throws OpError naming the input, its shape and the expected one.
+AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const Input& k, const Input& v,
+                              const Input& kpm, const Input& bias);
+
 template <typename T>
 struct SparseAttentionCpu {
     AttentionAttrs attrs;

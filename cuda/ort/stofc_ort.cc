@@ -2,7 +2,7 @@
 //
 // Loaded with SessionOptions.register_custom_ops_library(".../libstofc_ort.so").
 // Each call creates the ai.stofc domain with every op twice (CPU twin for float
-// and float16, CUDA twin for float16) bound to the package directory:
+// and float16, CUDA twin for float16 and bfloat16) bound to the package directory:
 //   1. the session config entry "stofc.package_dir" when it is set (set it
 //      BEFORE register_custom_ops_library), else
 //   2. the directory holding this library file (a package ships its own copy,
@@ -96,10 +96,11 @@ OrtStatus* register_ops(OrtSessionOptions* options, const OrtApi& api) {
     Ort::CustomOpDomain domain(kDomain);
     add_cpu_twins<float>(*keep_ops, domain, dir);
     add_cpu_twins<Ort::Float16_t>(*keep_ops, domain, dir);
-    const auto f16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    add<AttnCuda>(*keep_ops, domain, kSparseAttentionSig, f16, kCudaEp, dir, &make_attn_cuda);
-    add<GemmCuda>(*keep_ops, domain, kFusedGemmSig, f16, kCudaEp, dir, &make_gemm_cuda);
-    add<NormCuda>(*keep_ops, domain, kAddLayerNormSig, f16, kCudaEp, dir, &make_norm_cuda);
+    for (auto t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+        add<AttnCuda>(*keep_ops, domain, kSparseAttentionSig, t, kCudaEp, dir, &make_attn_cuda);
+        add<GemmCuda>(*keep_ops, domain, kFusedGemmSig, t, kCudaEp, dir, &make_gemm_cuda);
+        add<NormCuda>(*keep_ops, domain, kAddLayerNormSig, t, kCudaEp, dir, &make_norm_cuda);
+    }
     Ort::UnownedSessionOptions(options).Add(domain);
     keep_domains->push_back(std::move(domain));
     return nullptr;

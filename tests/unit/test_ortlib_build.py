@@ -62,6 +62,14 @@ def test_build_exports_only_register_custom_ops(tmp_path):
     ctypes.CDLL(str(lib)).RegisterCustomOps  # noqa: B018 - loads and resolves
 
 
+def test_key_prep_kernel_is_embedded(tmp_path):
+    """The CUDA twin's key-prep kernel compiles with NVRTC and lands in the library as PTX."""
+    ptx = ortlib.key_prep_ptx()
+    assert b".entry stofc_key_prep" in ptx and b".target sm_80" in ptx
+    lib = ortlib.build_library(tmp_path)
+    assert ptx in lib.read_bytes()
+
+
 def test_build_is_cached_by_key(tmp_path, headers):
     a = ortlib.build_library(tmp_path / "a")
     b = ortlib.build_library(tmp_path / "b")
@@ -69,6 +77,7 @@ def test_build_is_cached_by_key(tmp_path, headers):
     k1 = ortlib.library_key(headers, "g++ (X) 1.0")
     assert k1 == ortlib.library_key(headers, "g++ (X) 1.0")
     assert k1 != ortlib.library_key(headers, "g++ (X) 2.0")
+    assert k1 != ortlib.library_key(headers, "g++ (X) 1.0", b"other ptx")
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path):
