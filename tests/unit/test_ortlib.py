@@ -304,3 +304,45 @@ def test_add_layer_norm_single_output_no_beta(lib):
     h = x.astype(np.float64)
     ref = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5) * g
     np.testing.assert_allclose(y, ref, **TOL[F32])
+
+
+# ---------------------------------------------------------------- with stofc's own mask encoder
+
+
+@pytest.mark.parametrize(("spec", "L", "tile"), [
+    ("causal", 100, 16),
+    ("bigbird:block=16,window=3,global=1,random=2,seed=0", 128, 32),
+    ("longformer:window=5,global=2", 70, 64),
+    ("sliding:window=8,causal=true", 64, 16),
+    ("per_head.yaml", 50, 16),
+])
+def test_attention_with_encoded_masks(lib, tmp_path, spec, L, tile):
+    """Formats from stofc.masks.encode; the reference mask is their decoded dense form."""
+    from stofc.masks import encode, parse_mask, to_dense
+
+    H = 3
+    if spec.endswith(".yaml"):
+        (tmp_path / spec).write_text(
+            'mask:\n  sliding: {window: 4}\nheads:\n  "1": {causal: {}}\n'
+            '  "2": {bigbird: {block: 16, window: 1, global: 1, random: 1, seed: 3}}\n')
+        spec = str(tmp_path / spec)
+    fmt = encode(parse_mask(spec), L, tile=tile, num_heads=H)
+    dense = np.stack([to_dense(fmt, head=h) for h in range(fmt.num_heads)])
+    # the test's own converter and the encoder agree array for array
+    mine = dense_to_format(dense, tile)
+    for name in ("full_row_ptr", "full_col_idx", "part_row_ptr", "part_col_idx", "part_bitmaps",
+                 "load_row_ptr", "load_col_idx", "load_part_idx", "row_nnz"):
+        np.testing.assert_array_equal(np.ravel(getattr(mine, name)), np.ravel(getattr(fmt, name)))
+    rng = np.random.default_rng(9)
+    B, S, D = 2, L - 3, 16
+    write_mask_binary(fmt, tmp_path / "enc.bin")
+    q, k, v = (rng.standard_normal((B, S, H * D)).astype(np.float32) for _ in range(3))
+    kpm = np.ones((B, S), np.int64)
+    kpm[1, S // 2:] = 0
+    node = helper.make_node("SparseAttention", ["q", "k", "v", "kpm"], ["out0"], domain="ai.stofc",
+                            num_heads=H, head_dim=D, mask_file="enc.bin")
+    inputs = [vi(n, F32, [B, S, H * D]) for n in "qkv"] + [vi("kpm", TensorProto.INT64, [B, S])]
+    (out,) = run_node(lib, node, inputs, {"q": q, "k": k, "v": v, "kpm": kpm}, package_dir=tmp_path)
+    allowed = np.broadcast_to(dense, (H, L, L))
+    np.testing.assert_allclose(out, attention_ref(q, k, v, allowed, kpm, None, H, 1 / math.sqrt(D)),
+                               **TOL[F32])
