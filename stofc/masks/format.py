@@ -28,6 +28,13 @@ out-of-range positions are 0.
 Load list. ``load_*`` is the CSR of the union of full and part OTs (what the
 block-wise kernel walks); ``load_part_idx[j]`` is the row of
 ``part_bitmaps`` for a part tile and -1 for a full tile.
+
+Spec and hash (as ``stofc.masks.encode`` fills them). ``spec`` is the
+canonical JSON (sorted keys, no whitespace) of the resolved layer:
+``{"mask": NODE}`` when every head shares it, ``{"heads": [NODE, ...]}``
+otherwise; ``spec_hash`` is the sha256 hex of the canonical JSON of
+``{"seq_len": L_max, "spec": spec, "tile": T}``. ``stofc.masks.save`` /
+``load`` keep both in a ``.npz`` and check them on load.
 """
 
 from __future__ import annotations
@@ -66,3 +73,15 @@ class MaskFormat:
     def density(self) -> float:
         """Allowed elements over ``num_heads * L_max**2``."""
         return self.nnz / (self.num_heads * self.seq_len * self.seq_len)
+
+    def to_dense(self, head: int = 0) -> np.ndarray:
+        """Bool ``[L_max, L_max]`` mask of ``head`` (see ``stofc.masks.to_dense``)."""
+        from stofc.masks.decode import to_dense
+
+        return to_dense(self, head)
+
+    def stats(self):
+        """Density, tile counts and sizes (see ``stofc.masks.stats``)."""
+        from stofc.masks.decode import stats
+
+        return stats(self)

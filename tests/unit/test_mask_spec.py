@@ -217,3 +217,14 @@ def test_bad_geometry(kwargs, needle):
         encode(parse_mask("causal"), 64, **kwargs)
     with pytest.raises(MaskSpecError, match="sequence length 0"):
         encode(parse_mask("causal"), 0)
+
+
+def test_yaml_list_items_may_use_the_command_line_form(tmp_path):
+    np.save(tmp_path / "lay.npy", np.eye(8, dtype=bool))
+    path = _yaml(tmp_path, 'mask:\n  union:\n    - "sliding:window=2,causal=true"\n'
+                           '    - "blocksparse:block=16,layout=lay.npy"\n')  # relative to file
+    fmt = encode(parse_mask(path), 128, tile=32)
+    q, k = np.arange(128)[:, None], np.arange(128)[None, :]
+    want = ((q - k >= 0) & (q - k <= 2)) | (q // 16 == k // 16)
+    assert (fmt.to_dense() == want).all()
+    assert fmt.stats().nnz == int(want.sum())
