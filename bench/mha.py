@@ -1,7 +1,7 @@
 """MHA benchmark: stofc's sparse attention vs PyTorch SDPA and FlexAttention, same run, same mask.
 
 B=4, H=12, D=64, fp16, L in (1024, 4096), masks of issue 4. Every implementation
-computes the SAME function: the mask is stofc's encoding (``stofc.masks.encode``)
+computes the SAME function: the mask is stofc's encoding (``stofc.masks.encoder``)
 exported dense, and the anchors get it as a bool mask (SDPA), a block mask built
 from it (FlexAttention, compiled) or ``is_causal``. Timing mirrors
 ``shared/bench/anchors_mha.py``: ``triton.testing.do_bench`` median (warmup 25 ms,
@@ -28,6 +28,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
 
 from stofc.kernels.attention import AttentionConfig, search_space, select_kernel
+from stofc.kernels.attention.gather import plan_tiles
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
@@ -65,12 +66,11 @@ def relerr(a, b, rows) -> float:
 
 def candidates(profile, fmt64, fmt128, choice):
     out = [("selector", choice.config, fmt64)]
-    for cfg in search_space("block", D, "float16", profile, tile=64):
-        if cfg.stages <= 3:
-            out.append(("block", cfg, fmt64))
-    for cfg in search_space("block", D, "float16", profile, tile=128):
-        if cfg.stages <= 3:
-            out.append(("block", cfg, fmt128))
+    for fmt in (fmt64, fmt128):
+        gathers = plan_tiles(fmt, gather=True).gathered > 0
+        for cfg in search_space("block", D, "float16", profile, tile=fmt.tile):
+            if cfg.stages <= 3 and (gathers or not cfg.gather):
+                out.append(("block", cfg, fmt))
     for warps, rpw in ((4, 1), (8, 1), (4, 2)):
         out.append(("row", AttentionConfig("row", 64, rpw, warps), fmt64))
     return out

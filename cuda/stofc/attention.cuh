@@ -47,10 +47,9 @@ __device__ __forceinline__ float safe_max(float m) {
     return m == STOFC_NEG_INF ? 0.0f : m;
 }
 
-/// Two bits (key, key+1) of the packed key-validity words of one sequence;
-/// `key` is even, so both bits sit in one 64-bit word.
-__device__ __forceinline__ u32 key_bits2(const u64* words, int key) {
-    return static_cast<u32>((words[key >> 6] >> (key & 63)) & 3ull);
+/// Bit `key` (>= 0) of the packed key-validity words of one sequence.
+__device__ __forceinline__ u32 key_bit(const u64* words, int key) {
+    return static_cast<u32>((words[key >> 6] >> (key & 63)) & 1ull);
 }
 
 }  // namespace stofc

@@ -24,6 +24,7 @@ from stofc.kernels.attention.config import (
     prune,
     smem_bytes,
 )
+from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.render import compile_kernel
 from stofc.masks.format import MaskFormat
 from stofc.runtime.module import LoadedKernel, _cupy, device_arch, load_kernel
@@ -83,11 +84,21 @@ class AttentionOp:
         self.target = device_arch()
         cp = _cupy()
         self._cp = cp
-        self._row_ptr = cp.asarray(np.ascontiguousarray(fmt.load_row_ptr, dtype=np.int32).ravel())
-        self._col_idx = cp.asarray(np.concatenate([fmt.load_col_idx, [0]]).astype(np.int32))
-        self._part_idx = cp.asarray(np.concatenate([fmt.load_part_idx, [-1]]).astype(np.int32))
-        words = np.ascontiguousarray(fmt.part_bitmaps, dtype=np.uint64).ravel()
+        if config.kind == "block":                        # the walk list, maybe gathered
+            plan = plan_tiles(fmt, gather=config.gather)
+            row_ptr, keys, parts = plan.row_ptr, plan.key_base, plan.part_idx
+            words, gk, self._work = plan.bitmaps, plan.gather_keys, plan.tiles_per_row
+            self.plan = plan
+        else:                                             # row-wise walks the format itself
+            row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
+            words, gk, self._work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
+            self.plan = None
+        self._row_ptr = cp.asarray(np.ascontiguousarray(row_ptr, dtype=np.int32).ravel())
+        self._col_idx = cp.asarray(np.concatenate([np.ravel(keys), [0]]).astype(np.int32))
+        self._part_idx = cp.asarray(np.concatenate([np.ravel(parts), [-1]]).astype(np.int32))
+        words = np.ascontiguousarray(words, dtype=np.uint64).ravel()
         self._bitmaps = cp.asarray(words if words.size else np.zeros(2, dtype=np.uint64))
+        self._gather_keys = cp.asarray(np.concatenate([np.ravel(gk), np.full(4, -1)]).astype(np.int32))
         self._fmt_head_stride = 0 if fmt.num_heads == 1 else fmt.tile_rows + 1
         self._dummy = cp.zeros(8, dtype=cp.float16 if dtype == "float16" else cp.uint16)
         self._dummy_words = cp.zeros(1, dtype=cp.uint64)
@@ -111,7 +122,7 @@ class AttentionOp:
         """Tile rows that hold queries < seq_len, longest (most allowed elements) first."""
         if seq_len not in self._orders:
             rows = math.ceil(seq_len / self.fmt.tile)
-            work = np.asarray(self.fmt.row_nnz, dtype=np.int64).sum(axis=0)[:rows]
+            work = np.asarray(self._work, dtype=np.int64).sum(axis=0)[:rows]
             order = np.argsort(-work, kind="stable").astype(np.int32)
             self._orders[seq_len] = (self._cp.asarray(order), rows)
         return self._orders[seq_len]
@@ -200,7 +211,7 @@ class AttentionOp:
         args = (q, k, v, out,
                 *(i64(s) for s in vq.strides), *(i64(s) for s in vk.strides),
                 *(i64(s) for s in vv.strides), *(i64(s) for s in vo.strides),
-                self._row_ptr, self._col_idx, self._part_idx, self._bitmaps,
+                self._row_ptr, self._col_idx, self._part_idx, self._bitmaps, self._gather_keys,
                 i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
                 bias_arr, i64(bsb), i64(bsh), i64(bsq),
                 i32(batch), i32(heads), i32(seq), np.float32(scale))

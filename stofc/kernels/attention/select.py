@@ -12,7 +12,12 @@ time from the profile and picks the cheaper one:
   row bounds the time from below (BigBird's dense global rows);
 * row-wise: every allowed element costs ``4 D`` fp32 flops on the CUDA cores
   (peak / 16 on tensor-core GPUs, ``ROW_EFFICIENCY`` of it) and re-reads one K
-  and one V row (``4 D`` bytes) through L2 (``L2_FACTOR`` x DRAM bandwidth).
+  and one V row (``4 D`` bytes) from L1/L2 at ``ROW_BYTES_FACTOR`` x DRAM
+  bandwidth (calibrated on an H200: strided(128), L=4096, 3.6 ms).
+
+Tile counts come from the block-wise walk list (:mod:`.gather`): sparse-column
+part tiles are packed into gathered tiles, which is what makes block-wise win
+on strided masks.
 
 The cheaper estimate wins; the explanation states both numbers, STOF's verdict
 and why they differ. The starting config fills the GPU (query split when the
@@ -34,13 +39,14 @@ from stofc.kernels.attention.config import (
     prune,
     smem_bytes,
 )
+from stofc.kernels.attention.gather import plan_tiles
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
 
 TAU = 1.2                 # STOF's empirical constant
-BLOCK_EFFICIENCY = 0.35   # mma.sync attention reaches ~35-40% of Hopper's dense fp16 peak
+BLOCK_EFFICIENCY = 0.25   # measured on an H200: ~210-250 TFLOP/s on walked tiles (mma.sync)
 ROW_EFFICIENCY = 0.5      # fp32 FMA issue share left after conversions and shuffles
-L2_FACTOR = 2.5           # L2 bandwidth over DRAM bandwidth (H100/A100 class)
+ROW_BYTES_FACTOR = 0.45   # measured on an H200: K/V row re-reads at ~2.2 TB/s
 BLOCK_LATENCY_US = 3.0    # per wave: Q load + first tile before the first MMA
 ROW_LATENCY_US = 1.5      # per wave: the first K row's latency
 
@@ -95,9 +101,10 @@ def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int
     slots = profile.sm_count * _blocks_per_sm(base, head_dim, profile)
     if batch * heads * rows < 2 * slots and t >= 64:
         q_split = 2
+    gather = plan_tiles(fmt, gather=True).gathered > 0
     best = None
     for stages in (2, 3, 4):
-        cfg = AttentionConfig("block", t, 16, t // q_split // 16, stages, q_split)
+        cfg = AttentionConfig("block", t, 16, t // q_split // 16, stages, q_split, gather)
         if prune(cfg, head_dim, profile) is not None:
             continue
         if best is None or _blocks_per_sm(cfg, head_dim, profile) >= _blocks_per_sm(best, head_dim, profile):
@@ -119,8 +126,7 @@ def _estimates(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, 
     t = fmt.tile
     rows = math.ceil(seq_len / t)
     hf = heads if fmt.num_heads == 1 else 1          # heads per format head
-    ptr = np.asarray(fmt.load_row_ptr)
-    tiles_per_row = (ptr[:, 1:rows + 1] - ptr[:, :rows]).astype(np.float64)   # [fh, rows]
+    tiles_per_row = plan_tiles(fmt, gather=bcfg.gather).tiles_per_row[:, :rows].astype(np.float64)
     tiles = tiles_per_row.sum() * batch * hf
     tile_flops = 4.0 * t * t * head_dim
     rate = BLOCK_EFFICIENCY * profile.fp16_tflops * 1e12
@@ -135,7 +141,7 @@ def _estimates(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, 
     nnz = float(np.asarray(fmt.row_nnz)[:, :rows].sum()) * batch * hf
     nnz *= min(1.0, seq_len / fmt.seq_len)           # rows past L hold no work
     flop_rate = profile.fp16_tflops * 1e12 / 16 * ROW_EFFICIENCY
-    l2 = L2_FACTOR * profile.mem_bandwidth_gbs * 1e9
+    l2 = ROW_BYTES_FACTOR * profile.mem_bandwidth_gbs * 1e9
     row_us = nnz * max(4.0 * head_dim / flop_rate, 4.0 * head_dim / l2) * 1e6
     row_blocks = batch * heads * seq_len / 4
     row_us += math.ceil(row_blocks / (profile.sm_count * 8)) * ROW_LATENCY_US * 0.1 + ROW_LATENCY_US
