@@ -237,7 +237,7 @@ struct SparseAttentionCuda {
 
     /// The mask in `ctx`, uploaded on `stream` the first time (async; the host
     /// arrays live as long as this kernel).
-    const DeviceMask& device_mask(CUcontext ctx, CUstream stream) {
+    DeviceMask device_mask(CUcontext ctx, CUstream stream) {  // a copy: `masks` may grow
         std::lock_guard<std::mutex> lock(mu);
         for (auto& dm : masks)
             if (dm.ctx == ctx) return dm;
@@ -267,7 +267,7 @@ struct SparseAttentionCuda {
         copy(dm.part_bitmaps, bitmaps.data(), bitmaps.size() * 8);
         copy(dm.row_orders, row_orders.data(), row_orders.size() * 4);
         masks.push_back(dm);
-        return masks.back();
+        return dm;
     }
 
     void compute(OrtKernelContext* context) {
@@ -277,17 +277,17 @@ struct SparseAttentionCuda {
         const AttentionCall c = check_attention(attrs, q, k, v, kpm, bias);
         auto out = ctx.GetOutput(0, q.shape);
         const MaskData& m = *attrs.mask;
-        const int64_t rows = (c.S + m.tile - 1) / m.tile;
-        const int64_t grid = c.H * c.B * rows * blocks_per_tile_row;
-        if (grid == 0) return;
-        if (grid > 0x7fffffff) throw OpError("batch * heads * tile rows is too large for one launch");
-
         const Driver& drv = driver();
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUcontext cuctx = CudaModule::context_of(stream);
         CUfunction attn = module->function(cuctx, static_cast<int>(smem));
-        const DeviceMask& dm = device_mask(cuctx, stream);
+        const DeviceMask dm = device_mask(cuctx, stream);
         if (abi != kAttentionAbi) not_wired("SparseAttention");
+
+        const int64_t rows = (c.S + m.tile - 1) / m.tile;
+        const int64_t grid = c.H * c.B * rows * blocks_per_tile_row;
+        if (grid == 0) return;  // an empty batch or sequence: nothing to write
+        if (grid > 0x7fffffff) throw OpError("batch * heads * tile rows is too large for one launch");
         CUfunction prep = key_prep_module().function(cuctx);
 
         // Scratch: kv_len [B] int32, then the packed key bits [B, key_words] uint64.
