@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stofc.tune.db import RecordKey, Sample, TuningDatabase
@@ -60,6 +60,10 @@ class Evaluator:
                     memo[sample.config] = Measurement(sample.time_ms, sample.fault, cached=True)
             self._memo[key] = memo
         return memo
+
+    def memo(self, segment: SegmentSpace) -> Mapping[str, Measurement]:
+        """Everything known about ``segment`` (config key → measurement); read-only view."""
+        return self._memo_of(segment)
 
     def known(self, segment: SegmentSpace, config: Config) -> bool:
         """True when ``config`` of ``segment`` needs no measurement."""

@@ -27,6 +27,7 @@ Protocols (implemented by ``stofc.plan`` / ``stofc.kernels``):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class Config(Mapping[str, ParamValue]):
         """The inverse of :attr:`key` (configs read back from the database)."""
         return cls.of(json.loads(key))
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Canonical JSON (sorted keys, no spaces): stable across runs and processes."""
         return json.dumps(dict(self.items_), sort_keys=True, separators=(",", ":"))

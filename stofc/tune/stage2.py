@@ -122,20 +122,22 @@ def share_budget(per_round: int, gains: Sequence[float], open_: Sequence[bool]) 
 def _pick(state: _State, evaluator: Evaluator, count: int) -> list[Config]:
     """Up to ``count`` untried configs: neighbours of the best first (half), then random."""
     space = state.space
+    memo = evaluator.memo(space)
     picked: list[Config] = []
     if count <= 0:
         return picked
     default = space.default_config() if state.configs else None
-    if default is not None and not evaluator.known(space, default):
+    if default is not None and default.key not in memo:
         picked.append(default)
     best = evaluator.best_known(space)
     if best is not None:
         for cand in neighbours(best[0], state.values, state.config_set):
             if len(picked) >= max(1, (count + 1) // 2):
                 break
-            if cand not in picked and not evaluator.known(space, cand):
+            if cand not in picked and cand.key not in memo:
                 picked.append(cand)
-    untried = [c for c in state.configs if c not in picked and not evaluator.known(space, c)]
+    chosen = set(picked)
+    untried = [c for c in state.configs if c not in chosen and c.key not in memo]
     need = min(count - len(picked), len(untried))
     if need > 0:
         picked.extend(state.rng.sample(untried, need))
@@ -143,7 +145,8 @@ def _pick(state: _State, evaluator: Evaluator, count: int) -> list[Config]:
 
 
 def _untried(state: _State, evaluator: Evaluator) -> int:
-    return sum(1 for c in state.configs if not evaluator.known(state.space, c))
+    memo = evaluator.memo(state.space)
+    return sum(1 for c in state.configs if c.key not in memo)
 
 
 def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, reporter: Reporter, *,
