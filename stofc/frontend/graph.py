@@ -58,6 +58,14 @@ class GraphIndex:
             self._types[vi.name] = vi.type
         self._const_cache: dict[str, np.ndarray | None] = {}
         self.memo: dict[str, dict] = {}  # per-analysis caches (e.g. mask probes)
+        # Values computed from graph-input *data* (not only shapes) are never constant:
+        # knowing them up front keeps constant folding shallow on deep graphs.
+        self.data_dependent: set[str] = set(self.graph_inputs)
+        for node in self.nodes:  # topological order (ONNX requires it)
+            if node.op_type in ("Shape", "Size"):
+                continue
+            if any(i in self.data_dependent for i in node.input if i):
+                self.data_dependent.update(o for o in node.output if o)
 
     # ---------------------------------------------------------------- structure
     def users(self, value: str) -> list[onnx.NodeProto]:
@@ -164,6 +172,8 @@ class GraphIndex:
         """The value of ``value`` if it is a (foldable) constant, else None."""
         if value in self._const_cache:
             return self._const_cache[value]
+        if value in self.data_dependent:
+            return None
         self._const_cache[value] = None  # cycle guard
         result = self._fold(value)
         self._const_cache[value] = result

@@ -108,13 +108,43 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    if model.ByteSize() > 1_800_000_000:  # protobuf limit; the matchers fold what they need
-        return model
+    """Shape inference (with data propagation) on a copy whose big weights are inputs.
+
+    Weights are only needed for their shapes, so large initializers become typed
+    graph inputs in the copy: inference is fast, and models over protobuf's 2 GiB
+    limit work. The inferred ``value_info`` is copied back onto ``model``.
+    """
+    graph = model.graph
+    light = onnx.ModelProto()
+    light.CopyFrom(onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                                   functions=model.functions))
+    light.graph.name = graph.name
+    light.graph.node.extend(graph.node)
+    light.graph.input.extend(graph.input)
+    light.graph.output.extend(graph.output)
+    light.graph.value_info.extend(graph.value_info)
+    declared = {i.name for i in graph.input}
+    for init in graph.initializer:
+        numel = 1
+        for d in init.dims:
+            numel *= d
+        if numel <= 4096:
+            light.graph.initializer.append(init)
+        elif init.name not in declared:
+            light.graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception as err:
         _LOG.warning("ONNX shape inference failed (%s); shapes partly unknown", err)
         return model
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.graph.value_info)
+    outputs = {o.name: o for o in inferred.graph.output}
+    for out in graph.output:
+        if out.name in outputs and outputs[out.name].type.tensor_type.HasField("shape"):
+            out.type.CopyFrom(outputs[out.name].type)
+    return model
 
 
 def opset_of(model: onnx.ModelProto) -> int:
