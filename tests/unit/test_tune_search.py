@@ -267,3 +267,18 @@ def test_json_reporter_emits_one_object_per_line():
     summary = events[-1]
     assert summary["event"] == "summary" and summary["segments"]
     assert all(s["speedup"] >= 1.0 for s in summary["segments"])
+
+
+def test_rich_reporter_prints_stages_and_the_summary_table():
+    from rich.console import Console
+
+    from stofc.tune.progress import RichReporter
+
+    space, measurer, evaluator = setup()
+    out = io.StringIO()
+    result = tune_chain(space, measurer, RichReporter(Console(file=out, width=140)),
+                        evaluator=evaluator, per_round=16)
+    text = out.getvalue()
+    assert "stage 1" in text and "stage 2" in text and "tuning summary" in text
+    for row in result.summary_rows():
+        assert row.segment in text and f"{row.speedup:.2f}x" in text
