@@ -22,6 +22,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("stofc.commands.cache", "cache"),
     ("stofc.commands.mask", "mask"),
     ("stofc.commands.inspect", "inspect"),
+    ("stofc.commands.ortlib", "ortlib"),
 )
 
 

@@ -115,3 +115,17 @@ def test_mask_binary_rejects_inconsistent_format():
     bad = MaskFormat(**{**fmt.__dict__, "load_part_idx": np.array([0, -1], np.int32)})
     with pytest.raises(StofcError, match="load_part_idx"):
         encode_mask_binary(bad)
+
+
+def test_cli_builds_the_library(tmp_path, headers):
+    from click.testing import CliRunner
+
+    from stofc.cli import main
+
+    res = CliRunner().invoke(main, ["ortlib", "-o", str(tmp_path / "out"),
+                                    "--ort-include", str(headers.include_dir)])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / ortlib.LIBRARY_NAME).is_file()
+    assert f"API {headers.api_version}" in res.output
+    res = CliRunner().invoke(main, ["ortlib", "-o", str(tmp_path), "--ort-include", str(tmp_path)])
+    assert res.exit_code == 2 and "error: no ONNX Runtime headers" in res.output
