@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from stofc.errors import DeviceError
 from stofc.paths import cache_dir
 from stofc.tune.interfaces import Config, Measurement, SegmentSpace
 
@@ -207,8 +208,13 @@ def default_lock_path() -> Path:
     return cache_dir() / "locks" / "measure.lock"
 
 
-class WorkerUnavailable(RuntimeError):
-    """The worker could not start (runner import failed, no GPU)."""
+class WorkerUnavailable(DeviceError):
+    """The worker could not start (runner import failed, no GPU): the search cannot go on.
+
+    A user error (exit code 2 through the CLI), not a candidate's fault."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hint="check that the GPU works (python -m stofc.tune.probe)")
 
 
 class _Worker:

@@ -89,8 +89,9 @@ def test_verify_runs_in_the_worker():
 def test_a_runner_that_cannot_load_is_a_clear_error():
     from stofc.tune.measure import WorkerUnavailable
     measurer = WorkerMeasurer("stofc.tune.no_such_module:run", start_timeout_s=60)
-    with pytest.raises(WorkerUnavailable, match="ModuleNotFoundError"):
+    with pytest.raises(WorkerUnavailable, match="ModuleNotFoundError") as err:
         measurer.measure(segment(), cfg(1))
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
 
 
 def test_rotation_exceeds_l2():
