@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from stofc.errors import StofcError
 from stofc.tune.evaluate import Evaluator, sample_configs
 from stofc.tune.interfaces import Move, Scheme, SchemeSpace, SegmentSpace, segment_key
 from stofc.tune.progress import Progress, Reporter
@@ -115,7 +116,12 @@ def search_scheme(space: SchemeSpace, evaluator: Evaluator, reporter: Reporter, 
                 decisions.append(MoveDecision(move, cost, float("inf"), False,
                                               "more than two compute-intensive operators"))
                 continue
-            result_spaces = list(space.segments(result))
+            try:
+                result_spaces = list(space.segments(result))
+            except StofcError as err:  # the space cannot run what it proposed: not a crash
+                decisions.append(MoveDecision(move, cost, float("inf"), False,
+                                              f"not executable: {err}"))
+                continue
             removed, added = _changed(scheme, result, spaces, result_spaces)
             change = (tuple(sorted(segment_key(s) for s in removed)),
                       tuple(sorted(segment_key(s) for s in added)))

@@ -116,6 +116,24 @@ def test_stage1_fuses_gemm_pairs_when_that_is_faster_and_never_more_than_two():
     assert_measured_once(evaluator)
 
 
+def test_stage1_survives_a_proposed_scheme_the_space_cannot_execute():
+    from stofc.errors import PlanError
+
+    space, _, evaluator = setup()
+    segments = space.segments
+
+    def picky(scheme):
+        if any(len(g) > 2 for g in scheme.segments()):
+            raise PlanError("segment too long for any family")
+        return segments(scheme)
+
+    space.segments = picky
+    result = search_scheme(space, evaluator, RecordingReporter())
+    assert all(len(g) <= 2 for g in result.scheme.segments())
+    refused = [d for d in result.decisions if d.reason.startswith("not executable")]
+    assert refused and not any(d.kept for d in refused)
+
+
 def test_stage1_is_deterministic_and_the_memo_answers_repeats():
     runs = []
     for _ in range(2):
