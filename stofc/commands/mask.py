@@ -182,6 +182,12 @@ def encode_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | 
                f"tiles, hash {fmt.spec_hash[:16]})")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(output: str, write) -> None:
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +195,7 @@ def _atomic(output: str, write) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
