@@ -43,6 +43,7 @@ class Evaluator:
         self.stats = EvaluatorStats()
         self._memo: dict[SegKey, dict[str, Measurement]] = {}
         self._verified: dict[tuple[SegKey, str], bool] = {}
+        self._winners: dict[SegKey, tuple[Config, float]] = {}
 
     def record_key(self, segment: SegmentSpace) -> RecordKey:
         """The database key of ``segment`` on this measurer's GPU and driver."""
@@ -129,6 +130,21 @@ class Evaluator:
         if key not in self._verified:
             self._verified[key] = bool(self.measurer.verify(segment, config))
         return self._verified[key]
+
+    def winner(self, segment: SegmentSpace) -> tuple[Config, float] | None:
+        """The verified winner of ``segment`` in this run (or stored in the database)."""
+        found = self._winners.get(segment_key(segment))
+        if found is None and self.db is not None:
+            record = self.db.best(self.record_key(segment))
+            if record is not None:
+                found = (Config.from_key(record.config), record.time_ms)
+        return found
+
+    def set_winner(self, segment: SegmentSpace, config: Config, time_ms: float) -> None:
+        """Record ``segment``'s verified winner (and store it in the database)."""
+        self._winners[segment_key(segment)] = (config, time_ms)
+        if self.db is not None:
+            self.db.upsert_best(self.record_key(segment), config.key, time_ms)
 
     def mark_fault(self, segment: SegmentSpace, config: Config, fault: str) -> None:
         """Record ``config`` of ``segment`` as faulty (e.g. a wrong result at verification)."""

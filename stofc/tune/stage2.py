@@ -12,7 +12,9 @@ Spaces are already pruned analytically (:meth:`SegmentSpace.configs`).
 
 Stops when every space is exhausted, at the deadline, or after ``patience``
 rounds in which no segment improved by more than ``min_gain`` (relative).
-A segment with a record in the database is not searched (warm cache). The
+A segment already won in this run (an identical segment of another layer) or
+with a record in the database is not searched (warm cache; ``source`` says
+``"database"`` for both). The
 winner of each searched segment is verified once against the reference
 (:meth:`Measurer.verify`); a wrong winner is marked as a fault and the next
 best is verified instead. Only verified winners are written to the database.
@@ -172,10 +174,10 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
     results: dict[tuple, SegmentResult] = {}
     searching: list[_State] = []
     for key, state in zip(order, states, strict=True):
-        record = evaluator.db.best(evaluator.record_key(state.space)) if evaluator.db else None
-        if record is not None and Config.from_key(record.config) in state.config_set:
-            results[key] = _result(state, evaluator, Config.from_key(record.config),
-                                   record.time_ms, "database", verified=True)
+        winner = evaluator.winner(state.space)
+        if winner is not None and winner[0] in state.config_set:
+            results[key] = _result(state, evaluator, winner[0], winner[1], "database",
+                                   verified=True)
         elif not state.configs:
             results[key] = _result(state, evaluator, None, None, "infeasible", verified=False)
         else:
@@ -284,9 +286,7 @@ def _finish(state: _State, evaluator: Evaluator, reporter: Reporter,
             break
         config, measurement = best
         if evaluator.verify(space, config):
-            if evaluator.db is not None:
-                evaluator.db.upsert_best(evaluator.record_key(space), config.key,
-                                         measurement.score)
+            evaluator.set_winner(space, config, measurement.score)
             return _result(state, evaluator, config, measurement.time_ms, "measured",
                            verified=True)
         reporter.warning(f"{space.label}: config {config.key} gave a wrong result; "

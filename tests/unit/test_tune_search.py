@@ -266,6 +266,19 @@ def test_cold_then_warm_run_measures_nothing_the_second_time(tmp_path):
     assert all(r.speedup is not None and r.speedup >= 1.0 for r in rows)
 
 
+def test_twelve_identical_layers_cost_the_measurements_of_one():
+    space, measurer, evaluator = setup()
+    first = tune_chain(space, measurer, RecordingReporter(), evaluator=evaluator)
+    calls = measurer.calls
+    for _ in range(11):
+        again = tune_chain(SimSchemeSpace(bert_like_chain()), measurer, RecordingReporter(),
+                           evaluator=evaluator)
+        assert again.scheme == first.scheme
+        assert [s.best for s in again.stage2.segments] == [s.best for s in first.stage2.segments]
+    assert measurer.calls == calls
+    assert len(measurer.verified) == len(first.stage2.segments)
+
+
 def test_time_budget_bounds_the_whole_run():
     space, measurer, evaluator = setup()
     result = tune_chain(space, measurer, RecordingReporter(), budget_s=3.0, evaluator=evaluator)
