@@ -17,9 +17,9 @@ The plan module is imported lazily, so the engine does not depend on it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast, get_args
 
-from stofc.tune.interfaces import Config, Move, Scheme, SegmentSpace
+from stofc.tune.interfaces import Config, Move, MoveKind, Scheme, SegmentSpace
 
 
 class DeclaredSegment:
@@ -92,7 +92,9 @@ class LayerSchemeSpace:
         out = []
         for move in neighbours(self.layer, self._fusion(scheme)):
             result = Scheme(move.scheme.codes).canonical()
-            out.append(Move(move.kind, _changed_ops(scheme, result), result,
+            if move.kind not in get_args(MoveKind):
+                raise ValueError(f"unknown stage-1 move kind {move.kind!r}")
+            out.append(Move(cast(MoveKind, move.kind), _changed_ops(scheme, result), result,
                             f"{move.kind} segment {move.segment} ({move.side})"))
         return out
 

@@ -368,7 +368,8 @@ class WorkerMeasurer:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.compile_workers, mp_context=multiprocessing.get_context("spawn"))
         payload = self.payload_of(segment)
-        futures = {c.key: self._pool.submit(_compile_one, self.compiler, payload, c.key)
+        compiler = self.compiler or ""
+        futures = {c.key: self._pool.submit(_compile_one, compiler, payload, c.key)
                    for c in configs}
         errors: dict[str, str] = {}
         broken = False

@@ -142,8 +142,8 @@ def main() -> int:
              "hang": hang, "after_hang": after_hang}
     report["measurements"] = {k: {"time_ms": m.time_ms, "fault": m.fault} for k, m in times.items()}
     checks["good configs time"] = ok128.ok and ok256.ok
-    checks["illegal address is a fault"] = bool(illegal.fault) and "llegal" in illegal.fault
-    checks["hang is a timeout"] = bool(hang.fault) and hang.fault.startswith("timeout")
+    checks["illegal address is a fault"] = "llegal" in (illegal.fault or "")
+    checks["hang is a timeout"] = (hang.fault or "").startswith("timeout")
     checks["no poisoning after the illegal address"] = (
         ok128.ok and after_illegal.ok and abs(after_illegal.score / ok128.score - 1) < 0.25)
     checks["no poisoning after the timeout"] = (
@@ -160,6 +160,8 @@ def main() -> int:
 
 
 class _ProbeSegment:
+    """The probe as a :class:`~stofc.tune.interfaces.SegmentSpace` (configs listed in ``main``)."""
+
     family = "probe"
     problem: tuple = ("probe",)
     compile_options: tuple[str, ...] = ()
@@ -167,6 +169,15 @@ class _ProbeSegment:
 
     def __init__(self, payload: dict) -> None:
         self.payload = payload
+
+    def configs(self) -> list[Config]:
+        return [Config.of(threads=t, mode=m) for t in (128, 256) for m in MODES]
+
+    def default_config(self) -> Config:
+        return Config.of(threads=256, mode="ok")
+
+    def prune_reasons(self) -> dict[str, int]:
+        return {}
 
 
 if __name__ == "__main__":

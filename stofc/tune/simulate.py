@@ -135,12 +135,13 @@ def _pruned_space() -> tuple[list[Config], dict[str, int]]:
     kept: list[Config] = []
     reasons: dict[str, int] = {}
     for values in itertools.product(*PARAMS.values()):
+        bm, bn, warps, stages = values
         config = Config.of(dict(zip(PARAMS, values, strict=True)))
-        smem = (config["block_m"] + config["block_n"]) * 64 * 2 * config["stages"]
-        tiles = config["block_m"] * config["block_n"] // (16 * 16)
+        smem = (bm + bn) * 64 * 2 * stages
+        tiles = bm * bn // (16 * 16)
         if smem > SMEM_LIMIT:
             reason = f"shared memory > {SMEM_LIMIT // 1024} KiB per block"
-        elif config["warps"] > tiles:
+        elif warps > tiles:
             reason = "more warps than 16x16 tiles"
         else:
             kept.append(config)
@@ -195,7 +196,8 @@ class SimMeasurer:
 
     def efficiency(self, segment: SimSegment, config: Config) -> float:
         opt = self.optimum(segment)
-        return 1.0 + 0.08 * sum((math.log2(config[p]) - math.log2(opt[p])) ** 2 for p in PARAMS)
+        return 1.0 + 0.08 * sum((math.log2(float(config[p])) - math.log2(float(opt[p]))) ** 2
+                                for p in PARAMS)
 
     def time_ms(self, segment: SimSegment, config: Config) -> float | None:
         """The measured time (deterministic), or None for a faulting config."""
