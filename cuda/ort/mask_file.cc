@@ -1,6 +1,8 @@
 // stofc ONNX Runtime custom-op library: `mask.bin` reading and validation.
 #include "mask_file.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -115,11 +117,17 @@ std::shared_ptr<const MaskData> parse(const std::string& path, const std::vector
 }  // namespace
 
 std::shared_ptr<const MaskData> load_mask_file(const std::string& path) {
-    // Many nodes (every layer) share one mask file: read it once per process.
+    // Many nodes (every layer) share one mask file: read it once per process, keyed
+    // by path, size and modification time so a rewritten package is read afresh.
     static std::mutex mu;
     static std::map<std::string, std::weak_ptr<const MaskData>> cache;
+    struct stat st {};
+    const std::string key = ::stat(path.c_str(), &st) == 0
+                                ? path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) +
+                                      "." + std::to_string(st.st_mtim.tv_nsec)
+                                : path;
     std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(path);
+    auto it = cache.find(key);
     if (it != cache.end())
         if (auto hit = it->second.lock()) return hit;
 
@@ -131,7 +139,7 @@ std::shared_ptr<const MaskData> load_mask_file(const std::string& path) {
                       ORT_NO_SUCHFILE);
     std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     auto m = parse(path, buf);
-    cache[path] = m;
+    cache[key] = m;
     return m;
 }
 

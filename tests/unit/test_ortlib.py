@@ -88,7 +88,8 @@ def masks(L: int, heads: int, rng) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------- models
 
 
-def run_node(lib, node, inputs, feeds, n_out=1, package_dir=None, library=None):
+def run_node(lib, node, inputs, feeds, n_out=1, package_dir=None, library=None, keep=None):
+    """Runs one ai.stofc node on the CPU EP; ``keep`` (a list) receives the session."""
     graph = helper.make_graph(
         [node], "g", inputs,
         [helper.make_tensor_value_info(f"out{i}", inputs[0].type.tensor_type.elem_type, None)
@@ -101,6 +102,8 @@ def run_node(lib, node, inputs, feeds, n_out=1, package_dir=None, library=None):
         so.add_session_config_entry("stofc.package_dir", str(package_dir))
     so.register_custom_ops_library(str(library or lib))
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    if keep is not None:
+        keep.append(sess)
     return sess.run(None, feeds)
 
 

@@ -24,7 +24,8 @@ def pkg(tmp_path):
     return tmp_path
 
 
-def attention(lib, pkg, *, q_shape=(1, 16, 16), k_shape=None, kpm=None, bias=None, **attrs):
+def attention(lib, pkg, *, q_shape=(1, 16, 16), k_shape=None, kpm=None, bias=None, keep=None,
+              **attrs):
     rng = np.random.default_rng(0)
     q = rng.standard_normal(q_shape).astype(np.float32)
     k = rng.standard_normal(k_shape or q_shape).astype(np.float32)
@@ -41,7 +42,7 @@ def attention(lib, pkg, *, q_shape=(1, 16, 16), k_shape=None, kpm=None, bias=Non
         names.pop()
     node = helper.make_node("SparseAttention", names, ["out0"], domain="ai.stofc",
                             **{"num_heads": 2, "head_dim": 8, "mask_file": "m.bin", **attrs})
-    return run_node(lib, node, inputs, feeds, package_dir=pkg)
+    return run_node(lib, node, inputs, feeds, package_dir=pkg, keep=keep)
 
 
 def test_missing_mask_file(lib, pkg):
@@ -125,3 +126,12 @@ def test_int32_inputs_have_no_kernel(lib):
     node = helper.make_node("FusedGemm", ["x", "x"], ["out0"], domain="ai.stofc")
     with pytest.raises(Exception):  # noqa: B017 - ORT's own message varies across versions
         run_node(lib, node, [vi("x", TensorProto.INT32, None)], {"x": x})
+
+
+def test_rewritten_mask_is_read_afresh(lib, pkg):
+    """A mask file replaced in place is not served from the per-process cache."""
+    alive: list = []
+    attention(lib, pkg, keep=alive)  # reads the good file; its session keeps the mask cached
+    (pkg / "m.bin").write_bytes(b"NOTAMASK" + bytes(200))
+    with pytest.raises(Exception, match="bad magic"):
+        attention(lib, pkg)
