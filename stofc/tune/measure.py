@@ -41,6 +41,7 @@ import importlib
 import math
 import multiprocessing
 import os
+import re
 import signal
 import statistics
 import time
@@ -125,15 +126,32 @@ def time_with_events(launch: Callable[[int], None], n_inputs: int,
     return float(statistics.median(samples))
 
 
+def driver_release(proc_file: Path = Path("/proc/driver/nvidia/version")) -> str | None:
+    """The NVIDIA kernel driver release (``"580.65.06"``) from ``/proc``, or None."""
+    try:
+        text = proc_file.read_text()
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return match.group(1) if match else None
+
+
 def device_identity() -> dict[str, str]:
-    """The name and driver version of CUDA device 0 (called inside the worker)."""
+    """The name and driver of CUDA device 0 (called inside the worker).
+
+    ``driver`` is the driver release and the CUDA version it supports
+    (``"580.65.06/cuda13.0"``); the release alone is unavailable in
+    containers without ``/proc/driver/nvidia``.
+    """
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     raw = props["name"]
     name = raw.decode() if isinstance(raw, bytes) else str(raw)
     version = cupy.cuda.runtime.driverGetVersion()
-    return {"gpu": name, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
+    cuda = f"cuda{version // 1000}.{(version % 1000) // 10}"
+    release = driver_release()
+    return {"gpu": name, "driver": f"{release}/{cuda}" if release else cuda}
 
 
 def _resolve(ref: str) -> tuple[Callable[[MeasureTask], Any], Callable[[], dict]]:

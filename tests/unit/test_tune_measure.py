@@ -152,3 +152,56 @@ def test_two_tuners_on_one_machine_never_time_at_the_same_moment(tmp_path):
     assert len({line.split()[0] for line in log.read_text().splitlines()}) == 2
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end - 1e-3
+
+
+def test_time_with_events_warms_up_rotates_inputs_and_takes_the_median(monkeypatch):
+    """The CUDA-event loop against a fake CuPy whose clock each launch advances."""
+    import sys
+    import types
+
+    from stofc.tune.measure import TimingSettings, time_with_events
+
+    clock = {"now": 0.0}
+    syncs: list[str] = []
+
+    class Event:
+        def record(self):
+            self.at = clock["now"]
+
+        def synchronize(self):
+            syncs.append("event")
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=Event,
+        Device=lambda: types.SimpleNamespace(synchronize=lambda: syncs.append("device")),
+        get_elapsed_time=lambda start, end: end.at - start.at))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    launched: list[int] = []
+    durations = [5.0, 1.0, 2.0, 9.0, 3.0]  # ms per launch, by call number after warm-up
+
+    def launch(i: int) -> None:
+        n = len(launched)
+        launched.append(i)
+        clock["now"] += 100.0 if n < 2 else durations[(n - 2) % len(durations)]
+
+    ms = time_with_events(launch, 3, TimingSettings(warmup=2, repeats=5, inner=1))
+    assert launched == [0, 1, 2, 0, 1, 2, 0]          # rotation over the 3 input sets
+    assert ms == 3.0                                   # median of 5, 1, 2, 9, 3; warm-up excluded
+    assert syncs[0] == "device" and syncs.count("event") == 5
+    launched.clear()
+    ms = time_with_events(launch, 2, TimingSettings(warmup=2, repeats=2, inner=2))
+    assert launched == [0, 1, 0, 1, 0, 1]
+    assert ms == pytest.approx(((5.0 + 1.0) / 2 + (2.0 + 9.0) / 2) / 2)
+
+
+def test_driver_release_is_read_from_proc(tmp_path):
+    from stofc.tune.measure import driver_release
+
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  "
+                       "Release Build  (dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025\n"
+                       "GCC version:  gcc version 13.3.0\n")
+    assert driver_release(version) == "580.65.06"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct\n")
+    assert driver_release(version) == "550.127.05"
+    assert driver_release(tmp_path / "missing") is None
