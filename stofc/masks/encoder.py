@@ -27,12 +27,12 @@ _GRID_CELLS = 1 << 15  # tile-grid cells classified per chunk (bounds temporarie
 
 
 def popcount(words: np.ndarray) -> np.ndarray:
-    """Set bits per uint64 (int64 result, same shape)."""
+    """Set bits per uint64 (uint8 result, same shape; sum with ``dtype=np.int64``)."""
     if hasattr(np, "bitwise_count"):
-        return np.bitwise_count(words).astype(np.int64)
-    lut = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+        return np.bitwise_count(words)
+    lut = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
     raw = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 8)
-    return lut[raw].sum(axis=-1)
+    return lut[raw].sum(axis=-1, dtype=np.uint8)
 
 
 @lru_cache(maxsize=64)
@@ -118,7 +118,7 @@ def encode_node(node: Node, seq_len: int, tile: int) -> HeadTiles:
             part_grid[mr[part], mc[part]] = True
             words = words[part]
             if len(words):
-                row_nnz[r0:r1] += np.bincount(mr[part], weights=popcount(words).sum(axis=1),
+                row_nnz[r0:r1] += np.bincount(mr[part], weights=popcount(words).sum(axis=1, dtype=np.int64),
                                               minlength=r1 - r0).astype(np.int64)
         full_counts[r0:r1] = full_grid.sum(axis=1)
         part_counts[r0:r1] = part_grid.sum(axis=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stofc.masks.predicates import EMPTY, FULL, MAYBE, Pred
+from stofc.masks.predicates import EMPTY, FULL, MAYBE, ONES, Pred
 
 
 class RandomBlocks(Pred):
@@ -106,8 +106,22 @@ class RandomBlocks(Pred):
         return np.where(self.keys[pos] == key, self.cls[pos], EMPTY).astype(np.int8)
 
 
+def _spread(sel: np.ndarray, shift: int) -> np.ndarray:
+    """bool ``[..., 8]`` -> uint64 ``[...]`` with bit ``i * shift`` set for each selected i."""
+    weights = np.left_shift(np.uint64(1), np.arange(8, dtype=np.uint64) * np.uint64(shift))
+    return (sel.astype(np.uint64) * weights).sum(axis=-1, dtype=np.uint64)
+
+
 class BlockLayout(Pred):
-    """``layout[q // b, k // b]`` (blocksparse); ``layout`` covers ``ceil(L_max / b)`` blocks."""
+    """``layout[q // b, k // b]`` (blocksparse); ``layout`` covers ``ceil(L_max / b)`` blocks.
+
+    Bitmaps are built per 8x8 IT without touching elements: the IT's 8 rows
+    meet at most ``m = ceil(8 / b) + 1`` block rows (likewise columns), so
+    its word is the OR over block pairs ``(a, c)`` of
+    ``layout[a, c] * colbyte(c) * rowspread(a)``.
+    """
+
+    _BATCH = 4096  # tiles per batch (bounds the [n, g, g] temporaries)
 
     def __init__(self, seq_len: int, tile: int, block: int, layout: np.ndarray) -> None:
         super().__init__(seq_len, tile)
@@ -117,12 +131,11 @@ class BlockLayout(Pred):
         prefix = np.zeros((nb + 1, nb + 1), dtype=np.int64 if nb > 40000 else np.int32)
         np.cumsum(np.cumsum(self.layout, axis=0, dtype=prefix.dtype), axis=1, out=prefix[1:, 1:])
         self.prefix = prefix
-        self.group = tile // block if tile % block == 0 and tile // block <= 8 else 0
-        if self.group:
-            g = self.group
-            padded = np.zeros((-(-nb // g) * g,) * 2, dtype=bool)
-            padded[:nb, :nb] = self.layout
-            self.padded = padded
+        # ITs start at multiples of 8: with 8 | b an IT lies inside one block.
+        self.parts = 1 if block % 8 == 0 else -(-8 // block) + 1
+        pad = nb + self.parts + tile // block + 1
+        self.padded = np.zeros((pad, pad), dtype=bool)  # blocks past L_max are 0
+        self.padded[:nb, :nb] = self.layout
 
     def allowed(self, q, k):
         top, b = self.L - 1, self.block
@@ -135,37 +148,66 @@ class BlockLayout(Pred):
         area = (i1 - i0) * (j1 - j0)
         return np.where(count == area, FULL, np.where(count == 0, EMPTY, MAYBE)).astype(np.int8)
 
-    def signature(self, q0, k0):
-        if not self.group:
-            return None
-        g, b = self.group, self.block
-        ar = np.arange(g)
-        sub = self.padded[(q0 // b)[:, None, None] + ar[None, :, None],
-                          (k0 // b)[:, None, None] + ar[None, None, :]]
-        weights = np.left_shift(np.int64(1), np.arange(g * g, dtype=np.int64))
-        return (sub.reshape(len(q0), g * g).astype(np.int64) @ weights)[:, None]
+    def maybe_words(self, q0, k0):
+        g, b = self.T // 8, self.block
+        out = np.empty((len(q0), g * g), dtype=np.uint64)
+        it = np.arange(g, dtype=np.int64) * 8
+        r8 = np.arange(8, dtype=np.int64)
+        for s in range(0, len(q0), self._BATCH):
+            qs, ks = q0[s:s + self._BATCH], k0[s:s + self._BATCH]
+            qpos = qs[:, None, None] + it[None, :, None] + r8   # [n, g(ir), 8]
+            kpos = ks[:, None, None] + it[None, :, None] + r8   # [n, g(ic), 8]
+            qb0, kb0 = qpos[:, :, 0] // b, kpos[:, :, 0] // b   # first block of each IT
+            if self.parts == 1:
+                on = self.padded[qb0[:, None, :], kb0[:, :, None]]       # [n, ic, ir]
+                out[s:s + self._BATCH] = np.where(on, ONES, np.uint64(0)).reshape(len(qs), -1)
+                continue
+            words = np.zeros((len(qs), g, g), dtype=np.uint64)  # [n, ic, ir]
+            for a in range(self.parts):
+                rows = _spread(qpos // b == (qb0 + a)[:, :, None], 8)          # [n, ir]
+                if not rows.any():
+                    continue
+                for c in range(self.parts):
+                    cols = _spread(kpos // b == (kb0 + c)[:, :, None], 1)      # [n, ic]
+                    on = self.padded[(qb0 + a)[:, None, :], (kb0 + c)[:, :, None]]
+                    words |= np.where(on, cols[:, :, None] * rows[:, None, :], np.uint64(0))
+            out[s:s + self._BATCH] = words.reshape(len(qs), g * g)
+        return out
 
 
 class BitmapArray(Pred):
-    """``m[q, k]`` for a user-given boolean ``[N, N]`` array, ``N >= L_max``."""
+    """``m[q, k]`` for a user-given boolean ``[N, N]`` array, ``N >= L_max``.
+
+    The array is packed once into IT words (``L^2 / 8`` bytes): tile counts
+    come from their popcounts and tile bitmaps are a gather.
+    """
 
     def __init__(self, seq_len: int, tile: int, array: np.ndarray) -> None:
         super().__init__(seq_len, tile)
-        self.m = array[:seq_len, :seq_len]
-        R = -(-seq_len // tile)
-        edges = np.arange(0, seq_len, tile)
-        counts = np.zeros((R, R), dtype=np.int32)
-        step = max(1, (1 << 22) // (seq_len * tile))
-        for r0 in range(0, R, step):
-            r1 = min(R, r0 + step)
-            rows = self.m[r0 * tile:min(r1 * tile, seq_len)]
-            per_col = np.add.reduceat(rows, edges, axis=1, dtype=np.int32)
-            counts[r0:r1] = np.add.reduceat(per_col, edges[: r1 - r0], axis=0, dtype=np.int32)
-        self.counts = counts
+        L, g = seq_len, tile // 8
+        self.m = array[:L, :L]
+        R = -(-L // tile)
+        packed = np.packbits(self.m, axis=1, bitorder="little")      # [L, ceil(L/8)]
+        side = R * g
+        rows = np.zeros((side * 8, side), dtype=np.uint8)
+        rows[:L, :packed.shape[1]] = packed
+        words = np.ascontiguousarray(rows.reshape(side, 8, side).transpose(0, 2, 1))
+        self.words = words.view("<u8").reshape(side, side).astype(np.uint64, copy=False)
+        from stofc.masks.encoder import popcount
+
+        counts = popcount(self.words).reshape(R, g, R, g).sum(axis=(1, 3), dtype=np.int64)
+        self.counts = counts.astype(np.int64)
 
     def allowed(self, q, k):
         top = self.L - 1
         return self.m[np.minimum(q, top), np.minimum(k, top)]
+
+    def maybe_words(self, q0, k0):
+        g = self.T // 8
+        ar = np.arange(g)
+        sub = self.words[(q0 // 8)[:, None, None] + ar[None, None, :],
+                         (k0 // 8)[:, None, None] + ar[None, :, None]]   # [n, ic, ir]
+        return sub.reshape(len(q0), g * g)
 
     def classify(self, qlo, qhi, klo, khi):
         count = self.counts[qlo // self.T, klo // self.T]
