@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stofc.plan.build import kernel_spec, plan_layer
+from stofc.plan.build import build_plan, kernel_spec, plan_layer
 from stofc.plan.families import match_segments
 from stofc.plan.moves import initial_scheme
 from stofc.plan.scheme import FusionScheme
@@ -44,8 +44,8 @@ POINTS = ((1, 128), (8, 512), (4, 2048), (16, 2048))
 HIDDEN, FFN = 768, 3072
 
 
-def time_fn(fn, n_inputs: int, *, warmup: int = 10, reps: int = 60, sync=None) -> float:
-    """Median milliseconds of fn(i) over reps, with CUDA events (cupy)."""
+def time_fn(fn, n_inputs: int, *, warmup: int = 10, reps: int = 60, stream=None) -> float:
+    """Median milliseconds of fn(i) over reps, with CUDA events (cupy) on ``stream``."""
     import cupy
     for i in range(warmup):
         fn(i % n_inputs)
@@ -53,29 +53,89 @@ def time_fn(fn, n_inputs: int, *, warmup: int = 10, reps: int = 60, sync=None) -
     times = []
     for i in range(reps):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
+        start.record(stream)
         fn(i % n_inputs)
-        stop.record()
+        stop.record(stream)
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop))
     return statistics.median(times)
 
 
+def capture(stream, fn):
+    """A CUDA graph of what ``fn()`` launches on ``stream``."""
+    with stream:
+        stream.begin_capture()
+        try:
+            fn()
+        finally:
+            graph = stream.end_capture()
+    return graph
+
+
+def time_graph(runner, x_name, x_dev, a_dev, batch, seq, n_rot, segment=None,
+               values=None, reps: int = 60) -> float:
+    """Capture the chain (or one segment) per rotated input set; time the graph launches."""
+    import cupy
+    stream = cupy.cuda.Stream(non_blocking=True)
+    graphs, keep = [], []
+    for i in range(n_rot):
+        vals = dict(values) if values is not None else {x_name: x_dev[i]}
+        if segment is None:
+            graphs.append(capture(stream, lambda vals=vals, i=i: runner.run_chain(
+                vals, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[i],
+                stream=stream)))
+        else:
+            graphs.append(capture(stream, lambda vals=vals: runner.run_segment(
+                segment, vals, batch=batch, seq_len=seq, stream=stream)))
+        keep.append(vals)
+    stream.synchronize()
+    ms = time_fn(lambda i: graphs[i].launch(stream=stream), n_rot, stream=stream, reps=reps)
+    del keep
+    return ms
+
+
+def with_configs(plan, gemm_cfg: dict | None, norm_cfg: dict | None):
+    """The plan with every hand ``gemm`` (``gemm_norm``) segment's config replaced."""
+    segs = []
+    for seg in plan.segments:
+        cfg = gemm_cfg if seg.family == "gemm" else norm_cfg if seg.family == "gemm_norm" else None
+        if cfg is not None and seg.kernel.template == "gemm/gemm.cu.j2":
+            params = dict(seg.kernel.params)
+            if seg.family == "gemm_norm":
+                cfg = {**cfg, "bn": -(-seg.dim("n0") // (16 * cfg["warps_n"])) * 16 * cfg["warps_n"]}
+            params.update(cfg)
+            seg = dataclasses.replace(seg, kernel=dataclasses.replace(
+                seg.kernel, params=tuple(params.items())))
+        segs.append(seg)
+    return dataclasses.replace(plan, segments=tuple(segs))
+
+
+ALT_GEMM = ({"bm": 128, "bn": 128, "bk": 32, "warps_m": 2, "warps_n": 4, "stages": 4},
+            {"bm": 128, "bn": 256, "bk": 32, "warps_m": 2, "warps_n": 4, "stages": 3},
+            {"bm": 64, "bn": 128, "bk": 32, "warps_m": 2, "warps_n": 2, "stages": 4},
+            {"bm": 64, "bn": 64, "bk": 32, "warps_m": 2, "warps_n": 2, "stages": 4})
+ALT_NORM = ({"bm": 32, "bk": 32, "warps_m": 2, "warps_n": 4, "stages": 3},
+            {"bm": 16, "bk": 32, "warps_m": 1, "warps_n": 8, "stages": 3})
+
+
 def variants(layer, tokens: int, profile, dtype: str):
-    """(name, LayerPlan) candidates for stofc."""
+    """(name, LayerPlan) candidates for stofc: schemes x implementations x configs."""
     fused = initial_scheme(layer, tokens=max(tokens, 4096))
     n = len(layer.chain)
     split_starts = [i for i, op in enumerate(layer.chain)
                     if op.kind.value in ("gemm", "attention", "residual_add")
                     or (i > 0 and layer.chain[i - 1].kind.value == "attention")]
     split = FusionScheme.unfused(n).with_boundaries(split_starts)
-    out = [("hand-fused", plan_layer(layer, fused, tokens=tokens, profile=profile, dtype=dtype)),
-           ("vendor-fused", vendorize(layer, plan_layer(layer, fused, tokens=tokens,
-                                                        profile=profile, dtype=dtype),
-                                      tokens, profile, dtype)),
+    base = plan_layer(layer, fused, tokens=tokens, profile=profile, dtype=dtype)
+    out = [("default", build_plan([layer], None, profile, dtype=dtype, max_seq_len=tokens
+                                  ).layers[0]),
+           ("hand-fused", base),
+           ("vendor-fused", vendorize(layer, base, tokens, profile, dtype)),
            ("vendor-split", vendorize(layer, plan_layer(layer, split, tokens=tokens,
                                                         profile=profile, dtype=dtype),
                                       tokens, profile, dtype))]
+    for i, g in enumerate(ALT_GEMM):
+        out.append((f"hand-cfg{i}", with_configs(base, g, ALT_NORM[i % len(ALT_NORM)])))
     if tokens <= 1024:
         chain = initial_scheme(layer, tokens=1)
         out.append(("ffn-chain", plan_layer(layer, chain, tokens=tokens, profile=profile,
@@ -109,7 +169,6 @@ def torch_layer(torch, w):
 
 
 def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
-    import cupy
     dtype = "float16"
     m = batch * seq
     rng = np.random.default_rng(m)
@@ -131,55 +190,53 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
             runner.run_chain(vals, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[i])
             return vals
         ms = time_fn(call, n_rot)
+        gms = time_graph(runner, x_name, x_dev, a_dev, batch, seq, n_rot)
         result["stofc"][name] = ms
-        log(f"  ({batch},{seq}) stofc {name:14s} {ms:.4f} ms  scheme {plan.scheme}")
-        if ms < best[0]:
-            best = (ms, name, runner)
-    # per-segment mix over the fused scheme: hand vs vendor by measured segment time
-    hand, vend = runners["hand-fused"], runners["vendor-fused"]
+        result["stofc"][f"{name}+graph"] = gms
+        log(f"  ({batch},{seq}) stofc {name:14s} {ms:.4f} ms, graph {gms:.4f} ms  "
+            f"scheme {plan.scheme}")
+        for label, t in ((name, ms), (f"{name}+graph", gms)):
+            if t < best[0]:
+                best = (t, label, runner)
+    # per segment of the fused scheme: the fastest kernel over every variant that shares it
+    fused_names = [k for k in runners if k.startswith(("hand-", "vendor-fused"))]
+    ref_runner = runners["hand-fused"]
     vals0 = {x_name: x_dev[0]}
-    hand.run_chain(vals0, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[0])
-    pick = set()
-    for seg_h, seg_v in zip(hand.plan.segments, vend.plan.segments, strict=True):
-        if seg_h.family == "attention" or seg_h.kernel == seg_v.kernel:
+    ref_runner.run_chain(vals0, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[0])
+    chosen = []
+    for pos, seg in enumerate(ref_runner.plan.segments):
+        if seg.family == "attention":
+            chosen.append(seg)
             continue
-        th = time_fn(lambda i, s=seg_h: hand.run_segment(s, dict(vals0), batch=batch,
-                                                         seq_len=seq), 1)
-        tv = time_fn(lambda i, s=seg_v: vend.run_segment(s, dict(vals0), batch=batch,
-                                                         seq_len=seq), 1)
-        log(f"    segment {seg_h.ordinal} {seg_h.family}: hand {th:.4f} vendor {tv:.4f}")
-        if tv < th:
-            pick.add(seg_h.ordinal)
-    mixed = vendorize(layer, hand.plan, m, profile, dtype, only=pick)
+        timed = {}
+        for name in fused_names:
+            cand = runners[name].plan.segments[pos]
+            if cand.kernel in timed:
+                continue
+            t = time_graph(runners[name], x_name, x_dev, a_dev, batch, seq, 1, segment=cand,
+                           values=vals0, reps=30)
+            timed[cand.kernel] = (t, cand, name)
+        t, cand, name = min(timed.values(), key=lambda v: v[0])
+        log(f"    segment {seg.ordinal} {seg.family}: best {name} {t:.4f} ms of "
+            + ", ".join(f"{v[2]} {v[0]:.4f}" for v in timed.values()))
+        chosen.append(cand)
+    mixed = dataclasses.replace(ref_runner.plan, segments=tuple(chosen))
     runner = SegmentRunner(layer, mixed, weights, dtype=dtype)
+    runners["mixed"] = runner
 
     def call_mixed(i):
         vals = {x_name: x_dev[i]}
         runner.run_chain(vals, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[i])
         return vals
     ms = time_fn(call_mixed, n_rot)
+    gms = time_graph(runner, x_name, x_dev, a_dev, batch, seq, n_rot)
     result["stofc"]["mixed"] = ms
-    log(f"  ({batch},{seq}) stofc mixed          {ms:.4f} ms  vendor segments {sorted(pick)}")
-    if ms < best[0]:
-        best = (ms, "mixed", runner)
-    # CUDA graph of the best chain
-    try:
-        stream = cupy.cuda.Stream(non_blocking=True)
-        graphs = []
-        keep = []
-        for i in range(n_rot):
-            with stream:
-                stream.begin_capture()
-                vals = {x_name: x_dev[i]}
-                best[2].run_chain(vals, batch=batch, seq_len=seq,
-                                  attention=lambda s, v, i=i: a_dev[i], stream=stream)
-                graphs.append(stream.end_capture())
-                keep.append(vals)
-        ms = time_fn(lambda i: graphs[i].launch(stream=cupy.cuda.get_current_stream()), n_rot)
-        result["stofc"][f"{best[1]}+graph"] = ms
-        log(f"  ({batch},{seq}) stofc {best[1]}+graph  {ms:.4f} ms")
-    except Exception as err:  # graph capture is an optimisation; report and go on
-        log(f"  graph capture failed: {type(err).__name__}: {err}")
+    result["stofc"]["mixed+graph"] = gms
+    result["mixed_plan"] = mixed.to_dict()
+    log(f"  ({batch},{seq}) stofc mixed          {ms:.4f} ms, graph {gms:.4f} ms")
+    for label, t in (("mixed", ms), ("mixed+graph", gms)):
+        if t < best[0]:
+            best = (t, label, runner)
     result["stofc_best_ms"] = min(result["stofc"].values())
     result["stofc_best"] = min(result["stofc"], key=result["stofc"].get)
 
@@ -196,10 +253,27 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
         for i in range(3):
             compiled(tx[i % n_rot], ta[i % n_rot])
         result["torch_compile_ms"] = time_fn(lambda i: compiled(tx[i], ta[i]), n_rot)
+        try:  # the same with CUDA graphs (mode reduce-overhead), for reference
+            graphed = torch.compile(eager, mode="reduce-overhead")
+            for i in range(5):
+                graphed(tx[i % n_rot], ta[i % n_rot])
+            result["torch_compile_graphs_ms"] = time_fn(lambda i: graphed(tx[i], ta[i]), n_rot)
+        except Exception as err:
+            log(f"  torch.compile reduce-overhead failed: {type(err).__name__}: {err}")
         gemms = [(tx, tw["qkv.w"]), (ta, tw["out.w"]), (tx, tw["ffn_in.w"])]
         f_in = [torch.randn(m, FFN, device=dev, dtype=torch.float16) for _ in range(n_rot)]
         floor = sum(time_fn(lambda i, a=a, w=w: torch.mm(a[i], w.t()), n_rot) for a, w in gemms)
         floor += time_fn(lambda i: torch.mm(f_in[i], tw["ffn_out.w"].t()), n_rot)
+        result["gemm_floor_eager_ms"] = floor
+        graphs = []  # the four GEMMs alone in one CUDA graph: GPU time, no launch gaps
+        for i in range(n_rot):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for a, w in gemms:
+                    torch.mm(a[i], w.t())
+                torch.mm(f_in[i], tw["ffn_out.w"].t())
+            graphs.append(g)
+        floor = min(floor, time_fn(lambda i: graphs[i].replay(), n_rot))
         result["gemm_floor_ms"] = floor
         _ref_qkv, ref_out = eager(tx[0], ta[0])
     vals = {x_name: x_dev[0]}
@@ -215,7 +289,8 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
     result["speedup_vs_eager"] = result["torch_eager_ms"] / result["stofc_best_ms"]
     result["ratio_to_floor"] = result["stofc_best_ms"] / floor
     log(f"  ({batch},{seq}) eager {result['torch_eager_ms']:.4f} compile "
-        f"{result['torch_compile_ms']:.4f} floor {floor:.4f} best {result['stofc_best_ms']:.4f}"
+        f"{result['torch_compile_ms']:.4f} (graphs "
+        f"{result.get('torch_compile_graphs_ms', float('nan')):.4f}) floor {floor:.4f} best {result['stofc_best_ms']:.4f}"
         f" ({result['stofc_best']}) err {result['rel_err_vs_eager']:.2e}")
     return result
 
@@ -236,14 +311,17 @@ def torch_weights(layer, weights):
 def write_markdown(results: dict, path: Path) -> None:
     lines = [f"# BERT-base layer, non-attention operators ({results['gpu']}, fp16, "
              f"{results['date']})", "",
-             "Median ms (CUDA events), same run. Floor = the four GEMMs alone through cuBLAS.",
-             "", "| (B, L) | stofc best | variant | torch eager | torch.compile | GEMM floor | "
-             "vs compile | vs floor | rel. err vs eager |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "Median ms (CUDA events), same run. GEMM floor = the layer's four GEMMs alone "
+             "through cuBLAS (torch.mm, best of eager and one CUDA graph). stofc variants "
+             "marked +graph replay a CUDA graph of the chain.",
+             "", "| (B, L) | stofc best | variant | torch eager | torch.compile | torch.compile "
+             "(reduce-overhead) | GEMM floor | vs compile | vs floor | rel. err vs eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results["points"]:
         lines.append(
             f"| ({r['batch']}, {r['seq_len']}) | {r['stofc_best_ms']:.4f} | {r['stofc_best']} | "
             f"{r['torch_eager_ms']:.4f} | {r['torch_compile_ms']:.4f} | "
+            f"{r.get('torch_compile_graphs_ms', float('nan')):.4f} | "
             f"{r['gemm_floor_ms']:.4f} | {r['speedup_vs_compile']:.2f}x | "
             f"{r['ratio_to_floor']:.2f}x | {r['rel_err_vs_eager']:.1e} |")
     lines += ["", "All stofc variants (ms):", ""]

@@ -5,7 +5,13 @@
 column and walks the hidden dimension in chunks of ``bh``; each chunk of the
 intermediate lives in shared memory only. Worth it for few tokens, where the
 intermediate's round trip and the second launch cost more than the lost
-parallelism (``M / bm`` blocks); the tuner decides by measurement.
+parallelism; the tuner decides by measurement.
+
+Two modes. Direct (``split == 1``, no norm): the block applies ep2 and stores.
+Workspace (``split > 1`` or a norm in ep2): ``split`` blocks share the hidden
+dimension and add fp32 partial sums into a zeroed ``[M, N2]`` workspace; the
+Add+Norm template (fp32 input) then applies ep2 and the optional row norm.
+Splitting restores parallelism when ``M / bm`` row blocks under-fill the GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from stofc.codegen import Source, render
+from stofc.errors import PlanError
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.gemm import DTYPES
 from stofc.kernels.space import Space, check
@@ -39,6 +46,11 @@ class GemmGemmConfig:
     bk: int
     warps: int
     stages: int
+    split: int = 1
+
+    def to_workspace(self, p: GemmGemmProblem) -> bool:
+        """Whether the partial sums go to the fp32 workspace (split or norm)."""
+        return self.split > 1 or p.ep2.norm != "none"
 
     def n2_pad(self, n2: int) -> int:
         step = 16 * self.warps
@@ -66,7 +78,11 @@ def _constraints(env: dict) -> None:
     p: GemmGemmProblem = env["problem"]
     check((env["bh"] // env["warps"]) % 16 == 0,
           "each warp's share of a hidden chunk must be a multiple of 16 columns")
-    check(p.n1 % env["bh"] == 0, "the hidden size must be a multiple of the chunk")
+    check(p.n1 % (env["bh"] * env["split"]) == 0,
+          "the hidden size must be a multiple of chunk x split")
+    row_blocks = -(-p.m // env["bm"])
+    check(env["split"] == 1 or row_blocks * env["split"] <= 2 * env["sm_count"],
+          "splitting the hidden dimension only pays while blocks do not exceed two waves")
     check(p.k1 % env["bk"] == 0, "K must be a multiple of BK")
     acc = (env["bm"] // 16) * (cfg.n2_pad(p.n2) // env["warps"] // 8) * 4
     check(acc <= 128, "more than 128 fp32 output accumulators per thread spill registers")
@@ -75,30 +91,37 @@ def _constraints(env: dict) -> None:
 
 
 def space(problem: GemmGemmProblem, profile: GpuProfile) -> Space:
-    return Space(axes=(("bm", (16, 32)), ("bh", (32, 64, 128)), ("bk", (32, 64)),
-                       ("warps", (2, 4, 8)), ("stages", (2, 3))),
+    return Space(axes=(("bm", (16, 32)), ("bh", (32, 64, 96, 128)), ("bk", (32, 64)),
+                       ("warps", (2, 4, 6, 8)), ("stages", (2, 3)), ("split", (1, 2, 4, 8, 16))),
                  constraints=(_constraints,),
-                 fixed=(("problem", problem), ("smem_per_block", profile.smem_per_block)))
+                 fixed=(("problem", problem), ("smem_per_block", profile.smem_per_block),
+                        ("sm_count", profile.sm_count)))
 
 
 def default_config(problem: GemmGemmProblem, profile: GpuProfile) -> GemmGemmConfig:
     """The first valid of a short preference list (16-row blocks, 64-wide chunks first)."""
     sp = space(problem, profile)
+    row_blocks = -(-problem.m // 16)
+    splits = [s for s in (16, 8, 4, 2) if row_blocks * s <= profile.sm_count] + [1]
     for bm, bh, warps, stages in ((16, 64, 4, 3), (16, 64, 4, 2), (16, 32, 2, 2),
                                   (16, 64, 8, 2)):
-        cfg = {"bm": bm, "bh": bh, "bk": 32, "warps": warps, "stages": stages}
-        if sp.reason(cfg) is None:
-            return GemmGemmConfig(**cfg)
+        for split in splits:
+            cfg = {"bm": bm, "bh": bh, "bk": 32, "warps": warps, "stages": stages,
+                   "split": split}
+            if sp.reason(cfg) is None:
+                return GemmGemmConfig(**cfg)
     valid = sp.configs()
     if not valid:
-        raise ValueError(f"no GEMM+GEMM configuration fits {problem}")
+        raise PlanError(f"no GEMM+GEMM configuration fits {problem.k1}x{problem.n1}x{problem.n2} "
+                        f"on {profile.name} ({sp.explain()})",
+                        hint="split the FFN chain into two GEMM segments")
     return GemmGemmConfig(**valid[0])
 
 
 def kernel_name(p: GemmGemmProblem, c: GemmGemmConfig) -> str:
     return (f"stofc_gemm_gemm_{p.dtype}_{p.ep1.tag.replace('-', '_')}_"
             f"{p.ep2.tag.replace('-', '_')}_{p.k1}x{p.n1}x{p.n2}_m{c.bm}_h{c.bh}_k{c.bk}"
-            f"_w{c.warps}_s{c.stages}")
+            f"_w{c.warps}_s{c.stages}_x{c.split}")
 
 
 def render_gemm_gemm(p: GemmGemmProblem, c: GemmGemmConfig) -> Source:
@@ -107,4 +130,5 @@ def render_gemm_gemm(p: GemmGemmProblem, c: GemmGemmConfig) -> Source:
     return render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[p.dtype], BM=c.bm, BH=c.bh,
                   BK=c.bk, WARPS=c.warps, STAGES=c.stages, K1=p.k1, N1=p.n1, N2=p.n2,
                   N2_PAD=c.n2_pad(p.n2), HAS_BIAS1=e1["HAS_BIAS"], ACT1=e1["ACT"],
-                  HAS_BIAS2=e2["HAS_BIAS"], ACT2=e2["ACT"], HAS_RESIDUAL2=e2["HAS_RESIDUAL"])
+                  HAS_BIAS2=e2["HAS_BIAS"], ACT2=e2["ACT"], HAS_RESIDUAL2=e2["HAS_RESIDUAL"],
+                  TO_WORKSPACE=int(c.to_workspace(p)), SPLIT=c.split)

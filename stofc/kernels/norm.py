@@ -28,6 +28,7 @@ class NormProblem:
     n: int
     dtype: str
     epilogue: Epilogue
+    input_fp32: bool = False  # x is fp32 (a split GEMM+GEMM's partial sums)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ def _constraints(env: dict) -> None:
     check(env["tpr"] * env["rows"] <= 1024, "at most 1024 threads per block")
     check(env["tpr"] * env["rows"] >= 64, "fewer than 2 warps per block under-fills the SM")
     check(items <= 8, "more than 8 vectors (64 floats) per thread spill registers")
-    check((items - 1) * VEC * env["tpr"] < env["n"],
-          "a thread would hold a vector that is always out of range (too many threads per row)")
+    check(items * VEC * env["tpr"] <= 2 * env["n"],
+          "over half the row's vector slots are out of range (too many threads per row)")
 
 
 def space(problem: NormProblem, profile: GpuProfile) -> Space:
@@ -72,7 +73,8 @@ def default_config(problem: NormProblem, profile: GpuProfile) -> NormConfig:
 
 
 def kernel_name(problem: NormProblem, config: NormConfig) -> str:
-    return (f"stofc_add_norm_{problem.dtype}_{problem.epilogue.tag.replace('-', '_')}"
+    fp32 = "_f32in" if problem.input_fp32 else ""
+    return (f"stofc_add_norm_{problem.dtype}{fp32}_{problem.epilogue.tag.replace('-', '_')}"
             f"_n{problem.n}_t{config.tpr}x{config.rows}")
 
 
@@ -80,5 +82,6 @@ def render_norm(problem: NormProblem, config: NormConfig) -> Source:
     """The CUDA source for ``problem`` with ``config`` (one ``extern "C"`` kernel)."""
     name = kernel_name(problem, config)
     return render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[problem.dtype],
+                  XTYPE="float" if problem.input_fp32 else DTYPES[problem.dtype],
                   TPR=config.tpr, ROWS=config.rows, ITEMS=config.items(problem.n),
                   **problem.epilogue.template_values())

@@ -18,6 +18,7 @@ from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gemm_gemm_family
 from stofc.kernels import norm as norm_family
 from stofc.kernels.epilogue import Epilogue
+from stofc.plan.dataflow import value_widths
 from stofc.plan.families import SegmentMatch, match_segments
 from stofc.plan.moves import initial_scheme
 from stofc.plan.plan import KernelSpec, LayerPlan, Plan, Segment
@@ -25,7 +26,8 @@ from stofc.plan.scheme import FusionScheme
 from stofc.targets import GpuProfile
 
 DTYPES = ("float16", "bfloat16")
-QKV_STORES = ("row", "heads")  # row = [B, S, 3, H, D] packed; heads = [3, B, H, S, D]
+QKV_STORES = ("row", "heads")
+NORM_ROW_TILE = 16  # rows per GEMM+norm block: fuse the norm once tokens fill one block per SM  # row = [B, S, 3, H, D] packed; heads = [3, B, H, S, D]
 
 
 def _attention_spec(layer: Layer, mask: Any, profile: GpuProfile, dtype: str,
@@ -115,15 +117,10 @@ def plan_layer(layer: Layer, scheme: FusionScheme, *, tokens: int, profile: GpuP
 
 
 def _with_width(layer: Layer, match: SegmentMatch) -> SegmentMatch:
-    """Add ``n`` (the row width) to memory-bound segments' dims."""
+    """Add ``n`` (the row width, from the dataflow) to memory-bound segments' dims."""
     if match.family != "add_norm":
         return match
-    width = None
-    for i in match.ops:
-        op = layer.chain[i]
-        width = op.param("features") or width
-    if width is None:  # a norm or residual alone: the layer's hidden size
-        width = layer.attention.hidden_size
+    width = value_widths(layer)[match.binding("out") or match.inputs[0]]
     return SegmentMatch(match.ordinal, match.ops, match.family, match.epilogues, match.bindings,
                         (*match.dims, ("n", int(width))), match.epsilon, match.roles,
                         match.inputs, match.outputs)
@@ -136,6 +133,21 @@ def _mask_id(mask: Any) -> str:
     if isinstance(spec_hash, str):
         return spec_hash
     return hashlib.sha256(str(mask).encode()).hexdigest()
+
+
+def _default_layer_plan(layer: Layer, tokens: int, profile: GpuProfile, dtype: str, mask: Any,
+                        max_seq_len: int, qkv_store: str) -> LayerPlan:
+    """The rule-based scheme; without the FFN chain if no GEMM+GEMM config fits the GPU."""
+    min_norm = NORM_ROW_TILE * profile.sm_count
+    scheme = initial_scheme(layer, tokens=tokens, norm_fusion_min_tokens=min_norm)
+    try:
+        return plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=dtype, mask=mask,
+                          max_seq_len=max_seq_len, qkv_store=qkv_store)
+    except PlanError:
+        scheme = initial_scheme(layer, tokens=tokens, norm_fusion_min_tokens=min_norm,
+                                ffn_chain_max_tokens=0)
+        return plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=dtype, mask=mask,
+                          max_seq_len=max_seq_len, qkv_store=qkv_store)
 
 
 def build_plan(model_graph: Any, mask_spec: Any, profile: GpuProfile, *, dtype: str,
@@ -157,8 +169,7 @@ def build_plan(model_graph: Any, mask_spec: Any, profile: GpuProfile, *, dtype: 
     tokens = batch * max_seq_len
     plans = []
     for layer in layers:
-        scheme = initial_scheme(layer, tokens=tokens)
-        plans.append(plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=dtype,
-                                mask=mask_spec, max_seq_len=max_seq_len, qkv_store=qkv_store))
+        plans.append(_default_layer_plan(layer, tokens, profile, dtype, mask_spec, max_seq_len,
+                                         qkv_store))
     return Plan(gpu=profile.name, arch=profile.arch, dtype=dtype, max_seq_len=max_seq_len,
                 tokens=tokens, mask=_mask_id(mask_spec), layers=tuple(plans))

@@ -106,3 +106,22 @@ def consumers(flows: tuple[OpFlow, ...]) -> dict[str, tuple[int, ...]]:
         for value in flow.inputs:
             users.setdefault(value, []).append(flow.index)
     return {k: tuple(v) for k, v in users.items()}
+
+
+def value_widths(layer: Layer) -> dict[str, int]:
+    """Feature width of every activation: GEMMs set it (out_features), others keep it.
+
+    The layer input and the attention output have the hidden size.
+    """
+    hidden = layer.attention.hidden_size
+    widths: dict[str, int] = {}
+    for flow, op in zip(resolve_dataflow(layer), layer.chain, strict=True):
+        for value in flow.inputs:
+            widths.setdefault(value, hidden)
+        if op.kind == OpKind.GEMM:
+            widths[flow.output] = int(op.param("out_features"))
+        elif op.kind == OpKind.ATTENTION:
+            widths[flow.output] = hidden
+        else:
+            widths[flow.output] = widths[flow.inputs[0]] if flow.inputs else hidden
+    return widths

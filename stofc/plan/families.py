@@ -6,8 +6,10 @@ Families and the operator sequences they execute (``?`` optional, in order):
 * ``gemm``       — gemm, bias?, activation?, residual_add?
 * ``gemm_norm``  — gemm, bias?, residual_add?, layernorm|rmsnorm (the tile
   spans the full row: ``out_features <= MAX_NORM_WIDTH``)
-* ``gemm_gemm``  — gemm, bias?, activation?, gemm, bias?, residual_add?
-  (the second GEMM reads the first one's result, kept on chip)
+* ``gemm_gemm``  — gemm, bias?, activation?, gemm, bias?, activation?,
+  residual_add?, layernorm|rmsnorm? (the second GEMM reads the first one's
+  result, kept on chip; with a norm, or split over the hidden dimension, the
+  second GEMM's fp32 partial sums go through an Add+Norm pass)
 * ``add_norm``   — bias?, activation?, residual_add?, layernorm|rmsnorm?
   (memory-bound, one pass; at least one operator)
 
@@ -187,12 +189,8 @@ def _match_one(layer: Layer, ordinal: int, idx: tuple[int, ...], flows: tuple[Op
         epilogues.append(Epilogue(bias=bias is not None, act=act or "none"))
     if not groups:
         epilogues.append(Epilogue())
-    if len(gemms) == 2:
-        if norm is not None:
-            raise reject("GEMM+GEMM cannot also normalise rows: no family holds two GEMMs "
-                         "and a full-row reduction")
-        if gemms[0].param("out_features") != gemms[1].param("in_features"):
-            raise reject("the second GEMM's in_features differ from the first's out_features")
+    if len(gemms) == 2 and gemms[0].param("out_features") != gemms[1].param("in_features"):
+        raise reject("the second GEMM's in_features differ from the first's out_features")
     last = epilogues[-1]
     norm_kind, shift, eps = "none", True, 0.0
     if norm is not None:
@@ -202,7 +200,7 @@ def _match_one(layer: Layer, ordinal: int, idx: tuple[int, ...], flows: tuple[Op
         bindings.append(("gamma", str(norm.param("scale"))))
         if shift:
             bindings.append(("beta", str(norm.param("bias"))))
-        if gemms:
+        if len(gemms) == 1:
             width = int(gemms[-1].param("out_features"))
             if width > max_norm_width:
                 raise reject(f"GEMM+{norm_kind} needs a tile spanning the full row "

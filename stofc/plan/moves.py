@@ -19,9 +19,9 @@ from stofc.plan.families import MAX_NORM_WIDTH, SchemeRejected, match_segments
 from stofc.plan.scheme import FusionScheme
 
 # Recognised structure: fuse the FFN GEMM chain (GEMM+GEMM, intermediate on chip)
-# only when there are few tokens; above this, two GEMMs with a stored
-# intermediate parallelise better (the fused kernel has M/BM blocks only).
-FFN_CHAIN_MAX_TOKENS = 64
+# only when there are few tokens: the intermediate's round trip and the extra
+# launches matter there; above this two tiled GEMMs use the GPU better.
+FFN_CHAIN_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,16 @@ def _is_ci(layer: Layer, op: int) -> bool:
 
 
 def initial_scheme(layer: Layer, *, tokens: int, max_norm_width: int = MAX_NORM_WIDTH,
-                   ffn_chain_max_tokens: int = FFN_CHAIN_MAX_TOKENS) -> FusionScheme:
+                   ffn_chain_max_tokens: int = FFN_CHAIN_MAX_TOKENS,
+                   norm_fusion_min_tokens: int = 0) -> FusionScheme:
     """STOF's starting point for ``tokens`` = batch x length.
 
     Rules: attention alone; every GEMM starts a segment and absorbs the
     memory-bound operators after it while a family can still execute the
     segment (bias, activation, residual, and the norm when the row fits one
-    tile); memory-bound operators before the first GEMM form their own
-    segment. Recognised structure: the FFN chain (ffn_in ... ffn_out) becomes
+    tile and ``tokens >= norm_fusion_min_tokens``: a full-row tile has only
+    ``tokens / 16`` blocks); memory-bound operators before the first GEMM
+    form their own segment. Recognised structure: the FFN chain (ffn_in ... ffn_out) becomes
     one GEMM+GEMM segment when ``tokens <= ffn_chain_max_tokens``.
     """
     n = len(layer.chain)
@@ -66,6 +68,10 @@ def initial_scheme(layer: Layer, *, tokens: int, max_norm_width: int = MAX_NORM_
     for op in range(1, n):
         prev_attention = layer.chain[op - 1].kind == OpKind.ATTENTION
         if _is_ci(layer, op) or prev_attention:
+            starts.append(op)
+            continue
+        is_norm = layer.chain[op].kind in (OpKind.LAYERNORM, OpKind.RMSNORM)
+        if is_norm and tokens < norm_fusion_min_tokens:
             starts.append(op)
             continue
         trial = FusionScheme.unfused(n).with_boundaries([*starts, *range(op + 1, n)])
@@ -82,11 +88,10 @@ def initial_scheme(layer: Layer, *, tokens: int, max_norm_width: int = MAX_NORM_
         if ffn_in:
             seg = scheme.segment_of(ffn_in[0])
             fused = merge(scheme, seg)
-            candidates = [fused] if fused is not None else []
-            norms = [i for i in range(n) if fused is not None and fused.segment_of(i) == seg
-                     and layer.chain[i].kind in (OpKind.LAYERNORM, OpKind.RMSNORM)]
-            if norms:  # GEMM+GEMM cannot normalise: the norm runs after, on its own
-                candidates.append(split(fused, norms[0]))
+            candidates = []
+            if fused is not None:
+                tail = merge(fused, seg)  # also the norm after it (done in the fp32 pass)
+                candidates = [c for c in (tail, fused) if c is not None]
             for cand in candidates:
                 if is_executable(layer, cand, max_norm_width=max_norm_width):
                     scheme = cand

@@ -74,9 +74,9 @@ class Cublas:
         vp = ctypes.c_void_p
         self._check(self.lib.cublasSetStream_v2(self.handle, vp(stream_ptr)), "cublasSetStream")
         self._check(self.lib.cublasGemmEx(
-            self.handle, _OP_T, _OP_N, n, m, k, ctypes.cast(ctypes.byref(self._alpha), vp),
+            self.handle, _OP_T, _OP_N, n, m, k, vp(ctypes.addressof(self._alpha)),
             vp(w_nk.data.ptr), code, k, vp(x.data.ptr), code, k,
-            ctypes.cast(ctypes.byref(self._beta), vp), vp(out.data.ptr), code, n, _COMPUTE_32F,
+            vp(ctypes.addressof(self._beta)), vp(out.data.ptr), code, n, _COMPUTE_32F,
             _GEMM_DEFAULT), "cublasGemmEx")
 
 

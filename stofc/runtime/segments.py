@@ -146,14 +146,23 @@ class SegmentRunner:
             return _Loaded(fn, smem, cfg.threads, cfg, "gemm")
         if seg.family == "gemm_gemm":
             cfg2 = gg_family.GemmGemmConfig(*(spec.param(k) for k in
-                                              ("bm", "bh", "bk", "warps", "stages")))
+                                              ("bm", "bh", "bk", "warps", "stages")),
+                                            split=spec.param("split", 1))
             problem2 = gg_family.GemmGemmProblem(tokens, seg.dim("k0"), seg.dim("n0"),
                                                  seg.dim("n1"), self.dtype, seg.epilogues[0],
                                                  seg.epilogues[1])
             smem = cfg2.smem_bytes(problem2)
             mod, fn = _load(gg_family.render_gemm_gemm(problem2, cfg2), self.arch, smem)
             self._modules.append(mod)
-            return _Loaded(fn, smem, cfg2.warps * 32, (cfg2, problem2), "gemm_gemm")
+            finisher = None
+            if cfg2.to_workspace(problem2):
+                nprob = norm_family.NormProblem(tokens, problem2.n2, self.dtype, problem2.ep2,
+                                                input_fp32=True)
+                ncfg = norm_family.default_config(nprob, None)
+                nmod, nfn = _load(norm_family.render_norm(nprob, ncfg), self.arch, 0)
+                self._modules.append(nmod)
+                finisher = _Loaded(nfn, 0, ncfg.tpr * ncfg.rows, ncfg, "norm")
+            return _Loaded(fn, smem, cfg2.warps * 32, (cfg2, problem2, finisher), "gemm_gemm")
         raise SegmentInputError(f"segment family {seg.family!r} cannot run here",
                                 hint="attention segments run through the attention runner")
 
@@ -203,16 +212,21 @@ class SegmentRunner:
         x = self._get(values, seg, "x", (m, k))
         w = self._get(values, seg, "w0", (n, k))
         if loaded.kind == "gemm_gemm":
-            cfg, problem = loaded.config
+            cfg, problem, finisher = loaded.config
             n2 = problem.n2
             w1 = self._get(values, seg, "w1", (n2, n))
             out = self._empty((m, n2), dtype=self.storage)
+            pre = self._empty((m, n2), dtype=self.storage) if ep.store_pre_norm else self._dummy
+            ws = _cupy().zeros((m, n2), dtype=np.float32) if finisher else self._dummy
             args = (x, w, w1, out, self._get(values, seg, "b0", (n,)),
                     self._get(values, seg, "b1", (n2,)),
-                    self._get(values, seg, "residual", (m, n2)), i32(m))
-            loaded.function((-(-m // cfg.bm), 1, 1), (loaded.threads, 1, 1), args,
+                    self._get(values, seg, "residual", (m, n2)), ws, i32(m))
+            loaded.function((-(-m // cfg.bm), cfg.split, 1), (loaded.threads, 1, 1), args,
                             shared_mem=loaded.smem, stream=stream)
-            self._store(values, seg, out, None)
+            if finisher is not None:
+                self._launch_norm(finisher, seg, values, ws, out, pre, m, n2, stream,
+                                  bias_slot="b1")
+            self._store(values, seg, out, pre)
             return
         store = seg.kernel.param("store", "row")
         heads, head_dim = self.layer.attention.num_heads, self.layer.attention.head_dim
@@ -255,9 +269,11 @@ class SegmentRunner:
         nan_bits = 0x7E00 if self.dtype == "float16" else 0x7FC0
         return cupy.full(shape, nan_bits, dtype=np.uint16).view(dtype)
 
-    def _launch_norm(self, loaded, seg, values, x, out, pre, m, n, stream) -> None:
+    def _launch_norm(self, loaded, seg, values, x, out, pre, m, n, stream,
+                     bias_slot: str | None = None) -> None:
         cfg = loaded.config
-        bias_slot = "b0" if seg.binding("b0") else "bias"
+        if bias_slot is None:
+            bias_slot = "b0" if seg.binding("b0") else "bias"
         args = (x, self._get(values, seg, bias_slot, (n,)),
                 self._get(values, seg, "residual", (m, n)), self._get(values, seg, "gamma", (n,)),
                 self._get(values, seg, "beta", (n,)), out, pre, np.int32(m), np.int32(n),
