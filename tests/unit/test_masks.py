@@ -329,3 +329,19 @@ def test_predicate_allowed_broadcasts(text):
     got = predicate(text, L).allowed(q, k)
     assert got.shape == (L, L) and (got == tree_dense(text, L)).all()
     assert predicate(text, L).allowed(np.array(5), np.array(3)) == tree_dense(text, L)[5, 3]
+
+
+@pytest.mark.parametrize("text", ["sliding:window=256,causal=true",
+                                  "bigbird:block=64,window=3,global=2,random=3",
+                                  "longformer:window=128,global=2"])
+def test_long_sequences_never_go_dense(text):
+    """L_max = 65536: a dense mask would be 4 GiB; the encoder stays near the format's size."""
+    import tracemalloc
+
+    tracemalloc.start()
+    fmt = encode(parse_mask(text), 65536, tile=64)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    s = stats(fmt)
+    assert peak < 4 * s.format_bytes + (8 << 20), (peak, s.format_bytes)
+    assert s.tiles_full + s.tiles_part + s.tiles_empty == 1024 * 1024
