@@ -70,6 +70,18 @@ class Evaluator:
         """True when ``config`` of ``segment`` needs no measurement."""
         return config.key in self._memo_of(segment)
 
+    def prefetch(self, items: Sequence[tuple[SegmentSpace, Config]]) -> None:
+        """Let the measurer prepare (compile in parallel) the unknown ones of ``items``.
+
+        Optional for a measurer (``prepare(items)``); without it, nothing happens.
+        """
+        prepare = getattr(self.measurer, "prepare", None)
+        if prepare is None:
+            return
+        todo = [(s, c) for s, c in items if c.key not in self._memo_of(s)]
+        if todo:
+            prepare(todo)
+
     def measure(self, segment: SegmentSpace, config: Config) -> Measurement:
         """The time of ``config`` on ``segment``; measured only if never seen before."""
         return self.measure_many(segment, [config])[0]

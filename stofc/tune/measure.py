@@ -17,11 +17,11 @@ So a faulting candidate never stops the search and never poisons a later
 measurement (the next one runs in a fresh CUDA context).
 
 Compilation needs no GPU, so it runs beside the GPU worker: with a
-``compiler`` (``"module:function"``, called as ``function(payload,
-config_key)``, e.g. rendering and compiling into the on-disk kernel cache of
-:func:`stofc.compile.nvrtc.compile_source`), :meth:`WorkerMeasurer.measure_batch`
-first compiles a whole batch in a process pool (``compile_workers``
-processes), records compile errors as faults, then times the rest one by one.
+``compiler`` (see :mod:`stofc.tune.compile_pool`), :meth:`WorkerMeasurer.prepare`
+compiles many candidates (of several segments) at once in ``compile_workers``
+processes, and a candidate that fails to compile is a fault that never reaches
+the GPU worker. The engine calls ``prepare`` before each stage-1 move and each
+stage-2 round (:meth:`~stofc.tune.evaluate.Evaluator.prefetch`).
 
 The runner: a module-level function named ``"package.module:function"``,
 called in the worker as ``function(task) -> float | bool`` (the median time
@@ -34,8 +34,6 @@ otherwise :func:`device_identity` asks CUDA. Runners time with
 
 from __future__ import annotations
 
-import concurrent.futures
-import concurrent.futures.process
 import contextlib
 import importlib
 import math
@@ -45,13 +43,14 @@ import re
 import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from stofc.errors import DeviceError
 from stofc.paths import cache_dir
+from stofc.tune.compile_pool import CompilePool, one_line
 from stofc.tune.interfaces import Config, Measurement, SegmentSpace
 
 
@@ -160,24 +159,13 @@ def _resolve(ref: str) -> tuple[Callable[[MeasureTask], Any], Callable[[], dict]
     return getattr(module, attr), getattr(module, "describe", device_identity)
 
 
-def _compile_one(ref: str, payload: Any, config_key: str) -> None:
-    """In a compile-pool process: ``function(payload, config_key)`` of ``ref``."""
-    module_name, _, attr = ref.partition(":")
-    getattr(importlib.import_module(module_name), attr)(payload, config_key)
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 def _worker_main(conn: Any, runner_ref: str) -> None:
     """The worker loop: ``("ready", identity)``, then one answer per task until EOF."""
     try:
         run, describe = _resolve(runner_ref)
         conn.send(("ready", describe()))
     except BaseException as err:
-        conn.send(("failed", _one_line(err)))
+        conn.send(("failed", one_line(err)))
         return
     while True:
         try:
@@ -191,7 +179,7 @@ def _worker_main(conn: Any, runner_ref: str) -> None:
         except CandidateRejected as err:
             conn.send(("rejected", str(err) or "rejected"))
         except BaseException as err:
-            conn.send(("fault", _one_line(err)))
+            conn.send(("fault", one_line(err)))
 
 
 class GpuLock:
@@ -304,7 +292,8 @@ class WorkerMeasurer:
         self._worker: _Worker | None = None
         self.compiler = compiler
         self.compile_workers = compile_workers or max(1, (os.cpu_count() or 2) - 1)
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._compiler = (CompilePool(compiler, self.compile_workers, self.payload_of)
+                          if compiler else None)
         self.lock_path = default_lock_path() if lock_path == "default" else lock_path
 
     def _ensure(self) -> _Worker:
@@ -366,6 +355,10 @@ class WorkerMeasurer:
                            settings=self.settings)
 
     def measure(self, segment: SegmentSpace, config: Config) -> Measurement:
+        if self._compiler is not None:
+            error = self._compiler.error(segment, config)
+            if error is not None:  # never reaches the GPU worker
+                return Measurement(None, f"compile error: {error}")
         status, value = self._call(self._task("time", segment, config))
         if status != "ok":
             return Measurement(None, value)
@@ -374,35 +367,15 @@ class WorkerMeasurer:
             return Measurement(None, f"invalid time {value!r}")
         return Measurement(time_ms)
 
+    def prepare(self, items: Sequence[tuple[SegmentSpace, Config]]) -> None:
+        """Compile all ``items`` in parallel now (with a ``compiler``; else nothing to do)."""
+        if self._compiler is not None:
+            self._compiler.prepare(items)
+
     def measure_batch(self, segment: SegmentSpace, configs: list[Config]) -> list[Measurement]:
         """Compile ``configs`` in parallel (with a ``compiler``), then time each in the worker."""
-        errors = self._compile(segment, configs) if self.compiler else {}
-        return [Measurement(None, f"compile error: {errors[c.key]}") if c.key in errors
-                else self.measure(segment, c) for c in configs]
-
-    def _compile(self, segment: SegmentSpace, configs: list[Config]) -> dict[str, str]:
-        """config key -> one-line error, for the configs that failed to compile."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.compile_workers, mp_context=multiprocessing.get_context("spawn"))
-        payload = self.payload_of(segment)
-        compiler = self.compiler or ""
-        futures = {c.key: self._pool.submit(_compile_one, compiler, payload, c.key)
-                   for c in configs}
-        errors: dict[str, str] = {}
-        broken = False
-        for key, future in futures.items():
-            try:
-                future.result()
-            except concurrent.futures.process.BrokenProcessPool:
-                errors[key] = "compiler process died"
-                broken = True
-            except Exception as err:
-                errors[key] = _one_line(err)
-        if broken:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        return errors
+        self.prepare([(segment, c) for c in configs])
+        return [self.measure(segment, c) for c in configs]
 
     def verify(self, segment: SegmentSpace, config: Config) -> bool:
         status, value = self._call(self._task("verify", segment, config))
@@ -410,9 +383,8 @@ class WorkerMeasurer:
 
     def close(self) -> None:
         """Stop the worker and the compile pool (idempotent)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._compiler is not None:
+            self._compiler.close()
         if self._worker is not None:
             self._worker.stop()
             self._worker = None

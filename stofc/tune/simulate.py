@@ -323,7 +323,16 @@ def describe() -> dict[str, str]:
 
 
 def compile_simulated(payload: dict, config_key: str) -> None:
-    """A compiler for the worker protocol: fails for ``payload["compile_errors"]`` keys."""
+    """A compiler for the worker protocol: fails for ``payload["compile_errors"]`` keys.
+
+    With ``payload["compile_log"]`` (a file) it appends ``pid config_key`` per call.
+    """
+    import os
+
+    log = payload.get("compile_log")
+    if log is not None:
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()} {config_key}\n")
     if config_key in payload.get("compile_errors", ()):
         raise RuntimeError(f"NVRTC: too many resources requested for {config_key} (simulated)")
 

@@ -94,6 +94,7 @@ def search_scheme(space: SchemeSpace, evaluator: Evaluator, reporter: Reporter, 
 
     scheme = initial
     spaces = list(space.segments(scheme))
+    evaluator.prefetch([(s, c) for s in spaces for c in sample_configs(s, samples_per_segment, seed)])
     cost = sum(estimate(s) for s in spaces)
     visited = {scheme}
     rejected: set[tuple] = set()
@@ -127,6 +128,8 @@ def search_scheme(space: SchemeSpace, evaluator: Evaluator, reporter: Reporter, 
                       tuple(sorted(segment_key(s) for s in added)))
             if change in rejected:
                 continue  # the same local change was already judged and rolled back
+            evaluator.prefetch([(s, c) for s in (*removed, *added)
+                                for c in sample_configs(s, samples_per_segment, seed)])
             before = sum(estimate(s) for s in removed)
             after = sum(estimate(s) for s in added)
             kept = after < before * (1.0 - min_gain)

@@ -207,9 +207,13 @@ def search_params(segments: Sequence[SegmentSpace], evaluator: Evaluator, report
         allocations.append(tuple(shares))
         rounds += 1
         improved = False
+        picks = [_pick(state, evaluator, shares[i]) for i, state in enumerate(searching)]
+        evaluator.prefetch([(state.space, c)
+                            for state, picked in zip(searching, picks, strict=True)
+                            for c in picked])
         for i, state in enumerate(searching):
             before = _best_ms(evaluator, state.space)
-            picked = _pick(state, evaluator, shares[i])
+            picked = picks[i]
             if picked:
                 got = evaluator.measure_many(state.space, picked, deadline=deadline)
                 state.measured += len(got)

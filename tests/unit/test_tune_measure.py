@@ -205,3 +205,25 @@ def test_driver_release_is_read_from_proc(tmp_path):
     version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct\n")
     assert driver_release(version) == "550.127.05"
     assert driver_release(tmp_path / "missing") is None
+
+
+def test_prefetch_compiles_across_segments_once_each_in_pool_processes(tmp_path):
+    import os
+
+    from stofc.tune.evaluate import Evaluator
+
+    log = tmp_path / "compiles.txt"
+    segs = [FakeSegment(problem=(n,), payload={"base_ms": 1.0, "behaviour": {},
+                                               "compile_log": str(log)}) for n in (1, 2)]
+    with WorkerMeasurer(RUNNER, timeout_s=5, start_timeout_s=60, compile_workers=2,
+                        compiler="stofc.tune.simulate:compile_simulated") as measurer:
+        evaluator = Evaluator(measurer)
+        evaluator.prefetch([(s, cfg(i)) for s in segs for i in range(6)])
+        lines = log.read_text().splitlines()
+        assert len(lines) == 12 and str(os.getpid()) not in {line.split()[0] for line in lines}
+        for s in segs:
+            assert all(m.ok for m in evaluator.measure_many(s, [cfg(i) for i in range(6)]))
+        assert len(log.read_text().splitlines()) == 12   # measuring compiled nothing again
+        evaluator.prefetch([(segs[0], cfg(0)), (segs[0], cfg(9))])  # known: only cfg(9) compiles
+        assert log.read_text().splitlines()[-1].endswith(cfg(9).key)
+        assert len(log.read_text().splitlines()) == 13
