@@ -10,6 +10,7 @@ in place) or ``"bhsd"``. The output has q's logical shape, contiguous, unless
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from stofc.kernels.attention.config import (
 from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.render import compile_kernel
 from stofc.masks.format import MaskFormat
-from stofc.runtime.module import LoadedKernel, _cupy, device_arch, load_kernel
+from stofc.runtime.module import BoundLaunch, LoadedKernel, _cupy, device_arch, load_kernel
 from stofc.targets import GpuProfile, detect
 
 
@@ -130,7 +131,18 @@ class AttentionOp:
     # ------------------------------------------------------------------ run
     def run(self, q, k, v, out=None, *, layout: str = "bshd", seq_lens=None, key_mask=None,
             bias=None, scale: float | None = None, stream=None):
-        """Attention of ``q`` over ``k, v`` under the mask; returns ``out``.
+        """Attention of ``q`` over ``k, v`` under the mask on ``stream``; returns ``out``.
+
+        See :meth:`bind` for the arguments; ``run`` binds and launches once.
+        """
+        with stream if stream is not None else contextlib.nullcontext():
+            bound = self.bind(q, k, v, out, layout=layout, seq_lens=seq_lens,
+                              key_mask=key_mask, bias=bias, scale=scale)
+        return bound.launch(stream)
+
+    def bind(self, q, k, v, out=None, *, layout: str = "bshd", seq_lens=None, key_mask=None,
+             bias=None, scale: float | None = None) -> BoundLaunch:
+        """Check and pack one launch; ``.launch(stream)`` runs it and returns ``out``.
 
         ``seq_lens`` int ``[B]`` and/or ``key_mask`` 0/1 ``[B, >=L]`` drop padding keys;
         ``bias`` ``[B|1, H|1, >=L, >=L]`` (q's dtype) is added to the scaled scores;
@@ -215,9 +227,7 @@ class AttentionOp:
                 i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
                 bias_arr, i64(bsb), i64(bsh), i64(bsq),
                 i32(batch), i32(heads), i32(seq), np.float32(scale))
-        if grid > 0:
-            kern.launch(grid, c.threads, args, stream=stream)
-        return out
+        return BoundLaunch(kern, grid, c.threads, args, result=out)
 
 
 def check_device_result(out) -> None:

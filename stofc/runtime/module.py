@@ -75,3 +75,52 @@ def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0) ->
                                 driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 dynamic_smem)
     return LoadedKernel(entry, function, dynamic_smem)
+
+
+class BoundLaunch:
+    """A kernel launch with its arguments packed once: ``launch()`` is one driver call.
+
+    ``args`` holds CuPy arrays (passed as device pointers) and numpy scalars
+    (int32, int64, float32). The arrays are kept alive as long as this object.
+    Meant for repeated launches on fixed buffers (timing, the tuner, graphs).
+    """
+
+    def __init__(self, kernel: LoadedKernel, grid: int, block: int, args: tuple, *,
+                 result=None) -> None:
+        import ctypes
+
+        import numpy as np
+
+        self.kernel, self.grid, self.block, self.result = kernel, grid, block, result
+        self._keep = list(args)
+        values = []
+        for a in args:
+            if isinstance(a, np.int64):
+                values.append(ctypes.c_int64(int(a)))
+            elif isinstance(a, np.int32):
+                values.append(ctypes.c_int32(int(a)))
+            elif isinstance(a, np.float32):
+                values.append(ctypes.c_float(float(a)))
+            elif hasattr(a, "data") and hasattr(a.data, "ptr"):
+                values.append(ctypes.c_void_p(int(a.data.ptr)))
+            else:
+                raise TypeError(f"cannot pass {type(a).__name__} to a kernel")
+        self._values = values
+        self._params = (ctypes.c_void_p * len(values))(
+            *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values))
+        self._params_ptr = ctypes.addressof(self._params)
+
+    def launch(self, stream=None):
+        """Launch on ``stream`` (CuPy stream; None = current); returns ``result``."""
+        cupy = _cupy()
+        from cupy.cuda import driver
+
+        if self.grid > 0:
+            s = stream if stream is not None else cupy.cuda.get_current_stream()
+            try:
+                driver.launchKernel(self.kernel.function.ptr, self.grid, 1, 1, self.block, 1, 1,
+                                    self.kernel.dynamic_smem, s.ptr, self._params_ptr, 0)
+            except Exception as err:
+                raise DeviceError(f"launch of {self.kernel.name} failed ({err})",
+                                  hint="check the inputs' shapes and the GPU state") from None
+        return self.result
