@@ -13,7 +13,8 @@ Modules, in the order a tuning run uses them:
 * :mod:`~stofc.tune.stage1`: fusion-scheme search (expand / seize / compete).
 * :mod:`~stofc.tune.stage2`: parameter search with a shared, shifting budget.
 * :mod:`~stofc.tune.measure`: isolated GPU measurement (worker process,
-  timeout, fault recovery, parallel compile, CUDA-event timing, machine lock).
+  timeout, fault recovery, CUDA-event timing, machine-wide GPU lock).
+* :mod:`~stofc.tune.compile_pool`: candidates compiled in parallel beside it.
 * :mod:`~stofc.tune.engine`: ``tune_chain``: both stages for one layer chain.
 * :mod:`~stofc.tune.progress`: what the user sees (rich, JSON, quiet).
 * :mod:`~stofc.tune.package`: the (not yet wired) package integration point.
