@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stofc.errors import MaskSpecError
 from stofc.masks import encode, load, parse_mask, save, to_dense
@@ -228,3 +230,43 @@ def test_yaml_list_items_may_use_the_command_line_form(tmp_path):
     want = ((q - k >= 0) & (q - k <= 2)) | (q // 16 == k // 16)
     assert (fmt.to_dense() == want).all()
     assert fmt.stats().nnz == int(want.sum())
+
+
+_NAMES = ["dense", "causal", "sliding", "global", "longformer", "bigbird", "strided", "dilated",
+          "blocksparse", "bitmap", "union", "window", "tokens", "first", "block", "stride"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda n, items: n + ":" + ",".join(items), st.sampled_from(_NAMES),
+              st.lists(st.builds(lambda k, v: f"{k}={v}", st.sampled_from([*_NAMES, "causal"]),
+                                 st.text("0123456789-[],.;xtrue ", max_size=8)), max_size=4))))
+def test_any_command_line_text_parses_or_fails_in_one_line(text):
+    try:
+        spec = parse_mask(text)
+    except MaskSpecError as err:
+        assert "\n" not in str(err) and str(err)
+    else:
+        assert spec.canonical() and len(spec.hash) == 64
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(
+    st.text(max_size=60),
+    st.builds(lambda parts: "\n".join(parts), st.lists(st.one_of(
+        st.sampled_from(["mask:", "  union:", "    - sliding: {window: 3}", "  causal: true",
+                         "heads:", "  0-1: {dense: {}}", "layers:", "  2: causal",
+                         "    - global: {tokens: [1, 2]}", "  sliding:", "    window: 4",
+                         "  bigbird: {block: 4, window: 3, global: 1, random: 1}", "- x",
+                         "  intersect: [", "mask: {dense: null}", "  ? a", "&x", "*x"]),
+        st.text(":-[]{} abc0123\t", max_size=10)), max_size=8))))
+def test_any_yaml_text_parses_or_fails_in_one_line(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "spec.yaml"
+    path.write_text(text)
+    try:
+        spec = parse_mask(str(path))
+    except MaskSpecError as err:
+        assert "\n" not in str(err) and str(path) in str(err)
+    else:
+        assert spec.canonical()
