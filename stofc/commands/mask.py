@@ -61,7 +61,18 @@ def select_for(fmt, gpu: str, *, batch: int, heads: int, head_dim: int) -> dict 
 
 @click.group("mask")
 def mask() -> None:
-    """Inspect attention masks (MASKS.md specs) and their tile format."""
+    """Inspect attention masks and their tile format.
+
+    SPEC is NAME[:key=value,...] or a .yaml file (design/MASKS.md), e.g.
+
+    \b
+      causal
+      sliding:window=128,causal=true
+      longformer:window=256,global=2
+      bigbird:block=64,window=3,global=2,random=3,seed=0
+      global:tokens=[0,17,255]
+      blocksparse:layout=layout.npy,block=64
+    """
 
 
 @mask.command("show")
