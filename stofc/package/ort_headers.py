@@ -145,6 +145,13 @@ def debian_archive_uris() -> list[str]:
     return uris
 
 
+def _apt_error(res: subprocess.CompletedProcess) -> str:
+    """apt's first error line (e.g. "E: Failed to fetch URI  Hash Sum mismatch")."""
+    lines = [ln.strip() for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("E:")]
+    return " ".join((errors or lines[-1:] or [f"exit code {res.returncode}"])[0].split())
+
+
 def _download(workdir: Path) -> Path:
     """Fetches the .deb into ``workdir`` through apt; returns its path."""
     errors: list[str] = []
@@ -153,7 +160,7 @@ def _download(workdir: Path) -> Path:
         debs = sorted(workdir.glob(f"{DEB_PACKAGE}_*.deb"))
         if res.returncode == 0 and debs:
             return debs[0]
-        errors.append(f"apt-get download: {res.stderr.strip().splitlines()[-1:] or res.returncode}")
+        errors.append(f"apt-get download: {_apt_error(res)}")
     if not APT_HELPER.is_file():
         errors.append(f"{APT_HELPER} is missing")
     for base in debian_archive_uris() if APT_HELPER.is_file() else []:
@@ -163,8 +170,7 @@ def _download(workdir: Path) -> Path:
         if res.returncode == 0 and dest.is_file():
             return dest
         dest.unlink(missing_ok=True)
-        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:]
-        errors.append(f"{base}: {tail[0] if tail else res.returncode}")
+        errors.append(f"{base}: {_apt_error(res)}")
     if not errors:
         errors.append("no Debian archive in the apt sources")
     raise StofcError(f"cannot fetch {DEB_PACKAGE} through apt ({'; '.join(errors)})",

@@ -51,6 +51,20 @@ def test_debian_archive_comes_from_apt_configuration():
     assert all(u.endswith("/") and "://" in u for u in uris)
 
 
+def test_fetch_through_apt(tmp_path, monkeypatch):
+    """The fresh-machine path: libonnxruntime-dev through apt, unpacked into the cache."""
+    monkeypatch.delenv("STOFC_ORT_INCLUDE", raising=False)
+    monkeypatch.setenv("STOFC_CACHE_DIR", str(tmp_path / "cache"))
+    if ort_headers._locate(ort_headers.SYSTEM_DIR):
+        pytest.skip("a system libonnxruntime-dev is installed; apt is not consulted")
+    with pytest.raises(StofcError, match="no ONNX Runtime headers found"):
+        ort_headers.find_ort_headers(fetch=False)
+    got = ort_headers.find_ort_headers()
+    assert got.source == "apt" and got.api_version == 21
+    assert got.include_dir.is_relative_to(tmp_path / "cache" / "ort-headers")
+    assert ort_headers.find_ort_headers().source == "cache"
+
+
 def test_build_exports_only_register_custom_ops(tmp_path):
     lib = ortlib.build_library(tmp_path)
     assert lib == tmp_path / ortlib.LIBRARY_NAME and lib.is_file()
@@ -129,3 +143,12 @@ def test_cli_builds_the_library(tmp_path, headers):
     assert f"API {headers.api_version}" in res.output
     res = CliRunner().invoke(main, ["ortlib", "-o", str(tmp_path), "--ort-include", str(tmp_path)])
     assert res.exit_code == 2 and "error: no ONNX Runtime headers" in res.output
+
+
+def test_fetch_checks_the_pinned_hash(tmp_path, monkeypatch):
+    if ort_headers._apt_candidate():
+        pytest.skip("apt's own suites carry libonnxruntime-dev here; apt verifies it")
+    monkeypatch.setattr(ort_headers, "PINNED_SHA256", "0" * 64)
+    with pytest.raises(StofcError, match=r"cannot fetch libonnxruntime-dev through apt.*Hash Sum mismatch"):
+        ort_headers._fetch_with_apt(tmp_path)
+    assert not list(tmp_path.glob("libonnxruntime-dev_*"))  # nothing half-written
