@@ -39,6 +39,7 @@ class _Operand:
     nodes: list[onnx.NodeProto]
     head_split: onnx.NodeProto | None  # the Reshape [.., hidden] -> [.., H, D]
     factors: list[float]              # constant scale factors met on the way
+    rotary: bool = False              # stopped at a rotary position embedding (RoPE)
 
 
 def _target(idx: GraphIndex, reshape: onnx.NodeProto) -> list[int | None] | None:
@@ -77,8 +78,9 @@ def _walk_operand(idx: GraphIndex, value: str) -> _Operand:
             break
         op = node.op_type
         nxt = node.input[0] if node.input else ""
-        if head_split is not None and op not in ("Split", "Slice", "Gather", "Cast", "Identity"):
-            break  # past the head split only a packed-QKV split belongs to attention
+        if head_split is not None and op not in ("Split", "Slice", "Gather", "Cast", "Identity",
+                                                 "Mul", "Div"):
+            break  # past the head split only a packed-QKV split (or the scale) belongs here
         if op in ("Mul", "Div"):
             a, b = node.input[0], node.input[1]
             sa, sb = idx.scalar(a), idx.scalar(b)
@@ -100,7 +102,24 @@ def _walk_operand(idx: GraphIndex, value: str) -> _Operand:
             break
         nodes.append(node)
         value = nxt
-    return _Operand(value, nodes, head_split, factors)
+    return _Operand(value, nodes, head_split, factors, _is_rotary(idx, value))
+
+
+def _is_rotary(idx: GraphIndex, value: str) -> bool:
+    """x*cos + rotate_half(x)*sin: an Add over Muls with a Neg and a Concat/Slice nearby."""
+    node = idx.produced_by(value, "Add")
+    if node is None:
+        return False
+    ops = {n.op_type for n in idx.ancestors(value, limit=14)}
+    return {"Mul", "Neg"} <= ops and bool(ops & {"Concat", "Slice", "Split"})
+
+
+def _find_head_split(idx: GraphIndex, value: str) -> onnx.NodeProto | None:
+    """The nearest head-split Reshape among the ancestors (through RoPE and the like)."""
+    for node in idx.ancestors(value, limit=60):
+        if node.op_type == "Reshape" and _is_head_split(idx, node):
+            return node
+    return None
 
 
 def _heads_from_reshapes(idx: GraphIndex, operand: _Operand, where: str) -> tuple[int, int] | None:
@@ -241,12 +260,13 @@ def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
     qk, score_nodes, factors, additive, boolean = _walk_scores(idx, softmax.input[0])
     pv, prob_nodes, guarded = _walk_probs(idx, softmax)
     q, k, v = (_walk_operand(idx, x) for x in (qk.input[0], qk.input[1], pv.input[1]))
+    if q.head_split is None and q.rotary:
+        q.head_split = _find_head_split(idx, q.source)
     heads = (_heads_from_reshapes(idx, q, softmax.name) or _heads_from_shape(idx, qk.input[0])
              or _heads_from_reshapes(idx, k, softmax.name))
     if heads is None:
-        raise ModelError(f"attention at node {softmax.name}: cannot determine the head count "
-                         "(no head-split Reshape and no static Q shape)",
-                         hint="export with static head dimensions")
+        raise _Skip("cannot determine the head count (no head-split Reshape of Q and no static "
+                    "Q shape)")
     num_heads, head_dim = heads
     for name, op in (("K", k), ("V", v)):
         other = _heads_from_reshapes(idx, op, softmax.name)
@@ -264,7 +284,7 @@ def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
         v_input=v.source, output=out, packed_qkv=q.source == k.source == v.source,
         scale=scale, scale_form=form, mask_form=mask.form, mask_source=mask.source,
         bias_input=mask.bias_input, softmax_guarded=guarded, causal_in_graph=mask.causal,
-        mask_input=mask.value)
+        mask_input=mask.value, rotary=q.rotary or k.rotary)
 
 
 def _scale(score_factors, q_factors, k_factors) -> tuple[float, str]:

@@ -51,7 +51,8 @@ def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], s
         inputs.add(got[1])
     if len(inputs) != 1:
         raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
-                        "Q, K and V are projected from different inputs (cross-attention)")
+                        "Q, K and V are projected from different inputs (cross-attention or a "
+                        "bottleneck)")
     return pieces, inputs.pop()
 
 
@@ -71,28 +72,40 @@ def _first_user(idx: GraphIndex, value: str) -> tuple[str, str]:
 
 
 def build_chain(idx: GraphIndex, block: AttentionBlock
-                ) -> tuple[str, list[Piece], Unsupported | None]:
-    """(norm order, the chain's pieces in order, the reason it stopped early or None)."""
+                ) -> tuple[str, list[Piece], list[Unsupported]]:
+    """(norm order, the chain's pieces in order, why parts of the layer are left to ORT).
+
+    When the projections do not match (RoPE, a bottleneck ...), the chain starts
+    at the attention and the rest of the layer is still followed.
+    """
     attention = Piece(OpKind.ATTENTION, "", [idx.by_name[n] for n in block.nodes],
                       {"layer": block.layer},
                       inputs=tuple(dict.fromkeys(
                           v for v in (block.q_input, block.k_input, block.v_input,
                                       block.mask_input) if v)),
                       outputs=(block.output,))
-    pieces: list[Piece] = []
-    order = "post"
+    stops: list[Unsupported] = []
     try:
         proj, h = _projections(idx, block)
-        lead = norm_back(idx, h)
-        pieces = [*proj, attention]
+    except ChainStop as stop:
+        proj, h = [], None
+        reason = stop.unsupported
+        if block.rotary:
+            reason = Unsupported(reason.node, reason.op_type,
+                                 "rotary position embedding (RoPE) on Q/K: the projections and "
+                                 "RoPE are left to ONNX Runtime")
+        stops.append(reason)
+    lead = norm_back(idx, h) if h is not None else None
+    pieces: list[Piece] = [*proj, attention]
+    order = "post"
+    try:
         got = linear_fwd(idx, block.output, "out")
         if got is None:
             raise ChainStop(*_first_user(idx, block.output),
                             "no output projection (MatMul/Gemm with constant weight) after "
                             "attention")
         pieces.extend(got[0])
-        stream_in = (h, lead[1]) if lead else (h,)
-        res = residual_fwd(idx, got[1], stream_in)
+        res = _residual(idx, got[1], h, lead)
         if res is None:
             raise ChainStop(*_first_user(idx, got[1]),
                             "no residual Add of the layer input after the output projection")
@@ -100,11 +113,31 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
         if lead is not None and other == lead[1]:
             order = "pre"
             pieces.insert(0, lead[0])
+        elif h is None and norm_fwd(idx, other) is not None:
+            order = "pre"  # the stream also feeds a norm: the (unmatched) lead norm
         pieces.append(piece)
         _ffn(idx, value, order, pieces)
     except ChainStop as stop:
-        return order, pieces or [attention], stop.unsupported
-    return order, pieces, None
+        stops.append(stop.unsupported)
+    return order, pieces, stops
+
+
+def _residual(idx: GraphIndex, value: str, h: str | None, lead):
+    if h is not None:
+        return residual_fwd(idx, value, (h, lead[1]) if lead else (h,))
+    others = tuple(i for u in idx.users(value) if u.op_type == "Add" for i in u.input
+                   if i != value and idx.const(i) is None and not idx.is_initializer_like(i))
+    return residual_fwd(idx, value, others) if others else None
+
+
+def _linear_users(idx: GraphIndex, value: str) -> int:
+    count = 0
+    for user in idx.data_users(value):
+        if user.op_type in ("Reshape", "Flatten"):
+            user = idx.sole_data_user(user.output[0]) or user
+        if user.op_type in ("MatMul", "Gemm") and idx.is_initializer_like(user.input[1]):
+            count += 1
+    return count
 
 
 def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
@@ -113,11 +146,20 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
     Appends to ``pieces`` as it goes, so a stop keeps what was matched.
     """
     norm = norm_fwd(idx, value)
+    flatten = idx.sole_data_user(value)
+    if norm is None and flatten is not None and flatten.op_type in ("Reshape", "Flatten"):
+        norm = norm_fwd(idx, flatten.output[0])  # OPT flattens the stream to [B*S, hidden]
+        if norm is not None:
+            norm[0].nodes.insert(0, flatten)
+            value = flatten.output[0]
     if norm is None:
         raise _stop_with(pieces, idx, value, "no LayerNorm/RMSNorm after the attention residual")
     pieces.append(norm[0])
     normed = norm[1]
     stream = normed if order == "post" else value
+    if _linear_users(idx, normed) > 1:
+        raise _stop_with(pieces, idx, normed, "gated FFN (two input projections, GLU/SwiGLU) "
+                         "is not supported")
     got = linear_fwd(idx, normed, "ffn_in")
     if got is None:
         raise _stop_with(pieces, idx, normed, "no FFN input projection after the norm")

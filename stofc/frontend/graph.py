@@ -10,6 +10,7 @@ which is how exporters spell the head split.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -102,11 +103,12 @@ class GraphIndex:
 
     def ancestors(self, value: str, *, through_shape: bool = False,
                   limit: int = 400) -> list[onnx.NodeProto]:
-        """Producers reachable backwards from ``value`` (not through Shape/Size unless asked)."""
+        """Producers reachable backwards from ``value``, nearest first (breadth-first; not
+        through Shape/Size unless asked), at most ``limit`` of them."""
         seen: dict[str, onnx.NodeProto] = {}
-        stack = [value]
+        stack = deque([value])
         while stack and len(seen) < limit:
-            node = self.producer.get(stack.pop())
+            node = self.producer.get(stack.popleft())
             if node is None or node.name in seen:
                 continue
             seen[node.name] = node

@@ -58,27 +58,58 @@ def classify_mask(idx: GraphIndex, additive: list[str], boolean: list[str],
     """Form, padding-mask source, bias value and causality of the score masks."""
     forms = []
     bias_input = None
+    kept = []
     for value in additive:
         learned = _learned_bias(idx, value)
         sourced = bool(idx.sources(value))
-        if onnx_op and idx.elem_type(value) == onnx.TensorProto.BOOL:
+        probe = _probe_cached(idx, value)
+        is_bool = idx.elem_type(value) == onnx.TensorProto.BOOL
+        if not learned and not sourced and probe is not None and _allows_all(probe, is_bool):
+            continue  # an all-zero mask the exporter added: no mask at all
+        kept.append(value)
+        if onnx_op and is_bool:
             forms.append("boolean")
         elif learned:
             bias_input = value
             forms.append("relative_bias+additive" if sourced else "relative_bias")
+        elif probe is not None and not is_bool and not _binary(probe):
+            bias_input = value
+            forms.append("bias")
         else:
             forms.append("additive")
-    forms.extend("boolean_where" for _ in boolean)
-    values = [*additive, *boolean]
-    causal = any(_causal(idx, v, is_bool=v in boolean) for v in values)
-    return MaskInfo(form="+".join(forms) or "none", source=_source(idx, values),
-                    bias_input=bias_input, causal=causal, value=values[0] if values else None)
+    for value in boolean:
+        probe = _probe_cached(idx, value)
+        if not idx.sources(value) and probe is not None and _allows_all(probe, True):
+            continue
+        kept.append(value)
+        forms.append("boolean_where")
+    causal = any(_causal(idx, v, is_bool=v in boolean) for v in kept)
+    return MaskInfo(form="+".join(forms) or "none", source=_source(idx, kept),
+                    bias_input=bias_input, causal=causal, value=kept[0] if kept else None)
+
+
+def _allows_all(probe: np.ndarray, is_bool: bool) -> bool:
+    return bool(np.all(probe.astype(bool))) if is_bool or probe.dtype == np.bool_ else bool(
+        np.all(probe > -1e4))
+
+
+def _binary(probe: np.ndarray) -> bool:
+    """Only 0 (allowed) and large negative (masked) values: a mask, not a bias."""
+    p = probe.astype(np.float64)
+    return bool(np.all((np.abs(p) < 1e-6) | (p <= -1e4)))
+
+
+def _probe_cached(idx: GraphIndex, value: str) -> np.ndarray | None:
+    memo = idx.memo.setdefault("probe", {})
+    if value not in memo:
+        memo[value] = _probe(idx, value)
+    return memo[value]
 
 
 def _causal(idx: GraphIndex, value: str, *, is_bool: bool) -> bool:
     memo = idx.memo.setdefault("causal", {})
     if value not in memo:
-        probe = _probe(idx, value)
+        probe = _probe_cached(idx, value)
         if probe is None:
             memo[value] = any(n.op_type == "Trilu" for n in idx.ancestors(value,
                                                                            through_shape=True))

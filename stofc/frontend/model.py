@@ -38,9 +38,8 @@ def load_model(path: str | os.PathLike) -> ModelGraph:
         if claimed & set(block.nodes):  # two Softmax matched one block: keep the first
             continue
         block = replace(block, layer=len(layers_pieces))
-        order, pieces, stop = build_chain(idx, block)
-        if stop is not None:
-            unsupported.append(stop)
+        order, pieces, stops = build_chain(idx, block)
+        unsupported.extend(stops)
         claimed |= {n.name for p in pieces for n in p.nodes}
         layers_pieces.append((block, order, pieces))
     _absorb_helpers(idx, [p for _, _, pieces in layers_pieces for p in pieces])

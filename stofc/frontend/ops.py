@@ -302,8 +302,11 @@ def activation_fwd(idx: GraphIndex, value: str):
         return Piece(OpKind.GELU, "", nodes, {"approximation": "none", "form": "erf"}), out
     if "Tanh" in ops:
         return Piece(OpKind.GELU, "", nodes, {"approximation": "tanh", "form": "tanh"}), out
-    if "Sigmoid" in ops:
-        return Piece(OpKind.ACTIVATION, "", nodes, {"op": "SigmoidGate"}), out
+    if "Sigmoid" in ops:  # x * sigmoid(a x): QuickGELU (a = 1.702, CLIP) or SiLU (a = 1)
+        factors = {round(idx.scalar(i), 3) for n in nodes for i in n.input
+                   if idx.scalar(i) is not None}
+        name = "QuickGelu" if 1.702 in factors else "Silu"
+        return Piece(OpKind.ACTIVATION, "", nodes, {"op": name}), out
     return None
 
 

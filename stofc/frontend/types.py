@@ -110,7 +110,10 @@ class AttentionBlock:
     ``mask_form``: ``"none"``, ``"additive"`` (scores + mask), ``"boolean_where"``
     (Where(bool, scores, -inf)), ``"relative_bias"`` (scores + a learned
     position bias, T5), ``"relative_bias+additive"`` (T5 with a padding mask),
-    ``"onnx_attention"`` (attn_mask input of the ONNX op).
+    ``"boolean"`` (a boolean ``attn_mask`` of the ONNX Attention op), ``"bias"``
+    (an additive term that is not a 0/-inf mask and not learned, e.g. ALiBi);
+    several forms on one block are joined with ``+``. A mask that allows
+    everything (exporters add one when there is no mask) counts as ``"none"``.
     ``scale`` is the factor that multiplies QKᵀ (1/sqrt(head_dim) usually).
     """
 
@@ -132,6 +135,7 @@ class AttentionBlock:
     softmax_guarded: bool
     causal_in_graph: bool
     mask_input: str | None = None  # value added to / selecting the scores, when any
+    rotary: bool = False  # Q/K come from a rotary position embedding (RoPE is left to ORT)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready view (``inspect --json``'s ``attention`` entries)."""
@@ -154,6 +158,7 @@ class AttentionBlock:
             "bias_input": self.bias_input,
             "softmax_guarded": self.softmax_guarded,
             "causal_in_graph": self.causal_in_graph,
+            "rotary": self.rotary,
         }
 
 
