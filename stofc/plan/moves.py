@@ -18,10 +18,13 @@ from stofc.frontend.types import Layer, OpKind
 from stofc.plan.families import MAX_NORM_WIDTH, SchemeRejected, match_segments
 from stofc.plan.scheme import FusionScheme
 
-# Recognised structure: fuse the FFN GEMM chain (GEMM+GEMM, intermediate on chip)
-# only when there are few tokens: the intermediate's round trip and the extra
-# launches matter there; above this two tiled GEMMs use the GPU better.
-FFN_CHAIN_MAX_TOKENS = 256
+# Recognised structure (STOF): fuse the FFN GEMM chain (GEMM+GEMM, intermediate
+# on chip) when there are few tokens. Off by default: on an H200 the mma.sync
+# GEMM+GEMM kernel (split over the hidden dimension) took 0.089 ms for the
+# BERT-base layer at 128 tokens where cuBLAS + fused epilogues took 0.030 ms
+# (bench/results/layer-h200-2026-11-22.md). The tuner still reaches it through
+# expand moves; pass ffn_chain_max_tokens to initial_scheme to start from it.
+FFN_CHAIN_MAX_TOKENS = 0
 
 
 @dataclass(frozen=True)

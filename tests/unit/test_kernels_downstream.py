@@ -130,6 +130,9 @@ def test_plan_kernels_render_and_compile(layers, tokens):
 
 def _source_for(seg, segments):
     spec, ep = seg.kernel, seg.epilogues[-1]
+    if spec.template == "vendor/cublas":
+        return norm.render_norm(norm.NormProblem(1, seg.dim("n0"), "float16", ep),
+                                norm.NormConfig(spec.param("tpr"), spec.param("rows")))
     if seg.family == "add_norm":
         return norm.render_norm(norm.NormProblem(1, seg.dim("n"), "float16", ep),
                                 norm.NormConfig(spec.param("tpr"), spec.param("rows")))
