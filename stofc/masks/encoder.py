@@ -215,11 +215,16 @@ def encode(spec: MaskSpec | str, seq_len: int, *, tile: int = 64, layer: int = 0
         spec = parse_mask(spec)
     _check_geometry(seq_len, tile)
     seq_len = int(seq_len)
-    resolved = spec.for_layer(layer, num_heads)
-    cache: dict[Node, HeadTiles] = {}
-    heads = []
-    for node in resolved.heads:
-        if node not in cache:
-            cache[node] = encode_node(node, seq_len, tile)
-        heads.append(cache[node])
+    try:
+        resolved = spec.for_layer(layer, num_heads)
+        cache: dict[Node, HeadTiles] = {}
+        heads = []
+        for node in resolved.heads:
+            if node not in cache:
+                cache[node] = encode_node(node, seq_len, tile)
+            heads.append(cache[node])
+    except MaskSpecError as err:
+        from stofc.masks.parse import one_line
+
+        raise one_line(err) from None
     return assemble(resolved.canonical(), seq_len, tile, heads)

@@ -363,8 +363,28 @@ def parse_yaml(path: Path) -> MaskSpec:
     return MaskSpec(default=default, layers=layers, heads=heads, source=file)
 
 
+def one_line(err: MaskSpecError) -> MaskSpecError:
+    """Escape control characters a user put in the spec so the message stays one line."""
+    def clean(text: str | None) -> str | None:
+        if text is None:
+            return None
+        return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                       for ch in text)
+
+    err.message = clean(err.message) or ""
+    err.hint = clean(err.hint)
+    return err
+
+
 def parse_mask(text: str) -> MaskSpec:
     """Parse ``NAME[:key=value,...]`` or the path of a ``.yaml`` / ``.yml`` spec file."""
+    try:
+        return _parse_mask(text)
+    except MaskSpecError as err:
+        raise one_line(err) from None
+
+
+def _parse_mask(text: str) -> MaskSpec:
     if not isinstance(text, str) or not text.strip():
         raise MaskSpecError("empty mask spec",
                             hint="e.g. causal, sliding:window=128 or a .yaml file")
