@@ -131,6 +131,7 @@ def variants(layer, tokens: int, profile, dtype: str):
                                   ).layers[0]),
            ("hand-fused", base),
            ("vendor-fused", vendorize(layer, base, tokens, profile, dtype)),
+           ("vendor-nolt", without_lt(vendorize(layer, base, tokens, profile, dtype))),
            ("vendor-split", vendorize(layer, plan_layer(layer, split, tokens=tokens,
                                                         profile=profile, dtype=dtype),
                                       tokens, profile, dtype))]
@@ -141,6 +142,18 @@ def variants(layer, tokens: int, profile, dtype: str):
         out.append(("ffn-chain", plan_layer(layer, chain, tokens=tokens, profile=profile,
                                             dtype=dtype)))
     return out
+
+
+def without_lt(plan):
+    """The plan with cuBLASLt epilogue folding off (cuBLAS + the whole epilogue kernel)."""
+    segs = []
+    for seg in plan.segments:
+        if seg.kernel.template == "vendor/cublas":
+            params = {**dict(seg.kernel.params), "lt": False}
+            seg = dataclasses.replace(seg, kernel=dataclasses.replace(
+                seg.kernel, params=tuple(params.items())))
+        segs.append(seg)
+    return dataclasses.replace(plan, segments=tuple(segs))
 
 
 def vendorize(layer, plan, tokens, profile, dtype, only=None):
@@ -182,15 +195,21 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
     best = (float("inf"), None, None)
     runners = {}
     for name, plan in variants(layer, m, profile, dtype):
-        runner = SegmentRunner(layer, plan, weights, dtype=dtype)
-        runners[name] = runner
+        try:
+            runner = SegmentRunner(layer, plan, weights, dtype=dtype)
 
-        def call(i, runner=runner):
-            vals = {x_name: x_dev[i]}
-            runner.run_chain(vals, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[i])
-            return vals
-        ms = time_fn(call, n_rot)
-        gms = time_graph(runner, x_name, x_dev, a_dev, batch, seq, n_rot)
+            def call(i, runner=runner):
+                vals = {x_name: x_dev[i]}
+                runner.run_chain(vals, batch=batch, seq_len=seq,
+                                 attention=lambda s, v: a_dev[i])
+                return vals
+            ms = time_fn(call, n_rot)
+            gms = time_graph(runner, x_name, x_dev, a_dev, batch, seq, n_rot)
+        except Exception as err:  # one broken variant must not end the benchmark
+            log(f"  ({batch},{seq}) stofc {name}: FAILED {type(err).__name__}: {err}")
+            result.setdefault("failed", {})[name] = f"{type(err).__name__}: {err}"
+            continue
+        runners[name] = runner
         result["stofc"][name] = ms
         result["stofc"][f"{name}+graph"] = gms
         log(f"  ({batch},{seq}) stofc {name:14s} {ms:.4f} ms, graph {gms:.4f} ms  "
@@ -199,7 +218,7 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
             if t < best[0]:
                 best = (t, label, runner)
     # per segment of the fused scheme: the fastest kernel over every variant that shares it
-    fused_names = [k for k in runners if k.startswith(("hand-", "vendor-fused"))]
+    fused_names = [k for k in runners if k.startswith(("hand-", "vendor-fused", "vendor-nolt"))]
     ref_runner = runners["hand-fused"]
     vals0 = {x_name: x_dev[0]}
     ref_runner.run_chain(vals0, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[0])
@@ -211,11 +230,12 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
         timed = {}
         for name in fused_names:
             cand = runners[name].plan.segments[pos]
-            if cand.kernel in timed:
+            key = cand.kernel
+            if key in timed:
                 continue
             t = time_graph(runners[name], x_name, x_dev, a_dev, batch, seq, 1, segment=cand,
                            values=vals0, reps=30)
-            timed[cand.kernel] = (t, cand, name)
+            timed[key] = (t, cand, name)
         t, cand, name = min(timed.values(), key=lambda v: v[0])
         log(f"    segment {seg.ordinal} {seg.family}: best {name} {t:.4f} ms of "
             + ", ".join(f"{v[2]} {v[0]:.4f}" for v in timed.values()))

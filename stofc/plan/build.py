@@ -76,8 +76,9 @@ def kernel_spec(match: SegmentMatch, *, tokens: int, profile: GpuProfile, dtype:
         if vendor:
             cfg = norm_family.default_config(norm_family.NormProblem(tokens, n, dtype, ep),
                                              profile)
+            # lt: fold bias / ReLU / residual into cuBLASLt's epilogue where it can
             return KernelSpec(match.family, "vendor/cublas",
-                              (*common, ("store", store), *cfg.as_params()))
+                              (*common, ("store", store), ("lt", True), *cfg.as_params()))
         problem = gemm_family.GemmProblem(tokens, n, k, dtype, ep, store)
         gcfg = gemm_family.default_config(problem, profile)
         return KernelSpec(match.family, gemm_family.TEMPLATE,

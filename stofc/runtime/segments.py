@@ -16,6 +16,7 @@ and :func:`to_host` to convert. Wrong shapes or dtypes raise
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from stofc.kernels import gemm_gemm as gg_family
 from stofc.kernels import norm as norm_family
 from stofc.kernels.epilogue import Epilogue
 from stofc.plan.plan import LayerPlan, Segment
+from stofc.runtime.segment_cublas import lt_handle, lt_split
 
 
 class SegmentInputError(StofcError):
@@ -98,7 +100,7 @@ class SegmentRunner:
     """Compiled kernels and device parameters for one layer plan."""
 
     def __init__(self, layer: Layer, plan: LayerPlan, weights: dict[str, np.ndarray], *,
-                 dtype: str, arch: str | None = None) -> None:
+                 dtype: str, arch: str | None = None, use_lt: bool = True) -> None:
         cupy = _cupy()
         if arch is None:
             arch = f"sm_{cupy.cuda.Device().compute_capability}"
@@ -116,6 +118,7 @@ class SegmentRunner:
                 self.params[op.param("weight")] = to_device(np.ascontiguousarray(nk), dtype)
         self._dummy = cupy.zeros(8, dtype=self.storage)
         self.poison = False  # fill outputs with NaN before each launch (tests: unwritten = NaN)
+        self.use_lt = use_lt  # vendor path through cuBLASLt epilogues when available
         self._modules: list[Any] = []
         self.kernels: dict[int, _Loaded] = {}
         for seg in plan.segments:
@@ -126,15 +129,15 @@ class SegmentRunner:
     def _compile(self, seg: Segment) -> _Loaded:
         spec, ep = seg.kernel, seg.epilogues[-1]
         tokens = 4096
-        if spec.template == "vendor/cublas" or seg.family == "add_norm":
-            width = seg.dim("n0") if spec.template == "vendor/cublas" else seg.dim("n")
+        if spec.template == "vendor/cublas":
+            return self._compile_vendor(seg)
+        if seg.family == "add_norm":
             cfg = norm_family.NormConfig(spec.param("tpr"), spec.param("rows"))
-            src = norm_family.render_norm(norm_family.NormProblem(tokens, width, self.dtype, ep),
-                                          cfg)
+            src = norm_family.render_norm(
+                norm_family.NormProblem(tokens, seg.dim("n"), self.dtype, ep), cfg)
             mod, fn = _load(src, self.arch, 0)
             self._modules.append(mod)
-            kind = "vendor" if spec.template == "vendor/cublas" else "norm"
-            return _Loaded(fn, 0, cfg.tpr * cfg.rows, cfg, kind)
+            return _Loaded(fn, 0, cfg.tpr * cfg.rows, cfg, "norm")
         if seg.family in ("gemm", "gemm_norm"):
             cfg = gemm_family.GemmConfig(*(spec.param(k) for k in
                                            ("bm", "bn", "bk", "warps_m", "warps_n", "stages")))
@@ -165,6 +168,38 @@ class SegmentRunner:
             return _Loaded(fn, smem, cfg2.warps * 32, (cfg2, problem2, finisher), "gemm_gemm")
         raise SegmentInputError(f"segment family {seg.family!r} cannot run here",
                                 hint="attention segments run through the attention runner")
+
+    def _compile_vendor(self, seg: Segment) -> _Loaded:
+        """cuBLASLt with what its epilogue can fold (bias, ReLU, residual as C), then the
+        Add+Norm template for the rest; cuBLAS + the whole epilogue if Lt is unavailable."""
+        spec, ep = seg.kernel, seg.epilogues[-1]
+        lt = None
+        if self.use_lt and spec.param("lt", True):
+            try:
+                lt = lt_handle()
+            except Exception:  # no cuBLASLt: the plain cuBLAS path below
+                self.use_lt = False
+        if lt is not None:
+            code, act_done = lt_split(ep.bias, ep.act, ep.residual)
+            fold_residual = ep.residual and ep.act == "none"
+            rest = Epilogue(bias=False, act="none" if act_done else ep.act,
+                            residual=ep.residual and not fold_residual, norm=ep.norm,
+                            norm_shift=ep.norm_shift)
+        else:
+            code, fold_residual, rest = 0, False, dataclasses.replace(ep, store_pre_norm=False)
+        # the GEMM's own result is the pre-norm value when nothing but the norm is left
+        gemm_is_pre = (ep.store_pre_norm and not rest.bias and rest.act == "none"
+                       and not rest.residual)
+        rest = dataclasses.replace(rest, store_pre_norm=ep.store_pre_norm and not gemm_is_pre)
+        cfg = norm_family.NormConfig(spec.param("tpr"), spec.param("rows"))
+        fn = None
+        if not rest.is_identity:
+            src = norm_family.render_norm(
+                norm_family.NormProblem(4096, seg.dim("n0"), self.dtype, rest), cfg)
+            mod, fn = _load(src, self.arch, 0)
+            self._modules.append(mod)
+        return _Loaded(fn, 0, cfg.tpr * cfg.rows,
+                       (cfg, lt, code, fold_residual, rest, gemm_is_pre), "vendor")
 
     # -- checks --------------------------------------------------------------------
     def _get(self, values: dict[str, Any], seg: Segment, slot: str, shape: tuple[int, ...]):
@@ -243,10 +278,7 @@ class SegmentRunner:
             if store != "row":
                 raise SegmentInputError("the vendor path stores row-major only",
                                         hint="plan store='row' for cuBLAS segments")
-            tmp = out if ep.is_identity else self._empty((m, n), dtype=self.storage)
-            cublas_gemm(x, w, tmp, self.dtype, stream=stream)
-            if not ep.is_identity:
-                self._launch_norm(loaded, seg, values, tmp, out, pre, m, n, stream)
+            self._run_vendor(loaded, seg, values, x, w, out, pre, m, n, stream)
             self._store(values, seg, out, pre)
             return
         cfg = loaded.config
@@ -261,6 +293,34 @@ class SegmentRunner:
         loaded.function((grid_x, -(-m // cfg.bm), 1), (loaded.threads, 1, 1), args,
                         shared_mem=loaded.smem, stream=stream)
         self._store(values, seg, out, pre)
+
+    def _run_vendor(self, loaded, seg, values, x, w, out, pre, m, n, stream) -> None:
+        cfg, lt, code, fold_residual, rest, gemm_is_pre = loaded.config
+        ep = seg.epilogues[-1]
+        if rest.is_identity:
+            gemm_out = out
+        elif gemm_is_pre:
+            gemm_out = pre
+        else:
+            gemm_out = self._empty((m, n), dtype=self.storage)
+        if lt is not None:
+            ptr = stream.ptr if stream is not None else _cupy().cuda.get_current_stream().ptr
+            bias = self._get(values, seg, "b0", (n,)) if ep.bias else None
+            residual = self._get(values, seg, "residual", (m, n)) if fold_residual else None
+            lt.matmul(x, w, gemm_out, self.dtype, ptr, bias=bias, epilogue=code,
+                      residual=residual)
+        else:
+            cublas_gemm(x, w, gemm_out, self.dtype, stream=stream)
+        if rest.is_identity:
+            return
+        args = (gemm_out, self._get(values, seg, "b0", (n,)) if rest.bias else self._dummy,
+                self._get(values, seg, "residual", (m, n)) if rest.residual else self._dummy,
+                self._get(values, seg, "gamma", (n,)) if rest.norm != "none" else self._dummy,
+                self._get(values, seg, "beta", (n,)) if rest.norm_shift and rest.norm != "none"
+                else self._dummy, out,
+                pre if rest.store_pre_norm else self._dummy,
+                np.int32(m), np.int32(n), np.float32(seg.epsilon))
+        loaded.function((-(-m // cfg.rows), 1, 1), (loaded.threads, 1, 1), args, stream=stream)
 
     def _empty(self, shape, dtype):
         cupy = _cupy()

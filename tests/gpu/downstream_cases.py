@@ -54,6 +54,9 @@ def make_plan(layer, scheme, *, dtype, tokens, vendor=False, store="row") -> Lay
         if seg.family in ("gemm", "gemm_norm") and seg.kernel.param("store") == "row":
             spec = kernel_spec(matches[seg.ordinal], tokens=tokens, profile=profile, dtype=dtype,
                                vendor=True)
+            if vendor == "nolt":  # cuBLAS + the whole epilogue in the Add+Norm kernel
+                spec = dataclasses.replace(spec, params=tuple(
+                    (k, False if k == "lt" else v) for k, v in spec.params))
             seg = dataclasses.replace(seg, kernel=spec)
         segs.append(seg)
     return dataclasses.replace(plan, segments=tuple(segs))

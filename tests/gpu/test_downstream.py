@@ -44,7 +44,8 @@ def _scheme(layer, kind: str, tokens: int) -> FusionScheme:
 
 
 CASES = [
-    # (layer, scheme, vendor, store, batch, seq_len, dtype)
+    # (layer, scheme, vendor (False | True: cuBLASLt folding | "nolt"), store, batch,
+    #  seq_len, dtype)
     ("bert-base", "fused", False, "row", 1, 128, "float16"),
     ("bert-base", "fused", False, "heads", 8, 512, "float16"),
     ("bert-base", "fused", False, "row", 16, 2048, "float16"),
@@ -69,6 +70,10 @@ CASES = [
     ("vit-base", "fused", False, "row", 16, 197, "float16"),
     ("vit-base", "fused", True, "row", 8, 512, "float16"),
     ("t5", "fused", False, "row", 2, 64, "float16"),
+    ("t5", "fused", True, "row", 4, 256, "float16"),
+    ("bert-base", "fused", "nolt", "row", 4, 512, "float16"),
+    ("gpt2", "fused", "nolt", "row", 2, 100, "bfloat16"),
+    ("bert-base", "split", True, "row", 1, 128, "bfloat16"),
     ("t5", "unfused", False, "row", 8, 512, "bfloat16"),
     ("t5", "ffn_chain", False, "row", 1, 128, "bfloat16"),
 ]
