@@ -146,12 +146,14 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
     Appends to ``pieces`` as it goes, so a stop keeps what was matched.
     """
     norm = norm_fwd(idx, value)
-    flatten = idx.sole_data_user(value)
-    if norm is None and flatten is not None and flatten.op_type in ("Reshape", "Flatten"):
-        norm = norm_fwd(idx, flatten.output[0])  # OPT flattens the stream to [B*S, hidden]
-        if norm is not None:
-            norm[0].nodes.insert(0, flatten)
-            value = flatten.output[0]
+    for step in idx.data_users(value) if norm is None else ():
+        # OPT flattens the stream to [B*S, hidden]; fp16 T5 clamps it (Clip) before the norm
+        if step.op_type in ("Reshape", "Flatten", "Clip"):
+            norm = norm_fwd(idx, step.output[0])
+            if norm is not None:
+                norm[0].nodes.insert(0, step)
+                value = step.output[0]
+                break
     if norm is None:
         raise _stop_with(pieces, idx, value, "no LayerNorm/RMSNorm after the attention residual")
     pieces.append(norm[0])

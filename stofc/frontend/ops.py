@@ -263,22 +263,27 @@ def norm_fwd(idx: GraphIndex, value: str):
 
 
 def norm_back(idx: GraphIndex, value: str):
-    """The norm producing ``value``: (Piece, its input) or None."""
+    """The norm producing ``value``: (Piece, its input) or None.
+
+    Tries the inputs of the nearby ancestors as the norm's input and keeps the one
+    whose region is largest (so leading Casts of fp16 exports belong to the norm).
+    """
     node = idx.produced_by(value)
     if node is None:
         return None
     if node.op_type in _NORM_OPS:
         got = norm_fwd(idx, node.input[0])
         return (got[0], node.input[0]) if got and got[1] == value else None
+    best = None
     for anc in idx.ancestors(value, limit=16):
-        if anc.op_type == "ReduceMean":
-            start = anc.input[0]
-            src = idx.produced_by(start, "Pow", "Mul", "Cast", "Sub")
-            for cand in (start, *(src.input[:1] if src is not None else [])):
-                got = norm_fwd(idx, cand)
-                if got is not None and got[1] == value:
-                    return got[0], cand
-    return None
+        for cand in anc.input:
+            if not cand or _learned(idx, cand):
+                continue
+            got = norm_fwd(idx, cand)
+            if got is not None and got[1] == value and (
+                    best is None or len(got[0].nodes) > len(best[0].nodes)):
+                best = (got[0], cand)
+    return best
 
 
 def activation_fwd(idx: GraphIndex, value: str):
@@ -318,4 +323,7 @@ def residual_fwd(idx: GraphIndex, value: str, others: tuple[str, ...]):
         other = user.input[1] if user.input[0] == value else user.input[0]
         if other in others:
             return Piece(OpKind.RESIDUAL_ADD, "", [user]), user.output[0], other
+        cast = idx.produced_by(other, "Cast")  # fp16 exports cast the stream before the Add
+        if cast is not None and cast.input[0] in others and idx.sole_data_user(other) is user:
+            return Piece(OpKind.RESIDUAL_ADD, "", [cast, user]), user.output[0], cast.input[0]
     return None
