@@ -13,11 +13,13 @@ import pytest
 from test_attention_helpers import TOL, encoded, run_case
 
 from stofc.kernels.attention import AttentionConfig, search_space, select_kernel
+from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.reference import format_from_dense
 from stofc.targets import detect
 
 BLOCK = AttentionConfig("block", 64, 16, 4, 2, 1)
 ROW = AttentionConfig("row", 64, 1, 4)
+GATHER = AttentionConfig("block", 64, 16, 4, 2, 1, gather=True)
 SEED = np.random.SeedSequence().entropy
 
 
@@ -47,12 +49,12 @@ FAMILIES = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["block", "row"])
+@pytest.mark.parametrize("kind", ["block", "gather", "row"])
 @pytest.mark.parametrize("spec", FAMILIES)
 def test_every_family_both_kernels(spec, kind):
     L_max, seq = 1000, 1000
     fmt, dense = encoded(spec, L_max)
-    cfg = BLOCK if kind == "block" else ROW
+    cfg = {"block": BLOCK, "gather": GATHER, "row": ROW}[kind]
     res = run_case(fmt, dense, cfg, batch=2, heads=3, seq=seq, head_dim=64, seed=_seed(spec, kind))
     _check(res, "float16")
 
@@ -86,13 +88,13 @@ heads:
 """
 
 
-@pytest.mark.parametrize("kind", ["block", "row"])
+@pytest.mark.parametrize("kind", ["block", "gather", "row"])
 def test_per_head_composed_yaml(tmp_path, kind):
     path = tmp_path / "mask.yaml"
     path.write_text(YAML)
     fmt, dense = encoded(str(path), 777, num_heads=4)
     assert fmt.num_heads == 4
-    cfg = BLOCK if kind == "block" else ROW
+    cfg = {"block": BLOCK, "gather": GATHER, "row": ROW}[kind]
     _check(run_case(fmt, dense, cfg, batch=2, heads=4, seq=777, head_dim=64,
                     seed=_seed("yaml", kind)), "float16")
     # intersect, and a shorter runtime length than L_max
@@ -127,11 +129,14 @@ def test_every_config_of_the_search_space(kind, tile):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kind", ["block", "row"])
+@pytest.mark.parametrize("kind", ["block", "gather", "row"])
 def test_padding_bias_layouts(kind, dtype):
     rng = np.random.default_rng(_seed("pad", kind, dtype))
-    cfg = BLOCK if kind == "block" else ROW
-    fmt, dense = encoded("sliding:window=150", 640)
+    cfg = {"block": BLOCK, "gather": GATHER, "row": ROW}[kind]
+    spec = "strided:stride=100" if kind == "gather" else "sliding:window=150"
+    fmt, dense = encoded(spec, 640)
+    if kind == "gather":
+        assert plan_tiles(fmt, gather=True).gathered > 0
     B, H, L = 3, 4, 600
     lens = [600, 321, 64]
     km = (rng.random((B, 640)) < 0.8).astype(np.int32)

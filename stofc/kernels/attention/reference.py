@@ -30,7 +30,9 @@ def format_from_dense(dense: np.ndarray, tile: int = 64) -> MaskFormat:
     valid = np.zeros((rows * tile, rows * tile), dtype=bool)
     valid[:n, :n] = True
     weights = (1 << np.arange(64, dtype=np.uint64)).reshape(8, 8)
-    full_ptr, part_ptr, load_ptr = ([[0] for _ in range(heads)] for _ in range(3))
+    full_ptr: list[list[int]] = []        # *_row_ptr hold GLOBAL offsets (the contract)
+    part_ptr: list[list[int]] = []
+    load_ptr: list[list[int]] = []
     full_cols: list[int] = []
     part_cols: list[int] = []
     load_cols: list[int] = []
@@ -38,6 +40,9 @@ def format_from_dense(dense: np.ndarray, tile: int = 64) -> MaskFormat:
     bitmaps: list[np.ndarray] = []
     row_nnz = np.zeros((heads, rows), dtype=np.int64)
     for h in range(heads):
+        full_ptr.append([len(full_cols)])
+        part_ptr.append([len(part_cols)])
+        load_ptr.append([len(load_cols)])
         for r in range(rows):
             for c in range(rows):
                 blk = pad[h, r * tile:(r + 1) * tile, c * tile:(c + 1) * tile]

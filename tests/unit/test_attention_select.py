@@ -1,0 +1,118 @@
+"""The selector (STOF formula + GPU cost model), search spaces and pruning reasons."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stofc.kernels.attention import (
+    AttentionConfig,
+    format_from_dense,
+    prune,
+    search_space,
+    select_kernel,
+    smem_bytes,
+    stof_threshold,
+)
+from stofc.kernels.attention.select import nonempty_blocks16
+from stofc.masks import encode
+from stofc.targets import PROFILES, get_profile
+
+H100 = get_profile("h100")
+
+
+def _causal(n):
+    return np.tril(np.ones((n, n), dtype=bool))
+
+
+def test_stof_threshold_matches_the_formula():
+    n_len = 1024
+    fmt = format_from_dense(_causal(n_len), 64)
+    n = n_len // 16
+    expected = (n * (n + 1) / 2) / n**2 - 1.2 / math.log2(n) ** 2
+    assert nonempty_blocks16(fmt) == n * (n + 1) / 2
+    assert stof_threshold(fmt, n_len) == pytest.approx(expected)
+
+
+def test_dense_like_mask_picks_block_and_agrees_with_stof():
+    fmt = format_from_dense(_causal(2048), 64)
+    choice = select_kernel(fmt, H100, batch=4, heads=12, seq_len=2048, head_dim=64)
+    assert choice.kernel == "block" and choice.config.kind == "block"
+    assert choice.stof_threshold > 0
+    assert "agrees" in choice.explanation and "block-wise est." in choice.explanation
+    assert choice.block_us < choice.row_us
+    assert prune(choice.config, 64, H100) is None
+
+
+def test_very_sparse_mask_picks_row_and_agrees_with_stof():
+    n = 2048
+    dense = np.zeros((n, n), dtype=bool)
+    rows = np.arange(0, n, 8)
+    dense[rows, (rows * 7919) % n] = True                    # 256 scattered elements
+    fmt = format_from_dense(dense, 64)
+    choice = select_kernel(fmt, H100, batch=1, heads=4, seq_len=n, head_dim=64)
+    assert stof_threshold(fmt, n) < 0
+    assert choice.kernel == "row" and choice.row_us < choice.block_us
+    assert "agrees" in choice.explanation and "row-wise est." in choice.explanation
+
+
+def test_scattered_mask_overrules_stof_towards_row():
+    # every 16x16 block holds one element: STOF says block-wise (density of blocks = 1)
+    dense = np.zeros((512, 512), dtype=bool)
+    dense[::16, ::16] = True
+    fmt = format_from_dense(dense, 64)
+    choice = select_kernel(fmt, H100, batch=2, heads=4, seq_len=512, head_dim=64)
+    assert stof_threshold(fmt, 512) > 0
+    assert choice.kernel == "row"
+    assert "overruled" in choice.explanation
+
+
+def test_scattered_blocks_overrule_stof_towards_block_thanks_to_gathering():
+    n = 4096
+    fmt = encode("bigbird:block=8,window=1,global=0,random=1,seed=2", n)   # 8x8 blocks, scattered
+    choice = select_kernel(fmt, H100, batch=4, heads=12, seq_len=n, head_dim=64)
+    assert stof_threshold(fmt, n) < 0
+    assert choice.kernel == "block" and choice.config.gather
+    assert "overruled" in choice.explanation
+
+
+def test_small_tile_format_forces_row():
+    fmt = format_from_dense(_causal(256), 32)
+    choice = select_kernel(fmt, H100, batch=1, heads=2, seq_len=256, head_dim=64)
+    assert choice.kernel == "row" and "T=32" in choice.explanation
+
+
+def test_short_grid_splits_query_rows():
+    fmt = format_from_dense(_causal(512), 64)
+    small = select_kernel(fmt, H100, batch=1, heads=2, seq_len=512, head_dim=64)
+    big = select_kernel(format_from_dense(_causal(4096), 64), H100, batch=8, heads=16,
+                        seq_len=4096, head_dim=64)
+    assert small.config.q_split == 2 and big.config.q_split == 1
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128])
+def test_search_spaces_respect_every_profile(name, head_dim):
+    profile = PROFILES[name]
+    for kind in ("block", "row"):
+        for tile in (64, 128):
+            space = search_space(kind, head_dim, "float16", profile, tile=tile)
+            assert len(set(space)) == len(space)
+            for cfg in space:
+                assert prune(cfg, head_dim, profile) is None
+                assert smem_bytes(cfg, head_dim) <= profile.smem_per_block
+    assert search_space("block", head_dim, "float16", profile, tile=64)
+    assert search_space("row", head_dim, "float16", profile, tile=64)
+
+
+def test_prune_reasons_say_why():
+    assert "shared memory" in prune(AttentionConfig("block", 128, 16, 8, 4, 1), 128, get_profile("a10"))
+    assert "registers" in prune(AttentionConfig("block", 128, 32, 4, 2, 1), 128, H100)
+    assert "warps must equal" in prune(AttentionConfig("block", 64, 16, 2, 2, 1), 64, H100)
+    assert "stages" in prune(AttentionConfig("block", 64, 16, 4, 1, 1), 64, H100)
+    assert "T >= 64" in prune(AttentionConfig("block", 32, 16, 2, 2, 1), 64, H100)
+    assert "inside one tile row" in prune(AttentionConfig("row", 16, 4, 8), 64, H100)
+    assert prune(AttentionConfig("row", 64, 4, 8), 64, H100) is None
+    assert "gathered" in prune(AttentionConfig("row", 64, 1, 4, gather=True), 64, H100)
