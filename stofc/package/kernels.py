@@ -1,0 +1,114 @@
+"""Render and compile every kernel a plan needs: the pipeline's ``render`` and ``compile`` stages.
+
+Contract:
+
+* :func:`render_segment` gives the CUDA sources of one non-attention segment,
+  rendered exactly as the segment runner (:mod:`stofc.runtime.segments`) renders
+  them: ``gemm``/``gemm_norm`` -> the GEMM template (or, on the vendor path
+  ``vendor/cublas``, the Add+Norm epilogue kernel that follows cuBLAS);
+  ``gemm_gemm`` -> the GEMM+GEMM template, plus its fp32 Add+Norm finisher when
+  the partial sums go through the workspace; ``add_norm`` -> the Add+Norm
+  template. The first source is the segment's *main* kernel (the one the
+  ai.stofc node names in its ``kernel`` attribute).
+* :func:`attention_kernel` picks the attention kernel of one layer for its mask
+  format (:func:`stofc.kernels.attention.select_kernel`) and renders the
+  template variant for the inputs the SparseAttention node will receive
+  (``has_bias``, ``has_key_bits``).
+* :func:`compile_all` compiles every distinct source for each target (cubin
+  ``sm_XY`` and PTX ``compute_XY``) through NVRTC, in parallel threads; results
+  come from the content-addressed cache when present. No GPU is touched.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from stofc.codegen import Source
+from stofc.compile import CompiledKernel, compile_source
+from stofc.errors import PlanError
+from stofc.kernels import gemm as gemm_family
+from stofc.kernels import gemm_gemm as gg_family
+from stofc.kernels import norm as norm_family
+from stofc.kernels.attention import KernelChoice, render_kernel, select_kernel
+from stofc.kernels.attention import KernelSpec as AttentionKernelSpec
+from stofc.kernels.attention.render import COMPILE_OPTIONS as ATTENTION_OPTIONS
+from stofc.masks.format import MaskFormat
+from stofc.plan.plan import Segment
+from stofc.targets import GpuProfile
+
+TOKENS_HINT = 4096  # GEMM/norm problems carry M only as a hint; the kernels take M at run time
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One layer's attention kernel: the selector's choice and the rendered variant."""
+
+    layer: int
+    choice: KernelChoice
+    spec: AttentionKernelSpec
+    source: Source
+
+
+def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
+    """The sources of a non-attention segment, main kernel first (see the module doc)."""
+    spec, ep = seg.kernel, seg.epilogues[-1]
+    if spec.template == "vendor/cublas" or seg.family == "add_norm":
+        width = seg.dim("n0") if spec.template == "vendor/cublas" else seg.dim("n")
+        cfg = norm_family.NormConfig(spec.param("tpr"), spec.param("rows"))
+        return (norm_family.render_norm(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep),
+                                        cfg),)
+    if seg.family in ("gemm", "gemm_norm"):
+        cfg = gemm_family.GemmConfig(*(spec.param(k) for k in
+                                       ("bm", "bn", "bk", "warps_m", "warps_n", "stages")))
+        problem = gemm_family.GemmProblem(TOKENS_HINT, seg.dim("n0"), seg.dim("k0"), dtype, ep,
+                                          spec.param("store", "row"))
+        return (gemm_family.render_gemm(problem, cfg),)
+    if seg.family == "gemm_gemm":
+        cfg2 = gg_family.GemmGemmConfig(*(spec.param(k) for k in
+                                          ("bm", "bh", "bk", "warps", "stages")),
+                                        split=spec.param("split", 1))
+        problem2 = gg_family.GemmGemmProblem(TOKENS_HINT, seg.dim("k0"), seg.dim("n0"),
+                                             seg.dim("n1"), dtype, seg.epilogues[0],
+                                             seg.epilogues[1])
+        sources = [gg_family.render_gemm_gemm(problem2, cfg2)]
+        if cfg2.to_workspace(problem2):
+            nprob = norm_family.NormProblem(TOKENS_HINT, problem2.n2, dtype, problem2.ep2,
+                                            input_fp32=True)
+            sources.append(norm_family.render_norm(nprob, norm_family.default_config(nprob, None)))
+        return tuple(sources)
+    raise PlanError(f"segment {seg.ordinal} of layer {seg.layer} has family {seg.family!r}, "
+                    "which has no kernel template", hint="this is a stofc bug; report it")
+
+
+def attention_kernel(layer: int, fmt: MaskFormat, profile: GpuProfile, *, num_heads: int,
+                     head_dim: int, dtype: str, batch: int, seq_len: int, has_bias: bool,
+                     has_key_bits: bool) -> AttentionKernel:
+    """The selector's kernel for this layer's mask, rendered for the node's inputs."""
+    choice = select_kernel(fmt, profile, batch=batch, heads=num_heads, seq_len=seq_len,
+                           head_dim=head_dim)
+    spec = AttentionKernelSpec(choice.config, dtype, head_dim, has_bias=has_bias,
+                               has_key_bits=has_key_bits)
+    return AttentionKernel(layer, choice, spec, render_kernel(spec))
+
+
+def compile_options(source: Source) -> tuple[str, ...]:
+    """The NVRTC options a source is compiled with (attention kernels add ``-lineinfo``)."""
+    return ATTENTION_OPTIONS if source.template.startswith("attention/") else ()
+
+
+def compile_all(sources: list[Source], targets: tuple[str, ...], *,
+                workers: int | None = None) -> dict[tuple[str, str], CompiledKernel]:
+    """Compile each distinct source (by name) for each target; ``{(name, target): kernel}``.
+
+    Raises :class:`~stofc.errors.CompileError` (NVRTC's log and the dumped
+    source) for the first source that fails.
+    """
+    unique = {s.name: s for s in sources}
+    jobs = [(s, t) for s in unique.values() for t in targets]
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(lambda job: compile_source(job[0], job[1],
+                                                        options=compile_options(job[0])), jobs))
+    return {(s.name, t): k for (s, t), k in zip(jobs, done, strict=True)}

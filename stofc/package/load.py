@@ -1,0 +1,149 @@
+"""``stofc.load(DIR)``: check a package, then return a ready ONNX Runtime session.
+
+Checks, each a one-line :class:`~stofc.errors.PackageError` (never a crash):
+the directory exists and holds ``manifest.json``; every file the manifest
+lists exists with its sha256 (a missing cubin, an edited ``plan.json``); and,
+when the CUDA execution provider is asked for, the package's cubins match the
+GPU present (same architecture, or a PTX the driver can JIT for a newer one).
+Without the CUDA provider the package runs on ORT's CPU twins, which need no
+kernels, so no GPU check is made.
+
+The same package also loads with plain ONNX Runtime in two lines (OPS.md)::
+
+    so = onnxruntime.SessionOptions(); so.register_custom_ops_library("PKG/libstofc_ort.so")
+    sess = onnxruntime.InferenceSession("PKG/model.onnx", so, providers=[...])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stofc.errors import DeviceError, PackageError
+from stofc.package.manifest import Manifest, check_manifest
+from stofc.package.ortlib import LIBRARY_NAME
+from stofc.package.writer import MODEL_FILE, PLAN_FILE_VERSION, PLAN_FORMAT
+from stofc.plan.plan import Plan
+
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+
+
+def _arch_cc(arch: str) -> tuple[int, int]:
+    digits = arch.split("_", 1)[1].rstrip("a")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def device_compute_capability() -> tuple[int, int] | None:
+    """Compute capability of CUDA device 0 (through CuPy), or None without a GPU."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        return int(props["major"]), int(props["minor"])
+    except Exception:
+        return None
+
+
+def check_arch(manifest: Manifest, present: tuple[int, int] | None, root: Path) -> None:
+    """The package's cubins (or PTX) can run on a GPU of compute capability ``present``."""
+    if present is None:
+        raise DeviceError("the CUDA execution provider was asked for but no CUDA GPU was found",
+                          hint="pass providers=['CPUExecutionProvider'] or run on the GPU")
+    want = _arch_cc(manifest.arch)
+    here = f"sm_{present[0]}{present[1]}"
+    if present == want:
+        return
+    if present[0] == want[0] and present[1] > want[1] and not manifest.arch.endswith("a"):
+        return  # a cubin runs on later minor revisions of its major architecture
+    raise PackageError(f"package {root} was compiled for {manifest.arch} ({manifest.gpu}) but the "
+                       f"GPU present is {here}",
+                       hint="compile it again with --gpu naming this GPU (or --gpu auto)")
+
+
+def read_plan_document(root: str | Path) -> dict[str, Any]:
+    """``plan.json`` of a package as a dict (format and version checked)."""
+    path = Path(root) / "plan.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PackageError(f"{root} has no plan.json, so it is not a stofc package",
+                           hint="write one with `stofc compile MODEL ...`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PackageError(f"{path} is not valid JSON ({err})",
+                           hint="run `stofc compile` again") from None
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        raise PackageError(f"{path} is not a stofc package plan", hint="run `stofc compile` again")
+    if doc.get("version") != PLAN_FILE_VERSION:
+        raise PackageError(f"{path} has version {doc.get('version')!r}, this stofc reads "
+                           f"{PLAN_FILE_VERSION}", hint="run `stofc compile` again")
+    return doc
+
+
+def read_plan(root: str | Path) -> Plan:
+    """The :class:`~stofc.plan.plan.Plan` stored in a package (for ``stofc tune``)."""
+    return Plan.from_dict(read_plan_document(root)["plan"])
+
+
+def check_package(root: str | Path, *, providers: Sequence[Any] | None = None,
+                  device_cc: Callable[[], tuple[int, int] | None] = device_compute_capability
+                  ) -> Manifest:
+    """Run the checks of the module doc; returns the manifest."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PackageError(f"package directory {root} does not exist",
+                           hint="write one with `stofc compile MODEL --mask SPEC -o DIR`")
+    manifest = check_manifest(root)
+    read_plan_document(root)
+    if any(_provider_name(p) == CUDA_EP for p in providers or ()):
+        check_arch(manifest, device_cc(), root)
+    return manifest
+
+
+def _provider_name(provider: Any) -> str:
+    return provider[0] if isinstance(provider, tuple) else str(provider)
+
+
+def session_options(root: str | Path):
+    """SessionOptions with the package's custom-op library registered."""
+    import onnxruntime as ort
+
+    root = Path(root).absolute()
+    so = ort.SessionOptions()
+    so.add_session_config_entry("stofc.package_dir", str(root))
+    so.register_custom_ops_library(str(root / LIBRARY_NAME))
+    return so
+
+
+def load(root: str | Path, providers: Sequence[Any] | None = None, *,
+         session_options_hook: Callable[[Any], None] | None = None):
+    """Check the package in ``root`` and return an ``onnxruntime.InferenceSession``.
+
+    ``providers`` as for ONNX Runtime; default: CUDA then CPU when the installed
+    onnxruntime has the CUDA provider and a GPU is present, else CPU.
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise PackageError("onnxruntime is not installed",
+                           hint="pip install onnxruntime (CPU) or onnxruntime-gpu") from None
+    root = Path(root)
+    if providers is None:
+        providers = [CPU_EP]
+        if CUDA_EP in ort.get_available_providers() and device_compute_capability() is not None:
+            providers = [CUDA_EP, CPU_EP]
+    check_package(root, providers=providers)
+    so = session_options(root)
+    if session_options_hook is not None:
+        session_options_hook(so)
+    try:
+        return ort.InferenceSession(str(root.absolute() / MODEL_FILE), so,
+                                    providers=list(providers))
+    except Exception as err:  # ORT raises its own exception types
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PackageError(f"ONNX Runtime could not load package {root}: {first}",
+                           hint="run `stofc compile` again; OPS.md lists what the library needs"
+                           ) from None

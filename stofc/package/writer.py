@@ -1,0 +1,253 @@
+"""``write_package``: the pipeline's last stage, a deployable ONNX Runtime package on disk.
+
+Layout of a package directory (``docs/plan-schema.md`` documents ``plan.json``)::
+
+    model.onnx          the model rewritten to ai.stofc ops (+ model.onnx.data when large)
+    plan.json           plan, kernels, mask formats, GPU profile, provenance
+    kernels/            NAME.cu, NAME.sm_XY.cubin, NAME.compute_XY.ptx
+    masks/              mask-ID.npz (stofc.masks.save) and mask-ID.bin (OPS.md layout)
+    libstofc_ort.so     the custom-op library (stofc.package.ortlib.build_library)
+    manifest.json       sha256 of every other file (stofc.package.manifest)
+
+Atomic: everything is written into a temporary directory next to the
+destination, which then replaces the destination by rename. On any failure the
+temporary directory is removed and an existing package stays as it was. A
+destination that exists and is neither empty nor a stofc package is refused
+(a PackageError), so a typo in ``-o`` never deletes someone's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import onnx
+
+from stofc import __version__
+from stofc.codegen import Source
+from stofc.compile import CompiledKernel
+from stofc.errors import PackageError
+from stofc.frontend.types import ModelGraph
+from stofc.masks import save as save_mask
+from stofc.masks.format import MaskFormat
+from stofc.package.kernels import AttentionKernel, compile_options
+from stofc.package.manifest import MANIFEST, build_manifest, sha256_file, write_manifest
+from stofc.package.maskbin import write_mask_binary
+from stofc.package.rewrite import AttentionBinding, attention_inputs, rewrite_model
+from stofc.plan.plan import Plan
+from stofc.targets import GpuProfile
+
+PLAN_FORMAT = "stofc-package-plan"
+PLAN_FILE_VERSION = 1
+MODEL_FILE = "model.onnx"
+EXTERNAL_DATA_BYTES = 1 << 30   # above this, weights go to model.onnx.data (protobuf limit: 2 GiB)
+
+
+@dataclass(frozen=True, eq=False)
+class PackageContents:
+    """Everything the earlier stages produced that goes into a package."""
+
+    graph: ModelGraph
+    plan: Plan
+    profile: GpuProfile
+    mask_text: str                                   # the spec as the user gave it
+    mask_canonical: str                              # the effective spec (canonical JSON)
+    mask_causal_from_model: bool                     # causal ANDed in (the model is causal)
+    formats: dict[int, MaskFormat]                   # per layer
+    segment_sources: dict[tuple[int, int], tuple[Source, ...]]
+    attention: dict[int, AttentionKernel]            # per layer
+    compiled: dict[tuple[str, str], CompiledKernel]  # (source name, target)
+    targets: tuple[str, ...]                         # (cubin arch, ptx target)
+    source_model: Path
+    tuned: bool = False
+
+
+def kernel_file(name: str, target: str) -> str:
+    suffix = "ptx" if target.startswith("compute_") else "cubin"
+    return f"kernels/{name}.{target}.{suffix}"
+
+
+def mask_id(fmt: MaskFormat) -> str:
+    return f"mask-{fmt.spec_hash[:16]}"
+
+
+def _check_destination(dest: Path) -> None:
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise PackageError(f"output {dest} exists and is not a directory",
+                           hint="choose another -o DIR")
+    if any(dest.iterdir()) and not ((dest / MANIFEST).is_file() or (dest / "plan.json").is_file()):
+        raise PackageError(f"output directory {dest} is not empty and is not a stofc package",
+                           hint="choose another -o DIR or empty it first")
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA kernel driver's version from /proc (no GPU access), if installed."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    for word in text.split():
+        if word.count(".") in (1, 2) and word.replace(".", "").isdigit():
+            return word
+    return None
+
+
+def _provenance(contents: PackageContents) -> dict:
+    import onnx as onnx_mod
+
+    from stofc.compile import nvrtc_version
+    try:
+        import onnxruntime
+        ort_version: str | None = onnxruntime.__version__
+    except ImportError:
+        ort_version = None
+    return {"stofc": __version__, "nvrtc": nvrtc_version(), "driver": _driver_version(),
+            "onnx": onnx_mod.__version__, "onnxruntime": ort_version,
+            "python": platform.python_version(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tuned": contents.tuned,
+            "source_model": str(contents.source_model.resolve()),
+            "source_model_sha256": sha256_file(contents.source_model)}
+
+
+def _write_kernels(root: Path, contents: PackageContents) -> list[dict]:
+    sources = {s.name: s for srcs in contents.segment_sources.values() for s in srcs}
+    sources.update({a.source.name: a.source for a in contents.attention.values()})
+    (root / "kernels").mkdir()
+    entries = []
+    for name in sorted(sources):
+        src = sources[name]
+        (root / "kernels" / f"{name}.cu").write_text(src.code)
+        files = {"cu": f"kernels/{name}.cu"}
+        for target in contents.targets:
+            rel = kernel_file(name, target)
+            (root / rel).write_bytes(contents.compiled[(name, target)].binary)
+            files[target] = rel
+        entries.append({"name": name, "template": src.template,
+                        "entry_points": list(src.entry_points),
+                        "params": {k: v for k, v in src.params},
+                        "nvrtc_options": list(compile_options(src)), "files": files})
+    return entries
+
+
+def _write_masks(root: Path, contents: PackageContents) -> list[dict]:
+    (root / "masks").mkdir()
+    by_id: dict[str, dict] = {}
+    for layer, fmt in sorted(contents.formats.items()):
+        mid = mask_id(fmt)
+        if mid not in by_id:
+            save_mask(fmt, root / "masks" / f"{mid}.npz")
+            os.chmod(write_mask_binary(fmt, root / "masks" / f"{mid}.bin"), 0o666 & ~_umask())
+            by_id[mid] = {"id": mid, "npz": f"masks/{mid}.npz", "bin": f"masks/{mid}.bin",
+                          "spec": json.loads(fmt.spec), "spec_hash": fmt.spec_hash,
+                          "seq_len": fmt.seq_len, "tile": fmt.tile, "num_heads": fmt.num_heads,
+                          "nnz": fmt.nnz, "density": fmt.density, "layers": []}
+        by_id[mid]["layers"].append(layer)
+    return list(by_id.values())
+
+
+def _save_model(model: onnx.ModelProto, root: Path) -> None:
+    path = root / MODEL_FILE
+    if model.ByteSize() > EXTERNAL_DATA_BYTES:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{MODEL_FILE}.data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | None) -> None:
+    from stofc.package.ortlib import build_library
+
+    graph, plan, profile = contents.graph, contents.plan, contents.profile
+    arch = contents.targets[0]
+    kernel_entries = _write_kernels(root, contents)
+    mask_entries = _write_masks(root, contents)
+    refs = {key: f"{kernel_file(srcs[0].name, arch)}:{srcs[0].entry_points[0]}"
+            for key, srcs in contents.segment_sources.items()}
+    bindings: dict[int, AttentionBinding] = {}
+    attention_entries = []
+    for layer, ak in sorted(contents.attention.items()):
+        kpm, bias = attention_inputs(graph.layers[layer].attention, graph)
+        fmt = contents.formats[layer]
+        bindings[layer] = AttentionBinding(
+            layer, f"masks/{mask_id(fmt)}.bin",
+            f"{kernel_file(ak.source.name, arch)}:{ak.source.entry_points[0]}", kpm, bias)
+        attention_entries.append({
+            "layer": layer, "kernel": ak.choice.kernel, "config": asdict(ak.choice.config),
+            "explanation": ak.choice.explanation, "stof_threshold": ak.choice.stof_threshold,
+            "estimate_us": {"block": ak.choice.block_us, "row": ak.choice.row_us},
+            "source": ak.source.name, "mask": mask_id(fmt), "has_bias": ak.spec.has_bias,
+            "has_key_bits": ak.spec.has_key_bits, "key_padding_mask": kpm, "bias": bias,
+            "kernel_abi": None})
+    model, emitted = rewrite_model(graph, plan, refs, bindings)
+    _save_model(model, root)
+    doc = {
+        "format": PLAN_FORMAT, "version": PLAN_FILE_VERSION,
+        "plan": plan.to_dict(),
+        "model": {"file": MODEL_FILE, "opset": graph.opset,
+                  "inputs": [asdict(v) for v in graph.inputs],
+                  "outputs": [asdict(v) for v in graph.outputs],
+                  "layers": len(graph.layers),
+                  "unsupported": [asdict(u) for u in graph.unsupported]},
+        "mask": {"spec": contents.mask_text, "effective": json.loads(contents.mask_canonical),
+                 "causal_from_model": contents.mask_causal_from_model, "formats": mask_entries},
+        "attention": attention_entries,
+        "segments": [dict(e.to_dict(), kernel=refs.get((e.layer, e.ordinal)))
+                     for e in emitted],
+        "kernels": kernel_entries,
+        "targets": list(contents.targets),
+        "gpu": {**asdict(profile), "arch": profile.arch, "ptx_target": profile.ptx_target},
+        "provenance": _provenance(contents),
+    }
+    (root / "plan.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    build_library(root, ort_include=ort_include)
+    write_manifest(root, build_manifest(root, stofc=__version__, gpu=profile.name, arch=arch,
+                                        ptx=contents.targets[-1], dtype=plan.dtype))
+
+
+def write_package(out_dir: str | Path, contents: PackageContents, *,
+                  ort_include: str | Path | None = None) -> Path:
+    """Write the package to ``out_dir`` atomically (see the module doc); returns the path."""
+    dest = Path(out_dir).absolute()
+    _check_destination(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        _fill(tmp, contents, ort_include=ort_include)
+        _swap(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _swap(new: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``new``: old moved aside, new renamed in, old removed."""
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        os.rmdir(old)
+        os.replace(dest, old)
+    try:
+        os.replace(new, dest)
+    except BaseException:
+        if old is not None:
+            os.replace(old, dest)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,224 @@
+"""The road from an ONNX model and a mask spec to a deployable package, in one function.
+
+:func:`compile_model` reads top to bottom::
+
+    load_model -> parse_mask -> get_profile -> build_plan -> encode masks
+    -> select + render kernels -> compile_source (cubin + PTX) -> write_package [-> tune]
+
+Each stage is called through :class:`Instruments` (hidet-style pass
+instruments): timing, a progress line (rich, to stderr) and optional dumps of
+the rendered sources are done there, never inline. Nothing here touches a GPU
+unless ``tune=True``, which hands the written package to the tuner's
+integration point (:func:`stofc.tune.package.tune_package`).
+
+The structured mask of a model whose graph is causal (GPT-2) is ANDed with
+``causal`` (every node of the spec gets ``causal=true``): the package then
+computes the model's own masking AND the structured mask, the function that
+``stofc verify``'s reference computes too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stofc.codegen import Source
+from stofc.errors import PlanError, StofcError
+from stofc.frontend import ModelGraph, load_model
+from stofc.masks import MaskSpec, encode, parse_mask
+from stofc.masks.format import MaskFormat
+from stofc.package.kernels import AttentionKernel, attention_kernel, compile_all, render_segment
+from stofc.package.rewrite import attention_inputs
+from stofc.package.writer import PackageContents, write_package
+from stofc.plan.build import build_plan
+from stofc.plan.plan import KernelSpec, Plan
+from stofc.targets import GpuProfile, get_profile
+
+T = TypeVar("T")
+DTYPE_NAMES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+DEFAULT_GPU = "h100"
+DEFAULT_MAX_SEQ_LEN = 512
+DEFAULT_TILE = 64
+
+
+@dataclass
+class Instruments:
+    """Wraps every stage: times it, shows progress, dumps sources (``dump_dir``)."""
+
+    progress: bool = True
+    dump_dir: Path | None = None
+    timings: list[tuple[str, float]] = field(default_factory=list)
+    _console: Any = None
+
+    def _print(self, text: str) -> None:
+        if not self.progress:
+            return
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(stderr=True, highlight=False)
+        self._console.print(text)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the block as stage ``name`` and report it when done."""
+        start = time.perf_counter()
+        yield
+        elapsed = time.perf_counter() - start
+        self.timings.append((name, elapsed))
+        self._print(f"[green]✓[/green] {name:<28} {elapsed * 1000:9.1f} ms")
+
+    def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` as stage ``name``."""
+        with self.stage(name):
+            return fn(*args, **kwargs)
+
+    def dump(self, sources: list[Source]) -> None:
+        """Write each rendered source to ``dump_dir`` when set."""
+        if self.dump_dir is None:
+            return
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        for src in sources:
+            (self.dump_dir / f"{src.name}.cu").write_text(src.code)
+
+
+def normalize_dtype(dtype: str) -> str:
+    """``fp16``/``bf16`` (or the long names) -> ``float16``/``bfloat16``."""
+    try:
+        return DTYPE_NAMES[dtype.strip().lower()]
+    except KeyError:
+        raise PlanError(f"dtype {dtype!r} is not supported", hint="use fp16 or bf16") from None
+
+
+def with_causal(spec: MaskSpec) -> MaskSpec:
+    """``spec`` with ``causal=true`` on the default and every override."""
+    def causal(o):
+        return replace(o, node=replace(o.node, causal=True))
+    return replace(spec, default=replace(spec.default, causal=True),
+                   layers=tuple(causal(o) for o in spec.layers),
+                   heads=tuple(causal(o) for o in spec.heads))
+
+
+def encode_masks(graph: ModelGraph, spec: MaskSpec, max_seq_len: int,
+                 tile: int) -> dict[int, MaskFormat]:
+    """One format per layer (equal layers share the object)."""
+    formats: dict[int, MaskFormat] = {}
+    seen: dict[str, MaskFormat] = {}
+    for layer in graph.layers:
+        fmt = encode(spec, max_seq_len, tile=tile, layer=layer.index,
+                     num_heads=layer.attention.num_heads)
+        formats[layer.index] = seen.setdefault(fmt.spec_hash, fmt)
+    return formats
+
+
+def select_attention(graph: ModelGraph, formats: dict[int, MaskFormat], profile: GpuProfile, *,
+                     dtype: str, batch: int, max_seq_len: int) -> dict[int, AttentionKernel]:
+    """The attention kernel of every layer, for the inputs its SparseAttention node gets."""
+    out = {}
+    for layer in graph.layers:
+        block = layer.attention
+        kpm, bias = attention_inputs(block, graph)
+        out[layer.index] = attention_kernel(
+            layer.index, formats[layer.index], profile, num_heads=block.num_heads,
+            head_dim=block.head_dim, dtype=dtype, batch=batch, seq_len=max_seq_len,
+            has_bias=bias is not None, has_key_bits=kpm is not None)
+    return out
+
+
+def record_attention(plan: Plan, kernels: dict[int, AttentionKernel]) -> Plan:
+    """The plan with each attention segment's kernel spec set to the selector's choice."""
+    layers = []
+    for lp in plan.layers:
+        segs = []
+        for seg in lp.segments:
+            if seg.family == "attention" and lp.index in kernels:
+                ak = kernels[lp.index]
+                c = ak.choice.config
+                spec = KernelSpec("attention", f"attention/{c.kind}.cu.j2", (
+                    ("dtype", plan.dtype), ("kind", c.kind), ("tile", c.tile),
+                    ("warp_m", c.warp_m), ("warps", c.warps), ("stages", c.stages),
+                    ("q_split", c.q_split), ("gather", c.gather),
+                    ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits)))
+                seg = replace(seg, kernel=spec)
+            segs.append(seg)
+        layers.append(replace(lp, segments=tuple(segs)))
+    return replace(plan, layers=tuple(layers))
+
+
+def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
+                  dtype: str = "fp16", max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+                  out_dir: str | Path | None = None, tune: bool = False, batch: int = 1,
+                  tile: int = DEFAULT_TILE, instruments: Instruments | None = None,
+                  ort_include: str | Path | None = None,
+                  tune_options: dict[str, Any] | None = None) -> Path:
+    """Compile ``model_path`` with the structured ``mask`` into a package; return its path.
+
+    ``out_dir`` defaults to ``<model stem>.stofc/`` beside the model. Raises a
+    :class:`~stofc.errors.StofcError` (one line) for any user error; nothing is
+    left half-written.
+    """
+    ins = instruments or Instruments()
+    model_path = Path(model_path)
+    out = Path(out_dir) if out_dir is not None else model_path.with_name(f"{model_path.stem}.stofc")
+    dtype = normalize_dtype(dtype)
+    if max_seq_len < 1 or batch < 1:
+        raise PlanError(f"max_seq_len={max_seq_len}, batch={batch} must be positive",
+                        hint="pass --max-seq-len and --batch as positive integers")
+    profile = ins.run("target", get_profile, gpu)
+    if tune:  # tuning measures on the GPU present: check it before compiling anything
+        from stofc.tune.device import check_gpu
+        profile = ins.run("check GPU", check_gpu, gpu)
+    graph = ins.run("load model", load_model, model_path)
+    if not graph.layers:
+        raise PlanError(f"{model_path}: no attention block stofc can fuse",
+                        hint="run `stofc inspect` to see why each block was left to ORT")
+    spec = ins.run("parse mask", parse_mask, mask)
+    causal = any(layer.attention.causal_in_graph for layer in graph.layers)
+    effective = with_causal(spec) if causal else spec
+    plan = ins.run("plan", build_plan, graph, effective, profile, dtype=dtype,
+                   max_seq_len=max_seq_len, batch=batch)
+    formats = ins.run("encode masks", encode_masks, graph, effective, max_seq_len, tile)
+    attention = ins.run("select attention kernels", select_attention, graph, formats, profile,
+                        dtype=dtype, batch=batch, max_seq_len=max_seq_len)
+    plan = record_attention(plan, attention)
+    segment_sources = ins.run("render kernels", _render_segments, plan)
+    sources = [s for srcs in segment_sources.values() for s in srcs]
+    sources += [a.source for a in attention.values()]
+    ins.dump(sources)
+    targets = (profile.arch, profile.ptx_target)
+    compiled = ins.run(f"compile ({len({s.name for s in sources})} kernels x {len(targets)})",
+                       compile_all, sources, targets)
+    contents = PackageContents(
+        graph=graph, plan=plan, profile=profile, mask_text=mask,
+        mask_canonical=effective.canonical(), mask_causal_from_model=causal and effective != spec,
+        formats=formats, segment_sources=segment_sources, attention=attention,
+        compiled=compiled, targets=targets, source_model=model_path)
+    path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
+    if tune:
+        ins.run("tune", _tune, path, profile, tune_options or {})
+    return path
+
+
+def _render_segments(plan: Plan) -> dict[tuple[int, int], tuple[Source, ...]]:
+    return {(seg.layer, seg.ordinal): render_segment(seg, plan.dtype)
+            for lp in plan.layers for seg in lp.segments if seg.family != "attention"}
+
+
+def _tune(path: Path, profile: GpuProfile, options: dict[str, Any]) -> None:
+    """Hand the written package to the tuner (the GPU was checked before compiling)."""
+    from stofc.tune.db import TuningDatabase
+    from stofc.tune.package import tune_package
+    from stofc.tune.progress import QuietReporter
+
+    reporter = options.get("reporter") or QuietReporter()
+    with TuningDatabase.open(options.get("db"), on_warning=reporter.warning) as db:
+        try:
+            tune_package(path, profile, db, reporter, budget_s=options.get("budget"),
+                         batch=int(options.get("batch", 1)),
+                         seq_lens=tuple(options.get("seq_lens", ())))
+        except StofcError as err:
+            raise StofcError(f"the untuned package was written to {path}, but --tune failed: "
+                             f"{err.message}", hint=err.hint) from None
