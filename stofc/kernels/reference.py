@@ -132,3 +132,41 @@ def attention_dense(qkv: np.ndarray, batch: int, heads: int, scale: float) -> np
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
     return (p @ v).transpose(0, 2, 1, 3).reshape(tokens, heads * dim)
+
+
+def reference_segment(layer: Layer, segment, values: dict[str, np.ndarray],
+                      weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What one planned segment computes, from its bindings and epilogues (float64).
+
+    ``segment`` is a :class:`~stofc.plan.plan.Segment` or a ``SegmentMatch``: the
+    same description the kernels and the runner execute. Returns
+    ``{output name: value}`` (the pre-norm value too when the segment stores it).
+    """
+    def act(slot: str):
+        return np.asarray(values[segment.binding(slot)], np.float64)
+
+    def param(slot: str):
+        name = segment.binding(slot)
+        return None if name is None else np.asarray(weights[name], np.float64).reshape(-1)
+
+    def kn(slot: str) -> np.ndarray:
+        name = segment.binding(slot)
+        op = next(o for o in layer.chain if o.kind == OpKind.GEMM and o.param("weight") == name)
+        return weight_kn(layer, op.index, weights).astype(np.float64)
+
+    ep = segment.epilogues[-1]
+    extra = {"residual": act("residual") if ep.residual else None, "gamma": param("gamma"),
+             "beta": param("beta"), "eps": segment.epsilon}
+    if segment.family in ("gemm", "gemm_norm"):
+        out, pre = apply_epilogue(act("x") @ kn("w0"), ep, bias=param("b0"), **extra)
+    elif segment.family == "gemm_gemm":
+        hidden, _ = apply_epilogue(act("x") @ kn("w0"), segment.epilogues[0], bias=param("b0"))
+        out, pre = apply_epilogue(hidden @ kn("w1"), ep, bias=param("b1"), **extra)
+    elif segment.family == "add_norm":
+        out, pre = apply_epilogue(act("x"), ep, bias=param("bias"), **extra)
+    else:
+        raise ValueError(f"no reference for family {segment.family!r}")
+    result = {segment.binding("out"): out}
+    if segment.binding("pre_norm_out"):
+        result[segment.binding("pre_norm_out")] = pre
+    return result
