@@ -90,7 +90,10 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
                     "packed" if a["packed_qkv"] else "q,k,v", f"{a['scale']:.4g} {a['scale_form']}",
                     mask, "yes" if a["softmax_guarded"] else "no",
                     "yes" if a["causal_in_graph"] else "no", str(len(a["nodes"])))
-    console.print(att)
+    if data["attention"]:
+        console.print(att)
+    else:
+        console.print("[bold]no attention block stofc can handle[/]: see the reasons below")
     for layer, seg in zip(data["layers"], data["segments"], strict=True):
         seg_of = {i: s["name"] for s in seg["segments"] for i in s["ops"]}
         table = Table(title=f"Layer {layer['layer']} chain ({layer['norm_order']}-LN)")

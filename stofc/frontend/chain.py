@@ -107,7 +107,12 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
         pieces.extend(got[0])
         res = _residual(idx, got[1], h, lead)
         if res is None:
+            scale = idx.sole_data_user(got[1])
+            layer_scale = scale is not None and scale.op_type == "Mul" and any(
+                idx.is_initializer_like(i) for i in scale.input)
             raise ChainStop(*_first_user(idx, got[1]),
+                            "a per-channel scale (LayerScale) before the residual is not "
+                            "supported" if layer_scale else
                             "no residual Add of the layer input after the output projection")
         piece, value, other = res
         if lead is not None and other == lead[1]:
