@@ -43,7 +43,8 @@ def representative_specs() -> list[KernelSpec]:
             for c in search_space(kind, 64, "float16", profile, tile=tile):
                 # one spec per distinct template-parameter value (gather is runtime data)
                 for key in (("tile", c.tile), ("warp_m", c.warp_m), ("warps", c.warps),
-                            ("stages", c.stages), ("q_split", c.q_split), ("tw", c.tile, c.warps)):
+                            ("stages", c.stages), ("q_split", c.q_split), ("tw", c.tile, c.warps),
+                            ("min_blocks", c.min_blocks)):
                     if key not in seen:
                         seen.add(key)
                         add(KernelSpec(c, "float16", 64))

@@ -26,6 +26,7 @@ DTYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 KINDS: tuple[str, ...] = ("block", "row")
 ELEM_BYTES = 2
 REG_LIMIT = 255          # registers per thread the hardware allows
+MIN_REG_CAP = 96         # below this, __launch_bounds__ caps force heavy spills
 REG_OVERHEAD = 64        # addresses, loop state, masks (ptxas -v on sm_90: 137 regs for T=64,D=64)
 
 
@@ -40,6 +41,7 @@ class AttentionConfig:
     stages: int = 1
     q_split: int = 1
     gather: bool = False   # block-wise: pack sparse-column part tiles (runtime data only)
+    min_blocks: int = 1    # block-wise: __launch_bounds__ min blocks/SM (caps registers)
 
     @property
     def threads(self) -> int:
@@ -56,6 +58,7 @@ class AttentionConfig:
         if self.kind == "block":
             return (f"block-wise T={self.tile} rows/block={self.rows_per_block} "
                     f"warps={self.warps} rows/warp={self.warp_m} stages={self.stages}"
+                    f"{f' minblocks={self.min_blocks}' if self.min_blocks > 1 else ''}"
                     f"{' gather' if self.gather else ''}")
         return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
 
@@ -75,7 +78,8 @@ class KernelSpec:
         c = self.config
         dt = "f16" if self.dtype == "float16" else "bf16"
         return (f"stofc_attn_{c.kind}_{dt}_d{self.head_dim}_t{c.tile}_w{c.warps}_m{c.warp_m}"
-                f"_s{c.stages}_q{c.q_split}_b{int(self.has_bias)}_k{int(self.has_key_bits)}")
+                f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}_b{int(self.has_bias)}"
+                f"_k{int(self.has_key_bits)}")
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -132,22 +136,44 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
             return "warps must equal rows per block / rows per warp"
         if not 2 <= c.stages <= 4:
             return "stages must be 2..4 (1 has no overlap, more only adds smem)"
+        if c.min_blocks < 1 or profile.regs_per_sm // (c.min_blocks * c.threads) < MIN_REG_CAP:
+            return (f"min_blocks={c.min_blocks} caps registers below {MIN_REG_CAP} per thread: "
+                    "the accumulators would spill")
+        if c.min_blocks * smem_bytes(c, head_dim) > profile.smem_per_sm:
+            return f"{c.min_blocks} blocks per SM do not fit the SM's shared memory"
     else:
         if c.warp_m not in (1, 2, 4) or c.warps not in (1, 2, 4, 8):
             return "row-wise: 1, 2 or 4 rows per warp and 1..8 warps"
         if c.tile % c.rows_per_block:
             return "row-wise: a block's rows must lie inside one tile row (T % rows == 0)"
-        if c.stages != 1 or c.q_split != 1 or c.gather:
+        if c.stages != 1 or c.q_split != 1 or c.gather or c.min_blocks != 1:
             return "row-wise has no pipeline stages, query split or gathered tiles"
     smem = smem_bytes(c, head_dim)
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
     regs = estimate_registers(c, head_dim)
-    if regs > REG_LIMIT + 1:
+    if c.min_blocks > 1:                       # the cap replaces the estimate (ptxas obeys it)
+        regs = min(regs, profile.regs_per_sm // (c.min_blocks * c.threads))
+    if regs > REG_LIMIT + 1:                   # estimate is +-10%: 256 compiled to 234-255
         return f"needs about {regs} registers per thread (> {REG_LIMIT}): would spill"
     if regs * c.threads > profile.regs_per_sm:
         return "the block's registers exceed one SM's register file"
     return None
+
+
+def occupancy_blocks(tile: int, warps: int, stages: int, q_split: int, head_dim: int,
+                     profile: GpuProfile) -> int:
+    """Blocks/SM that shared memory allows while registers stay >= 128/thread (or 1).
+
+    The register cap that ``__launch_bounds__(threads, n)`` implies is what lifts
+    occupancy for the 4-warp 64x64 kernel (ptxas: 164 -> 128 registers, 8 B spill).
+    """
+    probe = AttentionConfig("block", tile, 16, warps, stages, q_split)
+    by_smem = profile.smem_per_sm // max(smem_bytes(probe, head_dim), 1)
+    by_regs = profile.regs_per_sm // (warps * 32 * 128)
+    n = min(by_smem, by_regs, profile.max_warps_per_sm // warps)
+    cap = profile.regs_per_sm // max(n * warps * 32, 1)
+    return n if n >= 2 and cap < REG_LIMIT else 1          # 1: the cap would change nothing
 
 
 def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
@@ -167,9 +193,12 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                 warps = tile // q_split // warp_m
                 for stages in (2, 3, 4):
                     for gather in (False, True):
-                        cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split, gather)
-                        if prune(cfg, head_dim, profile) is None:
-                            out.append(cfg)
+                        for mb in (1, occupancy_blocks(tile, warps, stages, q_split, head_dim,
+                                                       profile)):
+                            cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split,
+                                                  gather, mb)
+                            if prune(cfg, head_dim, profile) is None and cfg not in out:
+                                out.append(cfg)
     elif kind == "row":
         for warps in (1, 2, 4, 8):
             for warp_m in (1, 2, 4):

@@ -29,6 +29,7 @@ def render_kernel(spec: KernelSpec) -> Source:
         warps=c.warps,
         stages=c.stages,
         q_split=c.q_split,
+        min_blocks=c.min_blocks,
         has_bias="true" if spec.has_bias else "false",
         has_key_bits="true" if spec.has_key_bits else "false",
     )

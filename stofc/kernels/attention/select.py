@@ -36,6 +36,7 @@ from stofc.kernels.attention.config import (
     AttentionConfig,
     check_head_dim,
     estimate_registers,
+    occupancy_blocks,
     prune,
     smem_bytes,
 )
@@ -84,7 +85,10 @@ def stof_threshold(fmt: MaskFormat, seq_len: int) -> float:
 
 
 def _blocks_per_sm(cfg: AttentionConfig, head_dim: int, profile: GpuProfile) -> int:
-    regs = estimate_registers(cfg, head_dim) * cfg.threads
+    per_thread = estimate_registers(cfg, head_dim)
+    if cfg.min_blocks > 1:
+        per_thread = min(per_thread, profile.regs_per_sm // (cfg.min_blocks * cfg.threads))
+    regs = per_thread * cfg.threads
     by_regs = profile.regs_per_sm // max(regs, 1)
     by_warps = profile.max_warps_per_sm // cfg.warps
     by_smem = profile.smem_per_sm // max(smem_bytes(cfg, head_dim), 1)
@@ -92,24 +96,30 @@ def _blocks_per_sm(cfg: AttentionConfig, head_dim: int, profile: GpuProfile) -> 
 
 
 def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                 head_dim: int) -> AttentionConfig:
-    """Starting block-wise config: fill two waves, then the deepest free pipeline."""
+                 head_dim: int) -> AttentionConfig | None:
+    """Starting block-wise config (None when the search space is empty, e.g. T=128, D=128).
+
+    Measured on an H200 (bench/results): 64 query rows x 4 warps x 2 stages is best or
+    within 5% on every family at L=1024 and 4096; the query split only pays when the
+    grid is short of one wave; the __launch_bounds__ occupancy cap is taken when it
+    keeps >= 128 registers per thread; gathering whenever the plan gathers anything.
+    """
     t = fmt.tile
     rows = fmt.tile_rows
-    q_split = 1
-    base = AttentionConfig("block", t, 16, t // 16, 2, 1)
-    slots = profile.sm_count * _blocks_per_sm(base, head_dim, profile)
-    if batch * heads * rows < 2 * slots and t >= 64:
-        q_split = 2
     gather = plan_tiles(fmt, gather=True).gathered > 0
-    best = None
-    for stages in (2, 3, 4):
-        cfg = AttentionConfig("block", t, 16, t // q_split // 16, stages, q_split, gather)
-        if prune(cfg, head_dim, profile) is not None:
-            continue
-        if best is None or _blocks_per_sm(cfg, head_dim, profile) >= _blocks_per_sm(best, head_dim, profile):
-            best = cfg
-    return best or base
+    base = AttentionConfig("block", t, 16, t // 16, 2, 1)
+    if prune(base, head_dim, profile) is not None:
+        return None
+    slots = profile.sm_count * _blocks_per_sm(base, head_dim, profile)
+    q_split = 2 if batch * heads * rows < slots else 1
+    warps = t // q_split // 16
+    for stages in (2, 3):
+        mb = occupancy_blocks(t, warps, stages, q_split, head_dim, profile)
+        for cfg in (AttentionConfig("block", t, 16, warps, stages, q_split, gather, mb),
+                    AttentionConfig("block", t, 16, warps, stages, q_split, gather)):
+            if prune(cfg, head_dim, profile) is None:
+                return cfg
+    return None
 
 
 def row_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
@@ -156,11 +166,16 @@ def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: in
     thr = stof_threshold(fmt, seq_len)
     bcfg = block_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim)
     rcfg = row_config(fmt, profile, batch=batch, heads=heads, seq_len=seq_len)
-    block_us, row_us = _estimates(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
-                                  head_dim=head_dim, bcfg=bcfg)
+    block_us, row_us = math.inf, 0.0
+    if bcfg is not None:
+        block_us, row_us = _estimates(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
+                                      head_dim=head_dim, bcfg=bcfg)
     stof = "row-wise" if thr < 0 else "block-wise"
     if fmt.tile < 64:
         kind, why = "row", f"the mask's tile T={fmt.tile} is below the block-wise minimum of 64"
+    elif bcfg is None:
+        kind, why = "row", (f"no block-wise config fits T={fmt.tile} with head_dim={head_dim} "
+                            "(registers or shared memory)")
     elif row_us < block_us:
         kind = "row"
         why = (f"row-wise est. {row_us:.1f} us < block-wise {block_us:.1f} us: the allowed elements "
@@ -170,7 +185,7 @@ def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: in
         why = (f"block-wise est. {block_us:.1f} us <= row-wise {row_us:.1f} us: tensor cores on "
                f"{fmt.tile}x{fmt.tile} tiles beat per-element K/V re-reads")
     agree = "agrees" if (thr < 0) == (kind == "row") else "is overruled"
-    cfg = rcfg if kind == "row" else bcfg
+    cfg = rcfg if kind == "row" or bcfg is None else bcfg
     explanation = (f"{kind}-wise ({cfg.describe()}) on {profile.full_name}: {why}; "
                    f"STOF's threshold {thr:+.4f} says {stof} and {agree}")
     return KernelChoice(kind, cfg, explanation, thr, block_us, row_us)
