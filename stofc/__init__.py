@@ -6,3 +6,11 @@ on the target GPU and writes a deployable ONNX Runtime package.
 """
 
 __version__ = "0.1.0"
+
+
+def load(path, providers=None):
+    """Check the package in ``path`` and return an ``onnxruntime.InferenceSession`` (see
+    :func:`stofc.package.load.load`)."""
+    from stofc.package.load import load as _load
+
+    return _load(path, providers)

@@ -23,6 +23,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("stofc.commands.mask", "mask"),
     ("stofc.commands.inspect", "inspect"),
     ("stofc.commands.ortlib", "ortlib"),
+    ("stofc.commands.compile", "compile_command"),
+    ("stofc.commands.verify", "verify"),
+    ("stofc.commands.bench", "bench"),
 )
 
 

@@ -1,0 +1,49 @@
+"""``stofc compile MODEL --mask SPEC``: argument checks, then :func:`stofc.pipeline.compile_model`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stofc.errors import StofcError
+from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compile_model
+
+
+@click.command("compile")
+@click.argument("model", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--mask", "mask", required=True, metavar="SPEC",
+              help="Structured attention mask: NAME[:key=value,...] or a .yaml file (MASKS.md).")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, metavar="NAME",
+              help="Target GPU profile (a100, h100, h200, ...; auto = the GPU present). "
+                   "Kernels are compiled for its arch (cubin) plus PTX; no GPU is needed.")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True,
+              help="Data type of the fused ops (graph inputs and outputs keep theirs).")
+@click.option("--max-seq-len", "max_seq_len", type=int, default=DEFAULT_MAX_SEQ_LEN,
+              show_default=True, metavar="N", help="Longest sequence the package accepts (L_max).")
+@click.option("--batch", type=int, default=1, show_default=True,
+              help="Batch size the analytical configs are chosen for (any batch runs).")
+@click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=None, help="Package directory (default: <model stem>.stofc beside MODEL).")
+@click.option("--tune", is_flag=True,
+              help="Then tune the package on the GPU present (must be --gpu).")
+@click.option("--dump-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Also write every rendered CUDA source here.")
+@click.option("--ort-include", type=click.Path(path_type=Path, file_okay=False), default=None,
+              envvar="STOFC_ORT_INCLUDE", help="ONNX Runtime C/C++ API headers to build against.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: int, batch: int,
+                    out_dir: Path | None, tune: bool, dump_dir: Path | None,
+                    ort_include: Path | None, quiet: bool) -> None:
+    """Compile MODEL with the structured mask into an ONNX Runtime package directory."""
+    if max_seq_len < 1:
+        raise StofcError(f"--max-seq-len {max_seq_len} is not positive",
+                         hint="give the longest sequence length, e.g. --max-seq-len 512")
+    if batch < 1:
+        raise StofcError(f"--batch {batch} is not positive", hint="give a batch size >= 1")
+    ins = Instruments(progress=not quiet, dump_dir=dump_dir)
+    path = compile_model(model, mask, gpu=gpu, dtype=dtype, max_seq_len=max_seq_len,
+                         out_dir=out_dir, tune=tune, batch=batch, instruments=ins,
+                         ort_include=ort_include)
+    total = sum(t for _, t in ins.timings)
+    click.echo(f"wrote {path} ({total:.1f} s)")
