@@ -9,6 +9,7 @@ replaces schemes and configs later, through :func:`plan_layer` /
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -38,28 +39,24 @@ PREFER_VENDOR_GEMM = True  # row = [B, S, 3, H, D] packed; heads = [3, B, H, S, 
 
 
 def _attention_spec(layer: Layer, mask: Any, profile: GpuProfile, dtype: str,
-                    max_seq_len: int) -> KernelSpec:
-    """The attention engineer's selector when present; a pending spec otherwise."""
-    try:
-        from stofc.kernels.attention import select_kernel  # type: ignore[attr-defined]
-    except ImportError:
-        select_kernel = None
-    if select_kernel is not None:
-        try:
-            spec = select_kernel(mask, profile, num_heads=layer.attention.num_heads,
-                                 head_dim=layer.attention.head_dim, dtype=dtype,
-                                 seq_len=max_seq_len)
-        except TypeError:
-            spec = None
-        if spec is not None:
-            family = getattr(spec, "family", None) or getattr(spec, "kind", "attention")
-            template = getattr(spec, "template", "") or ""
-            params = getattr(spec, "params", ())
-            if isinstance(params, dict):
-                params = tuple(sorted(params.items()))
-            return KernelSpec(family="attention", template=str(template) or str(family),
-                              params=tuple(params))
-    return KernelSpec("attention", "attention/select_kernel", (("selected", False),))
+                    max_seq_len: int, batch: int) -> KernelSpec:
+    """The attention selector's choice (``stofc.kernels.attention.select_kernel``) when
+    ``mask`` is an encoded :class:`~stofc.masks.format.MaskFormat`; otherwise a pending
+    spec (the package step selects once the mask is encoded)."""
+    from stofc.masks.format import MaskFormat
+
+    if not isinstance(mask, MaskFormat):
+        return KernelSpec("attention", "attention/select_kernel", (("selected", False),))
+    from stofc.kernels.attention import select_kernel
+    from stofc.kernels.attention.render import TEMPLATES
+
+    block = layer.attention
+    choice = select_kernel(mask, profile, batch=batch, heads=block.num_heads,
+                           seq_len=max_seq_len, head_dim=block.head_dim)
+    params = tuple(dataclasses.asdict(choice.config).items())
+    return KernelSpec("attention", TEMPLATES[choice.kernel],
+                      (("dtype", dtype), ("selected", True), *params,
+                       ("explanation", choice.explanation)))
 
 
 def kernel_spec(match: SegmentMatch, *, tokens: int, profile: GpuProfile, dtype: str,
@@ -106,7 +103,7 @@ def _row_width(match: SegmentMatch) -> int:
 
 def plan_layer(layer: Layer, scheme: FusionScheme, *, tokens: int, profile: GpuProfile,
                dtype: str, mask: Any = None, max_seq_len: int = 0,
-               qkv_store: str = "row", vendor: bool = False) -> LayerPlan:
+               qkv_store: str = "row", vendor: bool = False, batch: int = 1) -> LayerPlan:
     """Segments of ``scheme`` with default kernels (raises ``SchemeRejected``).
 
     ``vendor`` puts GEMM segments that store row-major on the vendor path
@@ -116,7 +113,7 @@ def plan_layer(layer: Layer, scheme: FusionScheme, *, tokens: int, profile: GpuP
     for match in match_segments(layer, scheme):
         match = _with_width(layer, match)
         if match.family == "attention":
-            spec = _attention_spec(layer, mask, profile, dtype, max_seq_len)
+            spec = _attention_spec(layer, mask, profile, dtype, max_seq_len, batch)
         else:
             store = qkv_store if set(match.roles) & {"qkv", "q", "k", "v"} else "row"
             spec = kernel_spec(match, tokens=tokens, profile=profile, dtype=dtype, store=store,
@@ -149,20 +146,20 @@ def _mask_id(mask: Any) -> str:
 
 
 def _default_layer_plan(layer: Layer, tokens: int, profile: GpuProfile, dtype: str, mask: Any,
-                        max_seq_len: int, qkv_store: str) -> LayerPlan:
+                        max_seq_len: int, qkv_store: str, batch: int) -> LayerPlan:
     """The rule-based scheme; without the FFN chain if no GEMM+GEMM config fits the GPU."""
     min_norm = NORM_ROW_TILE * profile.sm_count
     scheme = initial_scheme(layer, tokens=tokens, norm_fusion_min_tokens=min_norm)
     try:
         return plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=dtype, mask=mask,
                           max_seq_len=max_seq_len, qkv_store=qkv_store,
-                          vendor=PREFER_VENDOR_GEMM)
+                          vendor=PREFER_VENDOR_GEMM, batch=batch)
     except PlanError:
         scheme = initial_scheme(layer, tokens=tokens, norm_fusion_min_tokens=min_norm,
                                 ffn_chain_max_tokens=0)
         return plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=dtype, mask=mask,
                           max_seq_len=max_seq_len, qkv_store=qkv_store,
-                          vendor=PREFER_VENDOR_GEMM)
+                          vendor=PREFER_VENDOR_GEMM, batch=batch)
 
 
 def build_plan(model_graph: Any, mask_spec: Any, profile: GpuProfile, *, dtype: str,
@@ -185,6 +182,6 @@ def build_plan(model_graph: Any, mask_spec: Any, profile: GpuProfile, *, dtype: 
     plans = []
     for layer in layers:
         plans.append(_default_layer_plan(layer, tokens, profile, dtype, mask_spec, max_seq_len,
-                                         qkv_store))
+                                         qkv_store, batch))
     return Plan(gpu=profile.name, arch=profile.arch, dtype=dtype, max_seq_len=max_seq_len,
                 tokens=tokens, mask=_mask_id(mask_spec), layers=tuple(plans))

@@ -234,3 +234,19 @@ def test_a100_configs_fit_its_shared_memory():
             cfg = GemmConfig(*(seg.kernel.param(k) for k in
                                ("bm", "bn", "bk", "warps_m", "warps_n", "stages")))
             assert cfg.smem_bytes("float16") <= a100.smem_per_block
+
+
+def test_attention_segment_uses_the_selector_with_an_encoded_mask():
+    from stofc.masks import encode, parse_mask
+
+    fmt = encode(parse_mask("sliding:window=128"), 512, tile=64)
+    plan = build_plan([bert_layer()], fmt, H100, dtype="float16", max_seq_len=512, batch=8)
+    att = plan.layers[0].segments[1]
+    assert att.family == "attention" and att.kernel.param("selected") is True
+    assert att.kernel.template in ("attention/block.cu.j2", "attention/row.cu.j2")
+    assert att.kernel.param("kind") in ("block", "row") and att.kernel.param("explanation")
+    assert plan.mask == fmt.spec_hash
+    assert Plan.from_json(plan.to_json()) == plan
+    pending = build_plan([bert_layer()], "sliding:window=128", H100, dtype="float16",
+                         max_seq_len=512).layers[0].segments[1]
+    assert pending.kernel.param("selected") is False
