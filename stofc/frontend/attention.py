@@ -206,7 +206,8 @@ def _reaches_scores(idx: GraphIndex, value: str, depth: int = 0) -> bool:
     if node.op_type == "MatMul":
         return idx.const(node.input[0]) is None and idx.const(node.input[1]) is None and \
             not idx.is_initializer_like(node.input[1])
-    if node.op_type in ("Cast", "Identity", "Mul", "Div", "Add", "Where", "Tanh"):
+    if node.op_type in ("Cast", "Identity", "Mul", "Div", "Add", "Sub", "Where", "Tanh",
+                        "Reshape", "Transpose", "Expand"):
         return any(_reaches_scores(idx, i, depth + 1) for i in node.input
                    if i and idx.const(i) is None)
     return False
@@ -348,23 +349,35 @@ def match_onnx_attention(idx: GraphIndex, node: onnx.NodeProto) -> AttentionBloc
         causal_in_graph=causal, mask_input=mask.value)
 
 
+_CONTRIB_ATTENTION = ("Attention", "MultiHeadAttention", "PackedAttention",
+                      "PackedMultiHeadAttention", "GroupQueryAttention", "DecoderAttention")
+
+
+def _looks_like_attention(idx: GraphIndex, softmax: onnx.NodeProto) -> bool:
+    """Scores from a MatMul of two computed operands, over elementwise/layout ops only."""
+    return _reaches_scores(idx, softmax.input[0])
+
+
 def find_attention(idx: GraphIndex) -> tuple[list[AttentionBlock], list[Unsupported]]:
-    """Every attention block in graph order, and the candidates left to ONNX Runtime."""
+    """Every attention block in graph order, and the candidates left to ONNX Runtime.
+
+    Candidates: ONNX ``Attention`` nodes and every Softmax over a product of two
+    computed tensors (Q·Kᵀ-like, through elementwise and layout ops only); other
+    Softmax nodes (a classifier's) are simply not attention. ONNX Runtime's contrib attention ops are listed
+    as left to ONNX Runtime.
+    """
     blocks, skipped = [], []
-    candidates = [n for n in idx.nodes if n.op_type in ("Softmax", "Attention")
-                  and n.domain in ("", "ai.onnx")]
-    if not candidates:
-        contrib = [n for n in idx.nodes if n.op_type in ("MultiHeadAttention", "Attention",
-                                                          "PackedAttention")]
-        for node in contrib:
-            skipped.append(Unsupported(node.name, node.op_type, "ONNX Runtime contrib attention "
-                                       f"op ({node.domain}) is left to ONNX Runtime"))
-        return blocks, skipped
-    for node in candidates:
+    for node in idx.nodes:
+        if node.domain not in ("", "ai.onnx"):
+            if node.op_type in _CONTRIB_ATTENTION:
+                skipped.append(Unsupported(node.name, node.op_type, "ONNX Runtime contrib "
+                                           f"attention op ({node.domain}) is left to ONNX "
+                                           "Runtime"))
+            continue
         try:
-            if node.op_type == "Softmax":
+            if node.op_type == "Softmax" and _looks_like_attention(idx, node):
                 blocks.append(match_softmax(idx, node))
-            else:
+            elif node.op_type == "Attention":
                 blocks.append(match_onnx_attention(idx, node))
         except _Skip as why:
             skipped.append(Unsupported(node.name, node.op_type, str(why)))

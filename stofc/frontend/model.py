@@ -30,8 +30,9 @@ def load_model(path: str | os.PathLike) -> ModelGraph:
     idx = GraphIndex(model)
     blocks, unsupported = find_attention(idx)
     if not blocks and not unsupported:
-        raise ModelError(f"no attention found in {path}: the graph has no Softmax and no "
-                         "Attention operator", hint="pass a transformer model")
+        raise ModelError(f"no attention found in {path}: no Attention operator and no Softmax "
+                         "over a product of two computed tensors (Q·Kᵀ)",
+                         hint="pass a transformer model")
     layers_pieces = []
     claimed: set[str] = set()
     for block in blocks:

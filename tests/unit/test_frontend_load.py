@@ -32,6 +32,18 @@ def _no_attention(path: Path) -> Path:
     return path
 
 
+def _classifier_only(path: Path) -> Path:
+    """MatMul + Softmax over classes: a Softmax, but no attention."""
+    w = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+         helper.make_node("Softmax", ["h"], ["y"], name="softmax", axis=-1)], "clf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
 def _external_without_data(path: Path) -> Path:
     model = build()
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -55,12 +67,13 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "missing_external_data": (_external_without_data(tmp_path / "ext.onnx"),
                                   "external data"),
         "no_attention": (_no_attention(tmp_path / "mlp.onnx"), "no attention"),
+        "classifier_softmax_only": (_classifier_only(tmp_path / "clf.onnx"), "no attention"),
         "dynamic_heads": (dynamic, "head count is not a constant"),
     }
 
 
 CASES = ["missing", "directory", "not_onnx", "truncated", "missing_external_data",
-         "no_attention", "dynamic_heads"]
+         "no_attention", "classifier_softmax_only", "dynamic_heads"]
 
 
 @pytest.mark.parametrize("case", CASES)

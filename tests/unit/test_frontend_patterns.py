@@ -137,6 +137,28 @@ def test_unsupported_block_is_left_to_ort(tmp_path):
     assert len(second_layer_matmuls) >= 6  # its projections, QK, PV, FFN stay with ORT
 
 
+def test_classifier_softmax_is_not_attention(tmp_path):
+    graph = _load(tmp_path, build(classifier=True))
+    assert len(graph.layers) == 1 and graph.unsupported == ()
+    softmaxes = [n.name for n in graph.model.graph.node if n.op_type == "Softmax"]
+    assert len(softmaxes) == 2 and softmaxes[-1] in graph.left_to_ort
+    assert softmaxes[0] in graph.layers[0].attention.nodes
+
+
+def test_contrib_attention_is_listed_as_left_to_ort(tmp_path):
+    model = build()
+    model.graph.node.append(onnx.helper.make_node(
+        "MultiHeadAttention", ["x", "x", "x"], ["mha_out"], name="ort_mha",
+        domain="com.microsoft", num_heads=4))
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("mha_out", 1, None))
+    graph = _load(tmp_path, model)
+    assert len(graph.layers) == 1
+    [why] = graph.unsupported
+    assert (why.node, why.op_type) == ("ort_mha", "MultiHeadAttention")
+    assert "ort_mha" in graph.left_to_ort
+
+
 def test_dynamic_head_count_is_an_error(tmp_path):
     with pytest.raises(ModelError, match="head count is not a constant"):
         _load(tmp_path, build(layers=[{"dynamic_heads": True}]))
