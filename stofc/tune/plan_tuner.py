@@ -1,0 +1,293 @@
+"""``tune_plan``: a plan's schemes and kernel configs chosen by measurement, per length bucket.
+
+Input: a :class:`~stofc.plan.plan.Plan` (``stofc.plan.build.build_plan``'s
+analytical default), the model's layers (the frontend ``ModelGraph`` or its
+``layers``: stage 1 re-partitions their operator chains, the runners name the
+weights), the attention mask (a :class:`~stofc.masks.MaskFormat`, or a spec
+encoded for the plan's ``max_seq_len``), the GPU profile, ``batch`` and the
+sequence-length buckets.
+
+Layers whose chains are alike (same operators and parameters up to weight
+names: BERT's 12) form one group, tuned once through one representative:
+:func:`stofc.tune.engine.tune_chain` over a
+:class:`~stofc.tune.adapters.LayerSchemeSpace` whose segment spaces are the
+real families' (:class:`~stofc.tune.spaces.SpaceFactory`) and whose start is
+the plan's own scheme (other buckets: the same rules ``build_plan`` uses).
+One :class:`~stofc.tune.evaluate.Evaluator` is shared by every (bucket,
+group), so a segment equal in two places is measured once; the budget is split
+evenly among them. The chosen scheme and the verified configs are written
+back into every layer of the group as the plan's
+:class:`~stofc.plan.plan.KernelSpec` values (same templates and parameter
+order as the analytical ones; a segment without a verified winner keeps its
+default).
+
+:func:`tune_plan_buckets` returns one tuned :class:`Plan` per bucket
+(``tokens = batch x bucket``) with the default-vs-tuned times per segment;
+:func:`tune_plan` returns the plan of the largest bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stofc.errors import PlanError
+from stofc.frontend.types import Layer
+from stofc.plan.plan import KernelSpec, LayerPlan, Plan
+from stofc.plan.scheme import FusionScheme
+from stofc.targets import GpuProfile
+from stofc.tune.adapters import LayerSchemeSpace
+from stofc.tune.db import TuningDatabase
+from stofc.tune.engine import TuneResult, tune_chain
+from stofc.tune.evaluate import Evaluator, EvaluatorStats
+from stofc.tune.interfaces import Config, Measurer, Scheme, SegmentSpace
+from stofc.tune.progress import QuietReporter, Reporter
+from stofc.tune.spaces import KernelSegment, SpaceFactory
+
+_NAME_PARAMS = ("weight", "bias", "scale")
+
+
+@dataclass(frozen=True)
+class SegmentTiming:
+    """One segment of the tuned chain (or of the default chain): config and time."""
+
+    label: str
+    family: str
+    config: str
+    default_ms: float | None        # the segment's analytical default config
+    tuned_ms: float | None          # the config the tuned plan uses
+    verified: bool
+
+
+@dataclass(frozen=True)
+class BucketResult:
+    """One (bucket, layer group): the tuned plan layers' chain vs the default chain.
+
+    ``default_chain_ms``: the plan's default scheme with default configs, one
+    layer; ``tuned_chain_ms``: the tuned scheme with tuned configs. ``None``
+    where a segment had no successful measurement.
+    """
+
+    seq_len: int
+    layers: tuple[int, ...]
+    default_scheme: str
+    tuned_scheme: str
+    default_segments: tuple[SegmentTiming, ...]
+    tuned_segments: tuple[SegmentTiming, ...]
+    default_chain_ms: float | None
+    tuned_chain_ms: float | None
+    result: TuneResult
+
+
+@dataclass(frozen=True)
+class PlanTuning:
+    """Every bucket's tuned plan, the per-group results, what was measured, the wall time."""
+
+    plans: tuple[tuple[int, Plan], ...]
+    groups: tuple[BucketResult, ...]
+    stats: EvaluatorStats
+    elapsed_s: float
+
+    def plan_for(self, seq_len: int) -> Plan:
+        """The plan of the smallest bucket holding ``seq_len`` (the largest one otherwise)."""
+        for length, plan in sorted(self.plans, key=lambda p: p[0]):
+            if seq_len <= length:
+                return plan
+        return max(self.plans, key=lambda p: p[0])[1]
+
+
+class PlanSchemeSpace(LayerSchemeSpace):
+    """A :class:`LayerSchemeSpace` that starts from a given scheme (the plan's)."""
+
+    def __init__(self, layer: Any, *, tokens: int, segment_space: Any,
+                 start: FusionScheme) -> None:
+        super().__init__(layer, tokens=tokens, segment_space=segment_space)
+        self.start = start
+
+    def initial(self) -> Scheme:
+        return Scheme(self.start.codes).canonical()
+
+
+def chain_signature(layer: Layer) -> tuple:
+    """What makes two layers' chains tune alike: operators and parameters, not names."""
+    ops = tuple((op.kind.value, op.role,
+                 tuple((k, v) for k, v in op.params if k not in _NAME_PARAMS and k != "layer"))
+                for op in layer.chain)
+    block = layer.attention
+    return (layer.norm_order, block.num_heads, block.head_dim, block.hidden_size,
+            round(float(block.scale or 0.0), 9), ops)
+
+
+def _qkv_store(layer_plan: LayerPlan) -> str:
+    for seg in layer_plan.segments:
+        if set(seg.roles) & {"qkv", "q", "k", "v"} and seg.kernel.param("store"):
+            return str(seg.kernel.param("store"))
+    return "row"
+
+
+def _mask_format(mask: Any, plan: Plan) -> Any:
+    if mask is None or (hasattr(mask, "spec_hash") and hasattr(mask, "load_row_ptr")):
+        return mask
+    from stofc.masks import encode
+
+    return encode(mask, plan.max_seq_len, tile=64)
+
+
+def _time(evaluator: Evaluator, space: SegmentSpace, config: Config | None) -> float | None:
+    if config is None:
+        return None
+    m = evaluator.memo(space).get(config.key)
+    return m.time_ms if m is not None and m.ok else None
+
+
+def _chain_ms(rows: tuple[SegmentTiming, ...], attr: str) -> float | None:
+    values = [getattr(r, attr) for r in rows]
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def _start_scheme(layer: Layer, layer_plan: LayerPlan, tokens: int, plan: Plan,
+                  profile: GpuProfile) -> FusionScheme:
+    if tokens == plan.tokens:
+        return layer_plan.scheme
+    from stofc.plan.build import NORM_ROW_TILE
+    from stofc.plan.moves import initial_scheme
+
+    return initial_scheme(layer, tokens=tokens, norm_fusion_min_tokens=NORM_ROW_TILE
+                          * profile.sm_count)
+
+
+def _write_back(layer: Layer, scheme: FusionScheme, specs: list[KernelSpec], *, tokens: int,
+                plan: Plan, profile: GpuProfile, qkv_store: str) -> LayerPlan:
+    from stofc.plan.build import PREFER_VENDOR_GEMM, plan_layer
+
+    base = plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=plan.dtype,
+                      max_seq_len=plan.max_seq_len, qkv_store=qkv_store,
+                      vendor=PREFER_VENDOR_GEMM)
+    if len(base.segments) != len(specs):
+        raise PlanError(f"layer {layer.index}: the tuned scheme maps to {len(base.segments)} "
+                        f"segments, the tuner chose {len(specs)} kernels",
+                        hint="this is a stofc bug; report it")
+    segments = tuple(dataclasses.replace(seg, kernel=spec)
+                     for seg, spec in zip(base.segments, specs, strict=True))
+    return dataclasses.replace(base, segments=segments)
+
+
+def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfile, *,
+                      batch: int, seq_lens: tuple[int, ...] = (), budget_s: float | None = None,
+                      db: TuningDatabase | None = None, reporter: Reporter | None = None,
+                      measurer: Measurer | None = None, seed: int = 0) -> PlanTuning:
+    """Tune ``plan`` for every bucket of ``seq_lens`` (see the module doc).
+
+    ``measurer``: default a GPU :func:`~stofc.tune.runners.gpu_measurer`
+    (closed at the end). ``seq_lens``: default the plan's ``max_seq_len``;
+    each must be at most it (the mask format's ``L_max``).
+    """
+    started = time.monotonic()
+    layers = list(getattr(model_graph, "layers", model_graph) or ())
+    if len(layers) != len(plan.layers):
+        raise PlanError(f"tune_plan got {len(layers)} model layers for a plan of "
+                        f"{len(plan.layers)}", hint="pass the model graph the plan was built from")
+    lengths = tuple(sorted(set(seq_lens or (plan.max_seq_len,))))
+    too_long = [n for n in lengths if n > plan.max_seq_len or n < 1]
+    if too_long:
+        raise PlanError(f"sequence-length bucket {too_long[0]} is outside 1..{plan.max_seq_len} "
+                        "(the plan's max_seq_len)",
+                        hint="tune lengths up to the length the package was compiled for")
+    if batch < 1:
+        raise PlanError(f"batch {batch} is not positive", hint="give a batch size >= 1")
+    fmt = _mask_format(mask, plan)
+    reporter = reporter or QuietReporter()
+    own = measurer is None
+    if measurer is None:
+        from stofc.tune.runners import gpu_measurer
+        measurer = gpu_measurer()
+    groups: dict[tuple, list[int]] = {}
+    for i, layer in enumerate(layers):
+        groups.setdefault(chain_signature(layer), []).append(i)
+    jobs = [(n, members) for n in lengths for members in groups.values()]
+    share = None if budget_s is None else budget_s / len(jobs)
+    evaluator = Evaluator(measurer, db)
+    new_layers: dict[int, dict[int, LayerPlan]] = {n: {} for n in lengths}
+    results: list[BucketResult] = []
+    try:
+        for seq_len, members in jobs:
+            rep, rep_plan = layers[members[0]], plan.layers[members[0]]
+            tokens = batch * seq_len
+            own_defaults = tokens == plan.tokens
+            factory = SpaceFactory(rep, batch, seq_len, plan.dtype, profile, fmt,
+                                   _qkv_store(rep_plan),
+                                   tuple((s.ops, s.kernel) for s in rep_plan.segments)
+                                   if own_defaults else ())
+            space = PlanSchemeSpace(rep, tokens=tokens, segment_space=factory,
+                                    start=_start_scheme(rep, rep_plan, tokens, plan, profile))
+            reporter.stage("bucket", f"L={seq_len}, batch {batch}: layers "
+                           f"{members[0]}..{members[-1]} ({len(members)} alike)")
+            result = tune_chain(space, measurer, reporter, db=db, budget_s=share,
+                                evaluator=evaluator, seed=seed)
+            group = _group_result(space, result, evaluator, seq_len, tuple(members))
+            results.append(group)
+            tuned = [s for s in space.segments(result.scheme)]
+            specs = [seg.kernel_spec(_chosen(result, seg)) for seg in tuned
+                     if isinstance(seg, KernelSegment)]
+            scheme = FusionScheme.from_values(list(result.scheme.values))
+            for i in members:
+                new_layers[seq_len][i] = _write_back(
+                    layers[i], scheme, specs, tokens=tokens, plan=plan, profile=profile,
+                    qkv_store=_qkv_store(plan.layers[i]))
+    finally:
+        if own:
+            close = getattr(measurer, "close", None)
+            if close is not None:
+                close()
+    plans = tuple((n, Plan(gpu=profile.name, arch=profile.arch, dtype=plan.dtype,
+                           max_seq_len=plan.max_seq_len, tokens=batch * n, mask=plan.mask,
+                           layers=tuple(new_layers[n][i] for i in range(len(layers)))))
+                  for n in lengths)
+    return PlanTuning(plans=plans, groups=tuple(results), stats=evaluator.stats,
+                      elapsed_s=time.monotonic() - started)
+
+
+def _chosen(result: TuneResult, segment: SegmentSpace) -> Config:
+    """The verified winner of ``segment`` in ``result``, else its default config."""
+    for r in result.stage2.segments:
+        if (r.family == segment.family and tuple(r.problem) == tuple(segment.problem)
+                and r.best is not None and r.verified):
+            return r.best
+    return segment.default_config()
+
+
+def _group_result(space: PlanSchemeSpace, result: TuneResult, evaluator: Evaluator,
+                  seq_len: int, members: tuple[int, ...]) -> BucketResult:
+    def rows(scheme: Scheme, tuned: bool) -> tuple[SegmentTiming, ...]:
+        out = []
+        for seg in space.segments(scheme):
+            default = seg.default_config() if seg.configs() else None
+            chosen = _chosen(result, seg) if tuned else default
+            verified = any(r.verified and r.family == seg.family
+                           and tuple(r.problem) == tuple(seg.problem)
+                           for r in result.stage2.segments) if tuned else False
+            out.append(SegmentTiming(seg.label, seg.family, "-" if chosen is None else chosen.key,
+                                     _time(evaluator, seg, default), _time(evaluator, seg, chosen),
+                                     verified))
+        return tuple(out)
+
+    initial = space.initial()
+    default_rows, tuned_rows = rows(initial, False), rows(result.scheme, True)
+    return BucketResult(seq_len=seq_len, layers=members, default_scheme=str(initial),
+                        tuned_scheme=str(result.scheme), default_segments=default_rows,
+                        tuned_segments=tuned_rows,
+                        default_chain_ms=_chain_ms(default_rows, "default_ms"),
+                        tuned_chain_ms=_chain_ms(tuned_rows, "tuned_ms"), result=result)
+
+
+def tune_plan(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfile, *, batch: int,
+              seq_lens: tuple[int, ...] = (), budget_s: float | None = None,
+              db: TuningDatabase | None = None, reporter: Reporter | None = None,
+              measurer: Measurer | None = None, seed: int = 0) -> Plan:
+    """The tuned plan of the largest bucket (see :func:`tune_plan_buckets`)."""
+    tuning = tune_plan_buckets(plan, model_graph, mask, profile, batch=batch, seq_lens=seq_lens,
+                               budget_s=budget_s, db=db, reporter=reporter, measurer=measurer,
+                               seed=seed)
+    return tuning.plan_for(max(n for n, _ in tuning.plans))

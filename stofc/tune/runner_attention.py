@@ -1,0 +1,184 @@
+"""GPU runner of the attention segment, through :class:`stofc.runtime.attention.AttentionOp`.
+
+Called in the measurement worker with an
+:class:`~stofc.tune.spaces.AttentionPayload`; the config names the kernel
+(``block`` / ``row``) and its shape (:class:`~stofc.kernels.attention.AttentionConfig`).
+
+* Inputs: random packed projections, ``[B, S, 3, H, D]`` (the ``row`` QKV
+  store; Q/K/V read in place as ``bshd`` slices) or ``[3, B, H, S, D]``
+  (``heads`` store, ``bhsd``), in the dtype, enough sets to cover twice the L2
+  (:func:`~stofc.tune.measure.rotation_count`), kept for the last few problems.
+* ``time``: a config :func:`~stofc.kernels.attention.prune` rejects is a
+  :class:`~stofc.tune.measure.CandidateRejected`; otherwise one
+  :class:`~stofc.runtime.module.BoundLaunch` per input set (one driver call
+  per launch, so host overhead is negligible) timed with
+  :func:`~stofc.tune.measure.time_with_events`.
+* ``verify``: output poisoned with NaN, one launch; the whole output must be
+  finite, and sampled (batch, head) pairs must match
+  :func:`~stofc.kernels.attention.reference_attention` (float64, the mask
+  decoded independently by ``dense_from_format``) within the GPU tests'
+  tolerance (relative Frobenius 2e-3 fp16, 1e-2 bf16).
+
+:func:`compile_attention` compiles a candidate into the NVRTC cache without a GPU.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from stofc.tune.measure import CandidateRejected, MeasureTask, rotation_count, time_with_events
+from stofc.tune.spaces import ATTENTION_PARAMS, AttentionPayload
+
+TOL = {"float16": 2e-3, "bfloat16": 1e-2}
+KEEP_INPUTS = 2
+KEEP_OPS = 8
+
+_INPUTS: OrderedDict[tuple, list[tuple[Any, Any, Any, Any]]] = OrderedDict()
+_OPS: OrderedDict[tuple, Any] = OrderedDict()
+_DENSE: dict[str, np.ndarray] = {}
+
+
+def attention_config(params: Any) -> Any:
+    """The :class:`~stofc.kernels.attention.AttentionConfig` of a tuner config."""
+    from stofc.kernels.attention import AttentionConfig
+
+    values = {p: params[p] for p in ATTENTION_PARAMS}
+    return AttentionConfig(kind=str(values["kind"]), tile=int(values["tile"]),
+                           warp_m=int(values["warp_m"]), warps=int(values["warps"]),
+                           stages=int(values["stages"]), q_split=int(values["q_split"]),
+                           gather=bool(values["gather"]))
+
+
+def _profile() -> Any:
+    from stofc.targets import detect
+
+    return detect()
+
+
+def _op(p: AttentionPayload, config: Any) -> Any:
+    from stofc.runtime.attention import AttentionOp
+
+    key = (p.fmt.spec_hash, config, p.dtype, p.head_dim)
+    if key not in _OPS:
+        while len(_OPS) >= KEEP_OPS:
+            _OPS.popitem(last=False)
+        _OPS[key] = AttentionOp(p.fmt, config, p.dtype, p.head_dim, _profile())
+    return _OPS[key]
+
+
+def _random(cupy: Any, rng: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    x = rng.standard_normal(shape, dtype=cupy.float32)
+    if dtype == "float16":
+        return x.astype(cupy.float16)
+    u = x.view(cupy.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+
+
+def _inputs(task: MeasureTask, p: AttentionPayload) -> list[tuple[Any, Any, Any, Any]]:
+    """Input sets ``(q, k, v, out)`` as views of packed projections (module doc)."""
+    import cupy
+
+    key = (task.family, task.problem)
+    if key in _INPUTS:
+        _INPUTS.move_to_end(key)
+        return _INPUTS[key]
+    while len(_INPUTS) >= KEEP_INPUTS:
+        _INPUTS.popitem(last=False)
+    b, s, h, d = p.batch, p.seq_len, p.heads, p.head_dim
+    per_set = 2 * b * s * h * d * 4                      # Q, K, V and the output
+    count = rotation_count(per_set, p.l2_bytes)
+    rng = cupy.random.default_rng(zlib.crc32(repr(key).encode()))
+    sets = []
+    storage = cupy.float16 if p.dtype == "float16" else cupy.uint16
+    for _ in range(count):
+        if p.layout == "bshd":
+            qkv = _random(cupy, rng, (b, s, 3, h, d), p.dtype)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            out = cupy.empty((b, s, h, d), dtype=storage)
+        else:
+            qkv = _random(cupy, rng, (3, b, h, s, d), p.dtype)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            out = cupy.empty((b, h, s, d), dtype=storage)
+        sets.append((q, k, v, out))
+    _INPUTS[key] = sets
+    return sets
+
+
+def run(task: MeasureTask) -> float | bool:
+    """The runner entry for one attention candidate (see the module doc)."""
+    import cupy
+
+    from stofc.kernels.attention import prune
+
+    p: AttentionPayload = task.payload
+    config = attention_config(task.params)
+    reason = prune(config, p.head_dim, _profile())
+    if reason:
+        raise CandidateRejected(reason)
+    if config.tile != p.fmt.tile:
+        raise CandidateRejected(f"kernel tile {config.tile} != mask tile {p.fmt.tile}")
+    op = _op(p, config)
+    sets = _inputs(task, p)
+    if task.mode == "verify":
+        return verify(op, sets[0], p)
+    bound = [op.bind(q, k, v, out, layout=p.layout, scale=p.scale) for q, k, v, out in sets]
+    bound[0].launch()
+    cupy.cuda.Device().synchronize()
+    ms = time_with_events(lambda i: bound[i].launch(), len(bound), task.settings)
+    cupy.cuda.Device().synchronize()
+    return ms
+
+
+def _head(x: Any, layout: str, b: int, h: int) -> Any:
+    return x[b, :, h, :] if layout == "bshd" else x[b, h]
+
+
+def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> bool:
+    """Poisoned output, one launch, the float64 check on sampled (batch, head) pairs."""
+    import cupy
+
+    from stofc.kernels.attention.reference import dense_from_format, reference_attention
+    from stofc.runtime.segments import to_host
+
+    q, k, v, out = inputs
+    nan = np.float16(np.nan) if p.dtype == "float16" else np.uint16(0x7FC0)
+    out.fill(nan)
+    op.run(q, k, v, out, layout=p.layout, scale=p.scale)
+    cupy.cuda.Device().synchronize()
+    if p.dtype == "float16":
+        finite = bool(cupy.isfinite(out).all())
+    else:
+        finite = bool(((out & 0x7F80) != 0x7F80).all())
+    if not finite:
+        return False
+    if p.fmt.spec_hash not in _DENSE:
+        _DENSE[p.fmt.spec_hash] = dense_from_format(p.fmt)
+    dense = _DENSE[p.fmt.spec_hash]
+    rng = np.random.default_rng(p.batch * p.heads)
+    pairs = {(0, 0), (p.batch - 1, p.heads - 1),
+             (int(rng.integers(p.batch)), int(rng.integers(p.heads)))}
+    num = den = 0.0
+    for b, h in sorted(pairs):
+        qh, kh, vh = (to_host(cupy.ascontiguousarray(_head(x, p.layout, b, h)), p.dtype)
+                      for x in (q, k, v))
+        mask = dense[0 if dense.shape[0] == 1 else h]
+        want = reference_attention(qh[None, :, None, :], kh[None, :, None, :],
+                                   vh[None, :, None, :], mask, p.scale)[0, :, 0, :]
+        got = to_host(cupy.ascontiguousarray(_head(out, p.layout, b, h)), p.dtype)
+        num += float(np.sum((got.astype(np.float64) - want) ** 2))
+        den += float(np.sum(want**2))
+    return bool(np.sqrt(num) <= TOL[p.dtype] * max(np.sqrt(den), 1e-30))
+
+
+def compile_attention(payload: AttentionPayload, config_key: str) -> None:
+    """Compile a candidate into the NVRTC cache (no GPU), as ``AttentionOp`` will load it."""
+    from stofc.kernels.attention import KernelSpec, compile_kernel
+    from stofc.tune.interfaces import Config
+
+    config = attention_config(Config.from_key(config_key))
+    compile_kernel(KernelSpec(config, payload.dtype, payload.head_dim, False, False),
+                   payload.arch)
