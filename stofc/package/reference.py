@@ -27,6 +27,7 @@ from stofc.errors import StofcError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import ModelGraph
 from stofc.masks.format import MaskFormat
+from stofc.package.rewrite import float_type
 
 MASKED = -1e9
 
@@ -73,7 +74,7 @@ def inject_mask(graph: ModelGraph, formats: dict[int, MaskFormat]) -> onnx.Model
             numpy_helper.from_array(np.array([0, 0], np.int64), f"{p}/zeros"),
             numpy_helper.from_array(np.array([rank - 2, rank - 1], np.int64), axes),
         ])
-        elem = idx.elem_type(scores) or TensorProto.FLOAT
+        elem = idx.elem_type(scores) or float_type(idx)
         bias = shared[key]
         nodes = [
             helper.make_node("Shape", [scores], [shape], name=f"{p}/Shape"),

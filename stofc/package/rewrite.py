@@ -380,16 +380,24 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     emitted = []
     for layer_plan in plan.layers:
         layer = graph.layers[layer_plan.index]
+        for op in layer.chain:
+            if len(op.outputs) > 1:  # the plan's dataflow knows one result per operator
+                raise PlanError(f"layer {layer.index} operator #{op.index} ({op.kind.value}) "
+                                f"produces {len(op.outputs)} values read elsewhere "
+                                f"({', '.join(op.outputs)}); the fusion plan cannot represent it",
+                                hint="report the model to stofc (e.g. a clamp inside a norm)")
         removed |= {n for op in layer.chain for n in op.nodes}
         for seg in layer_plan.segments:
             emitted.append(emit_segment(em, graph, seg, kernels.get((seg.layer, seg.ordinal), ""),
                                         attention.get(seg.layer)))
+    removed = _restore_needed(list(model.graph.node), removed, set(em.fused),
+                              set(idx.graph_outputs))
     kept = [n for n in model.graph.node if n.name not in removed]
     needed = {i for n in kept for i in n.input if i} | set(idx.graph_outputs)
     for value, twin in em.fused.items():
         if value in needed:
-            em.node("Cast", [twin], [value], stem="cast_out", to=idx.elem_type(value)
-                    or TensorProto.FLOAT)
+            em.node("Cast", [twin], [value], stem="cast_out",
+                    to=idx.elem_type(value) or float_type(idx))
     nodes = _topological([*kept, *em.nodes], set(idx.graph_inputs) | set(idx.initializers)
                          | set(em.inits))
     nodes = _live(nodes, set(idx.graph_outputs))
@@ -407,6 +415,31 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     return model, tuple(emitted)
+
+
+def float_type(idx: GraphIndex) -> int:
+    """The model's float type where shape inference left a value untyped: its weights' type."""
+    counts: dict[int, int] = {}
+    for t in idx.initializers.values():
+        if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
+            counts[t.data_type] = counts.get(t.data_type, 0) + 1
+    return max(counts, key=lambda k: counts[k]) if counts else TensorProto.FLOAT
+
+
+def _restore_needed(nodes: list[onnx.NodeProto], removed: set[str], fused: set[str],
+                    outputs: set[str]) -> set[str]:
+    """Keep removed nodes whose results unfused nodes still read (shared shape/bias helpers)."""
+    removed = set(removed)
+    changed = True
+    while changed:
+        changed = False
+        reads = {i for n in nodes if n.name not in removed for i in n.input if i} | outputs
+        reads |= _subgraph_inputs([n for n in nodes if n.name not in removed])
+        for node in nodes:
+            if node.name in removed and any(o in reads and o not in fused for o in node.output):
+                removed.discard(node.name)
+                changed = True
+    return removed
 
 
 def _subgraph_inputs(nodes: list[onnx.NodeProto]) -> set[str]:
