@@ -142,7 +142,7 @@ def variants(layer, tokens: int, profile, dtype: str):
     for i, g in enumerate(ALT_GEMM):
         out.append((f"hand-cfg{i}", with_configs(base, g, ALT_NORM[i % len(ALT_NORM)])))
     if tokens <= 1024:
-        chain = initial_scheme(layer, tokens=1)
+        chain = initial_scheme(layer, tokens=1, ffn_chain_max_tokens=64)
         out.append(("ffn-chain", plan_layer(layer, chain, tokens=tokens, profile=profile,
                                             dtype=dtype)))
     return out
@@ -282,8 +282,16 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
     for label, t in (("mixed", ms), ("mixed+graph", gms)):
         if t < best[0]:
             best = (t, label, runner)
-    result["stofc_best_ms"] = min(result["stofc"].values())
+    # the minimum over many variants is biased low (identical plans differ by run noise):
+    # time the winner once more and report that fresh measurement
     result["stofc_best"] = min(result["stofc"], key=result["stofc"].get)
+    result["stofc_best_first_ms"] = result["stofc"][result["stofc_best"]]
+    if result["stofc_best"].endswith("+graph"):
+        result["stofc_best_ms"] = time_graph(best[2], x_name, x_dev, a_dev, batch, seq, n_rot)
+    else:
+        result["stofc_best_ms"] = time_fn(lambda i: best[2].run_chain(
+            {x_name: x_dev[i]}, batch=batch, seq_len=seq, attention=lambda s, v: a_dev[i]),
+            n_rot)
 
     # torch baselines on the same weights and inputs
     dev = torch.device("cuda")
@@ -294,12 +302,16 @@ def run_point(batch, seq, layer, weights, profile, torch, log) -> dict:
     eager = torch_layer(torch, tw)
     with torch.no_grad():
         result["torch_eager_ms"] = time_fn(lambda i: eager(tx[i], ta[i]), n_rot)
-        compiled = torch.compile(eager)
+        # a fresh static-shape compile per point: without the reset, dynamo's automatic
+        # dynamic shapes would hand later points shape-generic kernels (runs 1-2 did)
+        torch._dynamo.reset()
+        compiled = torch.compile(eager, dynamic=False)
         for i in range(3):
             compiled(tx[i % n_rot], ta[i % n_rot])
         result["torch_compile_ms"] = time_fn(lambda i: compiled(tx[i], ta[i]), n_rot)
         try:  # the same with CUDA graphs (mode reduce-overhead), for reference
-            graphed = torch.compile(eager, mode="reduce-overhead")
+            torch._dynamo.reset()
+            graphed = torch.compile(eager, mode="reduce-overhead", dynamic=False)
             for i in range(5):
                 graphed(tx[i % n_rot], ta[i % n_rot])
             result["torch_compile_graphs_ms"] = time_fn(lambda i: graphed(tx[i], ta[i]), n_rot)

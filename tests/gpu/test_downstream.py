@@ -31,8 +31,8 @@ def _scheme(layer, kind: str, tokens: int) -> FusionScheme:
     n = len(layer.chain)
     if kind == "fused":      # gemm (+bias/act/residual) and gemm_norm
         return initial_scheme(layer, tokens=max(tokens, 4096))
-    if kind == "ffn_chain":  # gemm_gemm for the FFN
-        return initial_scheme(layer, tokens=1)
+    if kind == "ffn_chain":  # gemm_gemm for the FFN (off in the default rules since run 3)
+        return initial_scheme(layer, tokens=1, ffn_chain_max_tokens=64)
     if kind == "unfused":    # every op alone: plain gemm + one add_norm per MI op
         return FusionScheme.unfused(n)
     if kind == "split":      # gemm+bias(+act) then add_norm (residual + norm)
