@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from stofc.tune.measure import CandidateRejected, MeasureTask, rotation_count, time_with_events
-from stofc.tune.spaces import ATTENTION_PARAMS, AttentionPayload
+from stofc.tune.spaces import AttentionPayload, attention_config
 
 TOL = {"float16": 2e-3, "bfloat16": 1e-2}
 KEEP_INPUTS = 2
@@ -40,17 +40,6 @@ KEEP_OPS = 8
 _INPUTS: OrderedDict[tuple, list[tuple[Any, Any, Any, Any]]] = OrderedDict()
 _OPS: OrderedDict[tuple, Any] = OrderedDict()
 _DENSE: dict[str, np.ndarray] = {}
-
-
-def attention_config(params: Any) -> Any:
-    """The :class:`~stofc.kernels.attention.AttentionConfig` of a tuner config."""
-    from stofc.kernels.attention import AttentionConfig
-
-    values = {p: params[p] for p in ATTENTION_PARAMS}
-    return AttentionConfig(kind=str(values["kind"]), tile=int(values["tile"]),
-                           warp_m=int(values["warp_m"]), warps=int(values["warps"]),
-                           stages=int(values["stages"]), q_split=int(values["q_split"]),
-                           gather=bool(values["gather"]))
 
 
 def _profile() -> Any:

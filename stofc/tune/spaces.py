@@ -29,7 +29,9 @@ compile option (part of the database key).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +49,6 @@ from stofc.targets import GpuProfile
 from stofc.tune.interfaces import Config
 
 VENDOR = "vendor/cublas"
-ATTENTION_PARAMS = ("kind", "tile", "warp_m", "warps", "stages", "q_split", "gather")
 GEMM_PARAMS = ("bm", "bn", "bk", "warps_m", "warps_n", "stages")
 GG_PARAMS = ("bm", "bh", "bk", "warps", "stages", "split")
 
@@ -160,9 +161,40 @@ def config_of_spec(spec: KernelSpec) -> Config:
     if spec.family == "add_norm":
         return Config.of(tpr=spec.param("tpr"), rows=spec.param("rows"))
     if spec.family == "attention":
-        return Config.of({k: spec.param(k) for k in ATTENTION_PARAMS})
+        return Config.of({k: spec.param(k) for k in attention_fields()
+                          if spec.param(k) is not None})
     raise PlanError(f"no tuner config for kernel family {spec.family!r}",
                     hint="this is a stofc bug; report it")
+
+
+def attention_fields() -> tuple[str, ...]:
+    """The fields of :class:`~stofc.kernels.attention.AttentionConfig` (the config's axes)."""
+    from stofc.kernels.attention.config import AttentionConfig
+
+    return tuple(f.name for f in dataclasses.fields(AttentionConfig))
+
+
+def attention_config(params: Mapping[str, Any]) -> Any:
+    """The :class:`~stofc.kernels.attention.AttentionConfig` of a tuner config."""
+    from stofc.kernels.attention.config import AttentionConfig
+
+    return AttentionConfig(**{k: params[k] for k in attention_fields() if k in params})
+
+
+def _attention_space(fmt: Any, kind: str, head_dim: int, dtype: str,
+                     profile: GpuProfile) -> list[Any]:
+    """``search_space`` for the format: its gather / permutation switches when it has them."""
+    from stofc.kernels.attention import search_space
+
+    accepted = inspect.signature(search_space).parameters
+    extra: dict[str, bool] = {}
+    if "gatherable" in accepted:
+        from stofc.kernels.attention.gather import plan_tiles
+        extra["gatherable"] = plan_tiles(fmt, gather=True).gathered > 0
+    if "permutable" in accepted:
+        from stofc.kernels.attention import permute  # type: ignore[attr-defined]
+        extra["permutable"] = permute.choose_permutation(fmt) is not None
+    return search_space(kind, head_dim, dtype, profile, tile=fmt.tile, **extra)
 
 
 def spec_of(family: str, config: Config, *, dtype: str, store: str = "row",
@@ -355,8 +387,7 @@ class SpaceFactory:
         return self._make(match, key, to_spec, build, "row")
 
     def attention(self, match: SegmentMatch) -> KernelSegment:
-        from stofc.kernels.attention import render, search_space, select_kernel
-        from stofc.kernels.attention.config import AttentionConfig
+        from stofc.kernels.attention import render, select_kernel
 
         if self.mask is None:
             raise PlanError("tuning the attention segment needs the mask format",
@@ -367,22 +398,23 @@ class SpaceFactory:
         layout = "bhsd" if self.qkv_store == "heads" else "bshd"
         choice = select_kernel(fmt, profile, batch=self.batch, heads=heads, seq_len=seq_len,
                                head_dim=head_dim)
+        fields = attention_fields()
 
-        def as_config(c: AttentionConfig) -> Config:
-            return Config.of({p: getattr(c, p) for p in ATTENTION_PARAMS})
+        def as_config(c: Any) -> Config:
+            return Config.of({p: getattr(c, p) for p in fields})
 
         def build() -> tuple[list[Config], dict[str, int]]:
             kinds = ("block", "row") if fmt.tile >= 64 else ("row",)
             configs = [as_config(c) for kind in kinds
-                       for c in search_space(kind, head_dim, dtype, profile, tile=fmt.tile)]
+                       for c in _attention_space(fmt, kind, head_dim, dtype, profile)]
             reasons = {} if fmt.tile >= 64 else {
                 f"block-wise needs T >= 64 (mask tile {fmt.tile})": 1}
-            return configs, reasons
+            return list(dict.fromkeys(configs)), reasons
 
         def to_spec(config: Config) -> KernelSpec:
             return KernelSpec("attention", render.TEMPLATES[str(config["kind"])],
                               (("dtype", dtype), ("head_dim", head_dim),
-                               *((p, config[p]) for p in ATTENTION_PARAMS)))
+                               *((p, config[p]) for p in fields if p in config)))
 
         payload = AttentionPayload(fmt, self.batch, seq_len, heads, head_dim, dtype, layout,
                                    float(block.scale or head_dim ** -0.5), profile.arch,
