@@ -2,7 +2,7 @@
 
 :func:`compile_model` reads top to bottom::
 
-    load_model -> parse_mask -> get_profile -> build_plan -> encode masks
+    get_profile -> parse_mask -> load_model -> build_plan -> encode masks
     -> select + render kernels -> compile_source (cubin + PTX) -> write_package [-> tune]
 
 Each stage is called through :class:`Instruments` (hidet-style pass
@@ -33,7 +33,7 @@ from stofc.masks import MaskSpec, encode, parse_mask
 from stofc.masks.format import MaskFormat
 from stofc.package.kernels import AttentionKernel, attention_kernel, compile_all, render_segment
 from stofc.package.rewrite import attention_inputs
-from stofc.package.writer import PackageContents, write_package
+from stofc.package.writer import PackageContents, check_destination, write_package
 from stofc.plan.build import build_plan
 from stofc.plan.plan import KernelSpec, Plan
 from stofc.targets import GpuProfile, get_profile
@@ -167,7 +167,9 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     if max_seq_len < 1 or batch < 1:
         raise PlanError(f"max_seq_len={max_seq_len}, batch={batch} must be positive",
                         hint="pass --max-seq-len and --batch as positive integers")
+    check_destination(out)  # before any work: a foreign directory is never touched
     profile = ins.run("target", get_profile, gpu)
+    spec = ins.run("parse mask", parse_mask, mask)
     if tune:  # tuning measures on the GPU present: check it before compiling anything
         from stofc.tune.device import check_gpu
         profile = ins.run("check GPU", check_gpu, gpu)
@@ -175,7 +177,6 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     if not graph.layers:
         raise PlanError(f"{model_path}: no attention block stofc can fuse",
                         hint="run `stofc inspect` to see why each block was left to ORT")
-    spec = ins.run("parse mask", parse_mask, mask)
     causal = any(layer.attention.causal_in_graph for layer in graph.layers)
     effective = with_causal(spec) if causal else spec
     plan = ins.run("plan", build_plan, graph, effective, profile, dtype=dtype,

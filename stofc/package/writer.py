@@ -77,7 +77,8 @@ def mask_id(fmt: MaskFormat) -> str:
     return f"mask-{fmt.spec_hash[:16]}"
 
 
-def _check_destination(dest: Path) -> None:
+def check_destination(dest: Path) -> None:
+    """Refuse a destination that exists and is neither empty nor a stofc package."""
     if not dest.exists():
         return
     if not dest.is_dir():
@@ -217,7 +218,7 @@ def write_package(out_dir: str | Path, contents: PackageContents, *,
                   ort_include: str | Path | None = None) -> Path:
     """Write the package to ``out_dir`` atomically (see the module doc); returns the path."""
     dest = Path(out_dir).absolute()
-    _check_destination(dest)
+    check_destination(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
     try:

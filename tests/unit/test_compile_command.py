@@ -1,0 +1,108 @@
+"""``stofc compile`` / ``verify`` / ``bench`` on the command line: success and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from stofc.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+from build_model import build_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "tiny.onnx"
+    onnx.save(build_model(layers=1), str(path))
+    return path
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.output  # after progress lines
+    assert "Traceback" not in result.output
+    return errors[0]
+
+
+def test_compile_default_output_dir(example):
+    result = run("compile", str(example), "--mask", "longformer:window=8,global=2",
+                 "--max-seq-len", "64", "--quiet")
+    assert result.exit_code == 0, result.output
+    out = example.with_name("tiny.stofc")
+    assert f"wrote {out}" in result.output
+    assert (out / "manifest.json").is_file()
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["gpu"]["name"] == "h100" and doc["plan"]["dtype"] == "float16"
+    assert doc["targets"] == ["sm_90", "compute_90"]
+
+
+def test_compile_and_verify(example, tmp_path):
+    out = tmp_path / "pkg"
+    result = run("compile", str(example), "--mask", "causal", "--max-seq-len", "64",
+                 "-o", str(out), "--gpu", "h200", "--dump-dir", str(tmp_path / "dump"))
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "dump").glob("*.cu"))
+    result = run("verify", str(out), "--seq-len", "64", "--seq-len", "31", "--batch", "3")
+    assert result.exit_code == 0, result.output
+    assert "ok: every output within 0.01" in result.output
+    assert result.output.count("last_hidden_state") == 2
+    result = run("verify", str(out), "--json", "--seq-len", "20")
+    report = json.loads(result.output)
+    assert report["passed"] and report["errors"][0]["seq_len"] == 20
+
+
+def test_verify_exit_1_beyond_bound(example, tmp_path):
+    out = tmp_path / "pkg"
+    assert run("compile", str(example), "--mask", "causal", "--max-seq-len", "64", "-o",
+               str(out), "--quiet").exit_code == 0
+    other = tmp_path / "other.onnx"
+    onnx.save(build_model(layers=1, seed=3), str(other))
+    result = run("verify", str(out), "--model", str(other), "--seq-len", "32")
+    assert result.exit_code == 1
+    assert "verify failed: output last_hidden_state" in result.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("compile", "missing.onnx", "--mask", "causal"), "model file not found"),
+    (("compile", "{model}", "--mask", "nosuchmask"), "nosuchmask"),
+    (("compile", "{model}", "--mask", "causal", "--gpu", "tpu9"), "unknown GPU"),
+    (("compile", "{model}", "--mask", "causal", "--max-seq-len", "0"), "--max-seq-len 0"),
+    (("compile", "{model}", "--mask", "causal", "--dtype", "fp8"), "fp8"),
+    (("compile", "{model}", "--mask", "causal", "--tune", "--max-seq-len", "64"), "GPU"),
+    (("verify", "{tmp}/nowhere"), "no plan.json"),
+    (("verify", "{tmp}", "--batch", "2"), "--batch without --seq-len"),
+    (("bench", "{tmp}"), "onnxruntime-gpu"),
+])
+def test_bad_inputs_exit_2_with_one_line(args, needle, example, tmp_path):
+    args = tuple(a.format(model=example, tmp=tmp_path) for a in args)
+    line = one_error_line(run(*args))
+    assert needle in line
+
+
+def test_compile_refuses_foreign_output(example, tmp_path):
+    (tmp_path / "keep.txt").write_text("x")
+    line = one_error_line(run("compile", str(example), "--mask", "causal", "-o", str(tmp_path)))
+    assert "not a stofc package" in line
+    assert (tmp_path / "keep.txt").is_file()
+
+
+def test_compile_bf16_then_verify_on_cpu_says_why(example, tmp_path):
+    out = tmp_path / "bf16"
+    result = run("compile", str(example), "--mask", "causal", "--dtype", "bf16",
+                 "--max-seq-len", "64", "-o", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    line = one_error_line(run("verify", str(out)))
+    assert "bfloat16" in line and "--provider cuda" in line
