@@ -29,6 +29,9 @@ default).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +42,7 @@ from stofc.plan.plan import KernelSpec, LayerPlan, Plan
 from stofc.plan.scheme import FusionScheme
 from stofc.targets import GpuProfile
 from stofc.tune.adapters import LayerSchemeSpace
-from stofc.tune.db import TuningDatabase
+from stofc.tune.db import RecordKey, TuningDatabase
 from stofc.tune.engine import TuneResult, tune_chain
 from stofc.tune.evaluate import Evaluator, EvaluatorStats
 from stofc.tune.interfaces import Config, Measurer, Scheme, SegmentSpace
@@ -99,15 +102,49 @@ class PlanTuning:
 
 
 class PlanSchemeSpace(LayerSchemeSpace):
-    """A :class:`LayerSchemeSpace` that starts from a given scheme (the plan's)."""
+    """A :class:`LayerSchemeSpace` that starts from a given scheme (the plan's).
+
+    ``known``: a scheme stage 1 already chose (from the database); stage 1
+    then starts there and proposes no move.
+    """
 
     def __init__(self, layer: Any, *, tokens: int, segment_space: Any,
-                 start: FusionScheme) -> None:
+                 start: FusionScheme, known: Scheme | None = None) -> None:
         super().__init__(layer, tokens=tokens, segment_space=segment_space)
         self.start = start
+        self.known = known
 
     def initial(self) -> Scheme:
         return Scheme(self.start.codes).canonical()
+
+    def search_start(self) -> PlanSchemeSpace:
+        """The space stage 1 searches: from the known scheme, frozen, when there is one."""
+        if self.known is None:
+            return self
+        frozen = PlanSchemeSpace(self.layer, tokens=self.tokens,
+                                 segment_space=self.segment_space,
+                                 start=FusionScheme.from_values(list(self.known.values)))
+        frozen.moves = lambda scheme: []  # type: ignore[method-assign]
+        frozen._segments = self._segments
+        return frozen
+
+
+def scheme_record_key(measurer: Measurer, layer: Layer, factory: SpaceFactory) -> RecordKey:
+    """The database key of a chain's stage-1 result (one per chain shape, bucket and GPU)."""
+    fmt = factory.mask
+    problem = [hashlib.sha256(repr(chain_signature(layer)).encode()).hexdigest()[:24],
+               factory.batch, factory.seq_len, factory.dtype, factory.qkv_store,
+               getattr(fmt, "spec_hash", ""), factory.profile.arch]
+    return RecordKey(family="scheme", problem=json.dumps(problem, separators=(",", ":")),
+                     gpu=measurer.gpu, driver=measurer.driver, compile_options="[]")
+
+
+def _known_scheme(db: TuningDatabase | None, key: RecordKey, n_ops: int) -> Scheme | None:
+    record = db.best(key) if db is not None else None
+    if record is None:
+        return None
+    values = json.loads(record.config).get("scheme")
+    return Scheme(tuple(values)).canonical() if values and len(values) == n_ops else None
 
 
 def chain_signature(layer: Layer) -> tuple:
@@ -177,12 +214,15 @@ def _write_back(layer: Layer, scheme: FusionScheme, specs: list[KernelSpec], *, 
 def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfile, *,
                       batch: int, seq_lens: tuple[int, ...] = (), budget_s: float | None = None,
                       db: TuningDatabase | None = None, reporter: Reporter | None = None,
-                      measurer: Measurer | None = None, seed: int = 0) -> PlanTuning:
+                      measurer: Measurer | None = None, seed: int = 0,
+                      stage1_share: float = 0.5) -> PlanTuning:
     """Tune ``plan`` for every bucket of ``seq_lens`` (see the module doc).
 
     ``measurer``: default a GPU :func:`~stofc.tune.runners.gpu_measurer`
     (closed at the end). ``seq_lens``: default the plan's ``max_seq_len``;
-    each must be at most it (the mask format's ``L_max``).
+    each must be at most it (the mask format's ``L_max``). A stage-1 search
+    that converged is stored in ``db`` (family ``"scheme"``), so a warm run
+    starts from that scheme and measures nothing it measured before.
     """
     started = time.monotonic()
     layers = list(getattr(model_graph, "layers", model_graph) or ())
@@ -220,12 +260,20 @@ def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfi
                                    _qkv_store(rep_plan),
                                    tuple((s.ops, s.kernel) for s in rep_plan.segments)
                                    if own_defaults else ())
+            key = scheme_record_key(measurer, rep, factory)
             space = PlanSchemeSpace(rep, tokens=tokens, segment_space=factory,
-                                    start=_start_scheme(rep, rep_plan, tokens, plan, profile))
+                                    start=_start_scheme(rep, rep_plan, tokens, plan, profile),
+                                    known=_known_scheme(db, key, len(rep.chain)))
             reporter.stage("bucket", f"L={seq_len}, batch {batch}: layers "
-                           f"{members[0]}..{members[-1]} ({len(members)} alike)")
-            result = tune_chain(space, measurer, reporter, db=db, budget_s=share,
-                                evaluator=evaluator, seed=seed)
+                           f"{members[0]}..{members[-1]} ({len(members)} alike)"
+                           + (", scheme from the database" if space.known else ""))
+            result = tune_chain(space.search_start(), measurer, reporter, db=db,
+                                budget_s=share, evaluator=evaluator, seed=seed,
+                                stage1_share=stage1_share)
+            if (db is not None and space.known is None and result.stage1.stopped == "converged"
+                    and math.isfinite(result.stage1.cost_ms)):
+                db.upsert_best(key, json.dumps({"scheme": list(result.scheme.values)}),
+                               result.stage1.cost_ms)
             group = _group_result(space, result, evaluator, seq_len, tuple(members))
             results.append(group)
             tuned = [s for s in space.segments(result.scheme)]

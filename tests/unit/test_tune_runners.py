@@ -253,6 +253,7 @@ def test_tune_plan_writes_the_verified_winners_into_every_bucket(small, tmp_path
         warm = tune_plan_buckets(plan, layers, fmt, H100, batch=2, seq_lens=(128, 512),
                                  db=db, measurer=again, reporter=RecordingReporter())
     assert again.calls == 0 and warm.stats.measured == 0
+    assert all(not g.result.stage1.decisions for g in warm.groups)   # scheme from the database
     assert warm.plans == tuning.plans
     assert tuning.plan_for(100) is tuning.plans[0][1] and tuning.plan_for(300) is tuning.plans[1][1]
 
