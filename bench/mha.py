@@ -32,6 +32,7 @@ from triton.testing import do_bench
 
 from stofc.kernels.attention import AttentionConfig, search_space, select_kernel
 from stofc.kernels.attention.gather import plan_tiles
+from stofc.kernels.attention.permute import choose_permutation
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
@@ -91,8 +92,10 @@ def candidates(profile, fmt64, fmt128, choice):
     out = [("selector", choice.config, fmt64)]
     for fmt in (fmt64, fmt128):
         gathers = plan_tiles(fmt, gather=True).gathered > 0
-        for cfg in search_space("block", D, "float16", profile, tile=fmt.tile):
-            if cfg.stages <= 3 and (gathers or not cfg.gather):
+        permutes = choose_permutation(fmt) is not None
+        for cfg in search_space("block", D, "float16", profile, tile=fmt.tile,
+                                gatherable=gathers, permutable=permutes):
+            if cfg.stages <= 3:
                 out.append(("block", cfg, fmt))
     for warps, rpw in ((4, 1), (8, 1), (4, 2)):
         out.append(("row", AttentionConfig("row", 64, rpw, warps), fmt64))

@@ -26,6 +26,7 @@ from stofc.kernels.attention.config import (
     smem_bytes,
 )
 from stofc.kernels.attention.gather import plan_tiles
+from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 from stofc.kernels.attention.render import compile_kernel
 from stofc.masks.format import MaskFormat
 from stofc.runtime.module import BoundLaunch, LoadedKernel, _cupy, device_arch, load_kernel
@@ -85,8 +86,17 @@ class AttentionOp:
         self.target = device_arch()
         cp = _cupy()
         self._cp = cp
-        if config.kind == "block":                        # the walk list, maybe gathered
+        perm = None
+        if config.kind == "block" and config.permute:     # residue permutation (dilation)
+            chosen = choose_permutation(fmt)
+            if chosen is None:
+                raise StofcError("the config asks for a residue permutation but none pays "
+                                 "for this mask", hint="use permute=False")
+            _, perm, pfmt = chosen
+            plan = permuted_plan(pfmt, perm, gather=config.gather)
+        elif config.kind == "block":                      # the walk list, maybe gathered
             plan = plan_tiles(fmt, gather=config.gather)
+        if config.kind == "block":
             row_ptr, keys, parts = plan.row_ptr, plan.key_base, plan.part_idx
             words, gk, self._work = plan.bitmaps, plan.gather_keys, plan.tiles_per_row
             self.plan = plan
@@ -100,6 +110,11 @@ class AttentionOp:
         words = np.ascontiguousarray(words, dtype=np.uint64).ravel()
         self._bitmaps = cp.asarray(words if words.size else np.zeros(2, dtype=np.uint64))
         self._gather_keys = cp.asarray(np.concatenate([np.ravel(gk), np.full(4, -1)]).astype(np.int32))
+        self.permutation = perm
+        qp = np.full(fmt.tile_rows * fmt.tile + 4, -1, dtype=np.int32)
+        if perm is not None:
+            qp[:fmt.seq_len] = perm
+        self._q_perm = cp.asarray(qp)
         self._fmt_head_stride = 0 if fmt.num_heads == 1 else fmt.tile_rows + 1
         self._dummy = cp.zeros(8, dtype=cp.float16 if dtype == "float16" else cp.uint16)
         self._dummy_words = cp.zeros(1, dtype=cp.uint64)
@@ -123,6 +138,8 @@ class AttentionOp:
         """Tile rows that hold queries < seq_len, longest (most allowed elements) first."""
         if seq_len not in self._orders:
             rows = math.ceil(seq_len / self.fmt.tile)
+            if self.permutation is not None:                # permuted rows mix all positions
+                rows = self.fmt.tile_rows
             work = np.asarray(self._work, dtype=np.int64).sum(axis=0)[:rows]
             order = np.argsort(-work, kind="stable").astype(np.int32)
             self._orders[seq_len] = (self._cp.asarray(order), rows)
@@ -224,6 +241,7 @@ class AttentionOp:
                 *(i64(s) for s in vq.strides), *(i64(s) for s in vk.strides),
                 *(i64(s) for s in vv.strides), *(i64(s) for s in vo.strides),
                 self._row_ptr, self._col_idx, self._part_idx, self._bitmaps, self._gather_keys,
+                self._q_perm, i32(self.permutation is not None),
                 i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
                 bias_arr, i64(bsb), i64(bsh), i64(bsq),
                 i32(batch), i32(heads), i32(seq), np.float32(scale))

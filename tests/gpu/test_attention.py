@@ -14,12 +14,15 @@ from test_attention_helpers import TOL, encoded, run_case
 
 from stofc.kernels.attention import AttentionConfig, search_space, select_kernel
 from stofc.kernels.attention.gather import plan_tiles
+from stofc.kernels.attention.permute import choose_permutation
 from stofc.kernels.attention.reference import format_from_dense
 from stofc.targets import detect
 
 BLOCK = AttentionConfig("block", 64, 16, 4, 2, 1)
 ROW = AttentionConfig("row", 64, 1, 4)
 GATHER = AttentionConfig("block", 64, 16, 4, 2, 1, gather=True)
+PERMUTE = AttentionConfig("block", 64, 16, 4, 2, 1, gather=True, permute=True)
+KINDS = {"block": BLOCK, "gather": GATHER, "row": ROW, "permute": PERMUTE}
 SEED = np.random.SeedSequence().entropy
 
 
@@ -54,7 +57,7 @@ FAMILIES = [
 def test_every_family_both_kernels(spec, kind):
     L_max, seq = 1000, 1000
     fmt, dense = encoded(spec, L_max)
-    cfg = {"block": BLOCK, "gather": GATHER, "row": ROW}[kind]
+    cfg = KINDS[kind]
     res = run_case(fmt, dense, cfg, batch=2, heads=3, seq=seq, head_dim=64, seed=_seed(spec, kind))
     _check(res, "float16")
 
@@ -94,7 +97,7 @@ def test_per_head_composed_yaml(tmp_path, kind):
     path.write_text(YAML)
     fmt, dense = encoded(str(path), 777, num_heads=4)
     assert fmt.num_heads == 4
-    cfg = {"block": BLOCK, "gather": GATHER, "row": ROW}[kind]
+    cfg = KINDS[kind] if kind != "permute" else GATHER
     _check(run_case(fmt, dense, cfg, batch=2, heads=4, seq=777, head_dim=64,
                     seed=_seed("yaml", kind)), "float16")
     # intersect, and a shorter runtime length than L_max
@@ -129,14 +132,17 @@ def test_every_config_of_the_search_space(kind, tile):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kind", ["block", "gather", "row"])
+@pytest.mark.parametrize("kind", ["block", "gather", "permute", "row"])
 def test_padding_bias_layouts(kind, dtype):
     rng = np.random.default_rng(_seed("pad", kind, dtype))
-    cfg = {"block": BLOCK, "gather": GATHER, "row": ROW}[kind]
-    spec = "strided:stride=100" if kind == "gather" else "sliding:window=150"
+    cfg = KINDS[kind]
+    spec = {"gather": "strided:stride=100", "permute": "dilated:window=150,dilation=2"}.get(
+        kind, "sliding:window=150")
     fmt, dense = encoded(spec, 640)
     if kind == "gather":
         assert plan_tiles(fmt, gather=True).gathered > 0
+    if kind == "permute":
+        assert choose_permutation(fmt) is not None
     B, H, L = 3, 4, 600
     lens = [600, 321, 64]
     km = (rng.random((B, 640)) < 0.8).astype(np.int32)
@@ -213,3 +219,17 @@ def test_selector_branches_run_correctly():
     _check(run_case(fmt, sparse, choice, batch=2, heads=4, seq=512, head_dim=64,
                     seed=_seed("sparse")), "float16")
     assert picked == {"block", "row"}, picked
+
+
+@pytest.mark.parametrize("spec", ["dilated:window=256,dilation=2", "dilated:window=300,dilation=3,causal=true",
+                                  "dilated:window=90,dilation=4"])
+@pytest.mark.parametrize("seq", [1000, 611])
+def test_residue_permutation_on_dilated_masks(spec, seq):
+    fmt, dense = encoded(spec, 1000)
+    assert choose_permutation(fmt) is not None
+    for cfg in (PERMUTE, AttentionConfig("block", 64, 32, 2, 3, 1, permute=True),
+                AttentionConfig("block", 64, 16, 2, 2, 2, permute=True)):
+        res = run_case(fmt, dense, cfg, batch=2, heads=3, seq=seq, head_dim=64,
+                       seed=_seed(spec, seq, cfg))
+        assert not res.nan, cfg
+        assert res.err <= TOL["float16"], (cfg, res.err)

@@ -13,6 +13,7 @@ from stofc.kernels.attention.gather import (
     plan_to_dense,
     unpack_bits,
 )
+from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 from stofc.kernels.attention.reference import from_bf16_bits, key_valid, to_bf16_bits
 from stofc.masks import encode
 
@@ -127,3 +128,23 @@ def test_per_head_plan():
 def test_bf16_bits_roundtrip():
     x = np.array([1.0, -2.5, 3.140625, 1e-3], dtype=np.float32)
     assert np.allclose(from_bf16_bits(to_bf16_bits(x)), x, rtol=4e-3)
+
+
+@pytest.mark.parametrize("spec,period", [("dilated:window=256,dilation=2", 2),
+                                         ("dilated:window=300,dilation=3,causal=true", 3)])
+def test_residue_permutation_densifies_dilation_and_keeps_the_mask(spec, period):
+    fmt = encode(spec, 1000)
+    chosen = choose_permutation(fmt)
+    assert chosen is not None and chosen[0] == period
+    _, perm, pfmt = chosen
+    assert np.array_equal(np.sort(perm), np.arange(1000))
+    plan = permuted_plan(pfmt, perm, gather=True)
+    assert plan.key_base.size < 0.75 * plan_tiles(fmt).key_base.size
+    assert np.all(plan.key_base < 0)                      # every tile gathered by real key
+    dense = dense_from_format(fmt)
+    assert np.array_equal(plan_to_dense(plan, 1000), dense[:, perm, :])
+
+
+@pytest.mark.parametrize("spec", ["causal", "sliding:window=128", "strided:stride=64"])
+def test_no_permutation_where_it_does_not_pay(spec):
+    assert choose_permutation(encode(spec, 1000)) is None

@@ -42,6 +42,7 @@ class AttentionConfig:
     q_split: int = 1
     gather: bool = False   # block-wise: pack sparse-column part tiles (runtime data only)
     min_blocks: int = 1    # block-wise: __launch_bounds__ min blocks/SM (caps registers)
+    permute: bool = False  # block-wise: residue permutation of queries and keys (runtime data)
 
     @property
     def threads(self) -> int:
@@ -59,7 +60,7 @@ class AttentionConfig:
             return (f"block-wise T={self.tile} rows/block={self.rows_per_block} "
                     f"warps={self.warps} rows/warp={self.warp_m} stages={self.stages}"
                     f"{f' minblocks={self.min_blocks}' if self.min_blocks > 1 else ''}"
-                    f"{' gather' if self.gather else ''}")
+                    f"{' gather' if self.gather else ''}{' permute' if self.permute else ''}")
         return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
 
 
@@ -146,7 +147,7 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
             return "row-wise: 1, 2 or 4 rows per warp and 1..8 warps"
         if c.tile % c.rows_per_block:
             return "row-wise: a block's rows must lie inside one tile row (T % rows == 0)"
-        if c.stages != 1 or c.q_split != 1 or c.gather or c.min_blocks != 1:
+        if c.stages != 1 or c.q_split != 1 or c.gather or c.permute or c.min_blocks != 1:
             return "row-wise has no pipeline stages, query split or gathered tiles"
     smem = smem_bytes(c, head_dim)
     if smem > profile.smem_per_block:
@@ -177,10 +178,14 @@ def occupancy_blocks(tile: int, warps: int, stages: int, q_split: int, head_dim:
 
 
 def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
-                 tile: int = 64) -> list[AttentionConfig]:
+                 tile: int = 64, gatherable: bool = True,
+                 permutable: bool = False) -> list[AttentionConfig]:
     """Every valid config of ``kind`` for a format with outer tile ``tile``.
 
-    Each candidate that :func:`prune` rejects is dropped; the tuner measures the rest.
+    ``gatherable`` / ``permutable`` say whether the format's walk list changes with
+    gathering (``plan_tiles(fmt).gathered > 0``) or a residue permutation
+    (``choose_permutation(fmt) is not None``); without them those switches would only
+    duplicate configs. Each candidate that :func:`prune` rejects is dropped.
     """
     check_head_dim(head_dim)
     check_dtype(dtype)
@@ -192,11 +197,14 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                     continue
                 warps = tile // q_split // warp_m
                 for stages in (2, 3, 4):
-                    for gather in (False, True):
+                    for gather, permute in ((False, False), (True, False), (False, True),
+                                            (True, True)):
+                        if (gather and not gatherable) or (permute and not permutable):
+                            continue
                         for mb in (1, occupancy_blocks(tile, warps, stages, q_split, head_dim,
                                                        profile)):
                             cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split,
-                                                  gather, mb)
+                                                  gather, mb, permute)
                             if prune(cfg, head_dim, profile) is None and cfg not in out:
                                 out.append(cfg)
     elif kind == "row":

@@ -16,7 +16,9 @@ from stofc.masks.format import MaskFormat
 
 
 def format_from_dense(dense: np.ndarray, tile: int = 64) -> MaskFormat:
-    """Encode a boolean mask ``[L, L]`` (shared) or ``[H, L, L]`` (per head)."""
+    """Encode a boolean mask ``[L, L]`` (shared) or ``[H, L, L]`` (per head). Vectorised."""
+    from stofc.kernels.attention.gather import pack_bits
+
     dense = np.asarray(dense, dtype=bool)
     if dense.ndim == 2:
         dense = dense[None]
@@ -24,64 +26,43 @@ def format_from_dense(dense: np.ndarray, tile: int = 64) -> MaskFormat:
     if n != n2 or tile not in (16, 32, 64, 128):
         raise ValueError("dense mask must be [H?, L, L] and tile one of 16, 32, 64, 128")
     rows = -(-n // tile)
-    itn = tile // 8
     pad = np.zeros((heads, rows * tile, rows * tile), dtype=bool)
     pad[:, :n, :n] = dense
-    valid = np.zeros((rows * tile, rows * tile), dtype=bool)
-    valid[:n, :n] = True
-    weights = (1 << np.arange(64, dtype=np.uint64)).reshape(8, 8)
-    full_ptr: list[list[int]] = []        # *_row_ptr hold GLOBAL offsets (the contract)
-    part_ptr: list[list[int]] = []
-    load_ptr: list[list[int]] = []
-    full_cols: list[int] = []
-    part_cols: list[int] = []
-    load_cols: list[int] = []
-    load_part: list[int] = []
-    bitmaps: list[np.ndarray] = []
-    row_nnz = np.zeros((heads, rows), dtype=np.int64)
-    for h in range(heads):
-        full_ptr.append([len(full_cols)])
-        part_ptr.append([len(part_cols)])
-        load_ptr.append([len(load_cols)])
-        for r in range(rows):
-            for c in range(rows):
-                blk = pad[h, r * tile:(r + 1) * tile, c * tile:(c + 1) * tile]
-                inr = valid[r * tile:(r + 1) * tile, c * tile:(c + 1) * tile]
-                cnt = int(blk.sum())
-                if cnt == 0:
-                    continue
-                row_nnz[h, r] += cnt
-                load_cols.append(c)
-                if cnt == int(inr.sum()):
-                    full_cols.append(c)
-                    load_part.append(-1)
-                else:
-                    words = np.zeros(itn * itn, dtype=np.uint64)
-                    for ic in range(itn):
-                        for ir in range(itn):
-                            bits = blk[ir * 8:(ir + 1) * 8, ic * 8:(ic + 1) * 8]
-                            words[ic * itn + ir] = np.uint64((weights * bits).sum(dtype=np.uint64))
-                    load_part.append(len(bitmaps))
-                    part_cols.append(c)
-                    bitmaps.append(words)
-            full_ptr[h].append(len(full_cols))
-            part_ptr[h].append(len(part_cols))
-            load_ptr[h].append(len(load_cols))
+    blocks = pad.reshape(heads, rows, tile, rows, tile).transpose(0, 1, 3, 2, 4)  # h,r,c,T,T
+    cnt = blocks.sum(axis=(3, 4), dtype=np.int64)                                # [h, r, c]
+    span = np.minimum(tile, n - np.arange(rows) * tile)
+    in_range = span[:, None] * span[None, :]                                     # [r, c]
+    nonempty = cnt > 0
+    full = nonempty & (cnt == in_range[None])
+    part = nonempty & ~full
+    hh, rr, cc = np.nonzero(nonempty)                                            # h, r, c order
+    is_part = part[hh, rr, cc]
+    ph, pr, pc = hh[is_part], rr[is_part], cc[is_part]
+    words = pack_bits(blocks[ph, pr, pc]) if ph.size else np.zeros((0, (tile // 8) ** 2))
+    load_part = np.full(hh.size, -1, dtype=np.int64)
+    load_part[is_part] = np.arange(int(is_part.sum()))
+
+    def ptr(mask):
+        per_row = mask.sum(axis=2).reshape(-1)                                   # [h*r]
+        out = np.concatenate([[0], np.cumsum(per_row)])                          # global
+        return np.stack([out[h * rows:(h + 1) * rows + 1] for h in range(heads)])
+
+    _, _, fc = np.nonzero(full)
     digest = hashlib.sha256(np.packbits(dense).tobytes() + f"{n}:{tile}".encode()).hexdigest()
 
     def arr(x, dt):
-        a = np.asarray(x, dtype=dt)
+        a = np.ascontiguousarray(np.asarray(x, dtype=dt))
         a.setflags(write=False)
         return a
 
     return MaskFormat(
         spec=f'{{"dense_oracle": "{digest[:16]}"}}', spec_hash=digest, seq_len=n, tile=tile,
         num_heads=heads,
-        full_row_ptr=arr(full_ptr, np.int32), full_col_idx=arr(full_cols, np.int32),
-        part_row_ptr=arr(part_ptr, np.int32), part_col_idx=arr(part_cols, np.int32),
-        part_bitmaps=arr(np.stack(bitmaps) if bitmaps else np.zeros((0, itn * itn)), np.uint64),
-        load_row_ptr=arr(load_ptr, np.int32), load_col_idx=arr(load_cols, np.int32),
-        load_part_idx=arr(load_part, np.int32), row_nnz=arr(row_nnz, np.int64),
+        full_row_ptr=arr(ptr(full), np.int32), full_col_idx=arr(fc, np.int32),
+        part_row_ptr=arr(ptr(part), np.int32), part_col_idx=arr(pc, np.int32),
+        part_bitmaps=arr(words, np.uint64),
+        load_row_ptr=arr(ptr(nonempty), np.int32), load_col_idx=arr(cc, np.int32),
+        load_part_idx=arr(load_part, np.int32), row_nnz=arr(cnt.sum(axis=2), np.int64),
         nnz=int(dense.sum()),
     )
 

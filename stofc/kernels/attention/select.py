@@ -17,7 +17,7 @@ time from the profile and picks the cheaper one:
 
 Tile counts come from the block-wise walk list (:mod:`.gather`): sparse-column
 part tiles are packed into gathered tiles, which is what makes block-wise win
-on strided masks.
+on strided masks; a residue permutation (:mod:`.permute`) densifies dilated ones.
 
 The cheaper estimate wins; the explanation states both numbers, STOF's verdict
 and why they differ. The starting config fills the GPU (query split when the
@@ -41,6 +41,7 @@ from stofc.kernels.attention.config import (
     smem_bytes,
 )
 from stofc.kernels.attention.gather import plan_tiles
+from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
 
@@ -107,6 +108,7 @@ def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int
     t = fmt.tile
     rows = fmt.tile_rows
     gather = plan_tiles(fmt, gather=True).gathered > 0
+    permute = choose_permutation(fmt) is not None
     base = AttentionConfig("block", t, 16, t // 16, 2, 1)
     if prune(base, head_dim, profile) is not None:
         return None
@@ -115,8 +117,8 @@ def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int
     warps = t // q_split // 16
     for stages in (2, 3):
         mb = occupancy_blocks(t, warps, stages, q_split, head_dim, profile)
-        for cfg in (AttentionConfig("block", t, 16, warps, stages, q_split, gather, mb),
-                    AttentionConfig("block", t, 16, warps, stages, q_split, gather)):
+        for cfg in (AttentionConfig("block", t, 16, warps, stages, q_split, gather, mb, permute),
+                    AttentionConfig("block", t, 16, warps, stages, q_split, gather, 1, permute)):
             if prune(cfg, head_dim, profile) is None:
                 return cfg
     return None
@@ -136,7 +138,12 @@ def _estimates(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, 
     t = fmt.tile
     rows = math.ceil(seq_len / t)
     hf = heads if fmt.num_heads == 1 else 1          # heads per format head
-    tiles_per_row = plan_tiles(fmt, gather=bcfg.gather).tiles_per_row[:, :rows].astype(np.float64)
+    if bcfg.permute and (chosen := choose_permutation(fmt)) is not None:
+        plan = permuted_plan(chosen[2], chosen[1], gather=bcfg.gather)
+        rows = fmt.tile_rows
+    else:
+        plan = plan_tiles(fmt, gather=bcfg.gather)
+    tiles_per_row = plan.tiles_per_row[:, :rows].astype(np.float64)
     tiles = tiles_per_row.sum() * batch * hf
     tile_flops = 4.0 * t * t * head_dim
     rate = BLOCK_EFFICIENCY * profile.fp16_tflops * 1e12
