@@ -185,6 +185,20 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     attention = ins.run("select attention kernels", select_attention, graph, formats, profile,
                         dtype=dtype, batch=batch, max_seq_len=max_seq_len)
     plan = record_attention(plan, attention)
+    contents = _render_and_compile(
+        ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
+        mask_canonical=effective.canonical(), causal=causal and effective != spec, tuned=False)
+    path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
+    if tune:
+        ins.run("tune", _tune, path, profile, tune_options or {})
+    return path
+
+
+def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile: GpuProfile,
+                        formats: dict[int, MaskFormat], attention: dict[int, AttentionKernel], *,
+                        source_model: Path, mask_text: str, mask_canonical: str, causal: bool,
+                        tuned: bool) -> PackageContents:
+    """Render every kernel of ``plan``, compile each for the profile's targets; the contents."""
     segment_sources = ins.run("render kernels", _render_segments, plan)
     sources = [s for srcs in segment_sources.values() for s in srcs]
     sources += [a.source for a in attention.values()]
@@ -192,15 +206,79 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     targets = (profile.arch, profile.ptx_target)
     compiled = ins.run(f"compile ({len({s.name for s in sources})} kernels x {len(targets)})",
                        compile_all, sources, targets)
-    contents = PackageContents(
-        graph=graph, plan=plan, profile=profile, mask_text=mask,
-        mask_canonical=effective.canonical(), mask_causal_from_model=causal and effective != spec,
-        formats=formats, segment_sources=segment_sources, attention=attention,
-        compiled=compiled, targets=targets, source_model=model_path)
-    path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
-    if tune:
-        ins.run("tune", _tune, path, profile, tune_options or {})
-    return path
+    return PackageContents(
+        graph=graph, plan=plan, profile=profile, mask_text=mask_text,
+        mask_canonical=mask_canonical, mask_causal_from_model=causal, formats=formats,
+        segment_sources=segment_sources, attention=attention, compiled=compiled,
+        targets=targets, source_model=source_model, tuned=tuned)
+
+
+def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path | None = None,
+                      instruments: Instruments | None = None,
+                      ort_include: str | Path | None = None, tuned: bool = True) -> Path:
+    """Rewrite the package in ``package_dir`` for a new ``plan`` (the tuner's schemes/configs).
+
+    The original model comes from ``model`` or the path recorded in plan.json
+    (hash-checked); the mask formats are the package's own. Attention segments
+    whose kernel spec names a template (``attention/block.cu.j2`` with
+    ``kind``, ``tile``, ``warp_m``, ``warps``, ``stages``, ``q_split``,
+    ``gather`` params) keep that config; others get the selector's choice. The
+    write is atomic like :func:`compile_model`'s.
+    """
+    from stofc.masks import load as load_format
+    from stofc.package.load import read_plan_document
+    from stofc.package.verify import original_model
+
+    ins = instruments or Instruments()
+    package_dir = Path(package_dir)
+    doc = read_plan_document(package_dir)
+    source = original_model(package_dir, doc, model)
+    graph = ins.run("load model", load_model, source)
+    profile = get_profile(plan.gpu)
+    formats: dict[int, MaskFormat] = {}
+    for entry in doc["mask"]["formats"]:
+        fmt = load_format(package_dir / entry["npz"])
+        formats.update({int(layer): fmt for layer in entry["layers"]})
+    attention = select_attention(graph, formats, profile, dtype=plan.dtype, batch=1,
+                                 max_seq_len=plan.max_seq_len)
+    attention = {k: _planned_attention(plan, ak) for k, ak in attention.items()}
+    plan = record_attention(plan, attention)
+    mask = doc["mask"]
+    contents = _render_and_compile(
+        ins, graph, plan, profile, formats, attention, source_model=source,
+        mask_text=mask["spec"], mask_canonical=_canonical(mask["effective"]),
+        causal=bool(mask["causal_from_model"]), tuned=tuned)
+    return ins.run("write package", write_package, package_dir, contents,
+                   ort_include=ort_include)
+
+
+def _canonical(obj: Any) -> str:
+    from stofc.masks.spec import canonical_json
+    return canonical_json(obj)
+
+
+def _planned_attention(plan: Plan, ak: AttentionKernel) -> AttentionKernel:
+    """``ak`` with the config the plan's attention segment names (if it names one)."""
+    from stofc.kernels.attention import AttentionConfig, render_kernel
+    from stofc.kernels.attention import KernelSpec as AttnSpec
+
+    seg = next(s for lp in plan.layers if lp.index == ak.layer for s in lp.segments
+               if s.family == "attention")
+    spec = seg.kernel
+    if not spec.template.startswith("attention/") or spec.param("kind") is None:
+        return ak
+    cfg = AttentionConfig(str(spec.param("kind")), int(spec.param("tile")),
+                          int(spec.param("warp_m")), int(spec.param("warps")),
+                          int(spec.param("stages", 1)), int(spec.param("q_split", 1)),
+                          bool(spec.param("gather", False)))
+    if cfg == ak.choice.config:
+        return ak
+    choice = replace(ak.choice, kernel=cfg.kind, config=cfg,
+                     explanation=f"from the plan: {cfg.describe()} (the selector's analytical "
+                                 f"choice was {ak.choice.config.describe()})")
+    kspec = AttnSpec(cfg, ak.spec.dtype, ak.spec.head_dim, has_bias=ak.spec.has_bias,
+                     has_key_bits=ak.spec.has_key_bits)
+    return AttentionKernel(ak.layer, choice, kspec, render_kernel(kspec))
 
 
 def _render_segments(plan: Plan) -> dict[tuple[int, int], tuple[Source, ...]]:
