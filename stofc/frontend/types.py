@@ -115,6 +115,16 @@ class AttentionBlock:
     several forms on one block are joined with ``+``. A mask that allows
     everything (exporters add one when there is no mask) counts as ``"none"``.
     ``scale`` is the factor that multiplies QKᵀ (1/sqrt(head_dim) usually).
+
+    Values (checked against ONNX Runtime for every fixture by
+    ``tests/unit/test_frontend_semantics.py``): ``q_input``/``k_input``/``v_input``
+    are [B, S, H*D] (head h = columns h*D..h*D+D); with ``packed_qkv`` all three
+    name one [B, S, 3*H*D] value laid out as q | k | v on the last axis.
+    ``output`` is the merged [B, S, H*D] (or [B*S, H*D] when the exporter
+    flattens before the output projection). ``mask_input``: the value on the
+    scores, broadcastable to [B, H, S, S]: added when float, kept-where-True when
+    bool; with several forms (``a+b``) it is the first one. ``attention =
+    softmax(scale * Q Kᵀ + mask) V`` per head.
     """
 
     layer: int
