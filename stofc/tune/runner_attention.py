@@ -77,6 +77,7 @@ def _inputs(task: MeasureTask, p: AttentionPayload) -> list[tuple[Any, Any, Any,
         return _INPUTS[key]
     while len(_INPUTS) >= KEEP_INPUTS:
         _INPUTS.popitem(last=False)
+        cupy.get_default_memory_pool().free_all_blocks()
     b, s, h, d = p.batch, p.seq_len, p.heads, p.head_dim
     per_set = 2 * b * s * h * d * 4                      # Q, K, V and the output
     count = rotation_count(per_set, p.l2_bytes)

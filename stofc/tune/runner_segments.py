@@ -55,6 +55,7 @@ KEEP_INPUTS = 3           # problems whose input sets stay on the GPU
 
 _RUNNERS: dict[tuple, tuple[Any, dict[str, np.ndarray]]] = {}
 _INPUTS: OrderedDict[tuple, _Inputs] = OrderedDict()
+_STREAM: list[Any] = []
 
 
 @dataclass
@@ -133,6 +134,7 @@ def _inputs(task: MeasureTask, payload: SegmentPayload) -> _Inputs:
         return _INPUTS[key]
     while len(_INPUTS) >= KEEP_INPUTS:
         _INPUTS.popitem(last=False)
+        cupy.get_default_memory_pool().free_all_blocks()
     tokens = payload.batch * payload.seq_len
     names = activation_shapes(payload.segment, tokens)
     per_set = sum(2 * a * b for a, b in names.values()) + _output_bytes(payload.segment, tokens)
@@ -162,7 +164,7 @@ def run(task: MeasureTask) -> float | bool:
     kwargs = {"batch": p.batch, "seq_len": p.seq_len}
     runner.run_segment(seg, dict(inputs.sets[0]), **kwargs)   # it runs at all
     cupy.cuda.Device().synchronize()
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = _capture_stream()
     graphs, keep = [], []
     try:
         for values in inputs.sets:
@@ -187,6 +189,16 @@ def run(task: MeasureTask) -> float | bool:
     cupy.cuda.Device().synchronize()
     del keep
     return ms
+
+
+def _capture_stream() -> Any:
+    """One non-blocking stream per worker: its memory-pool arena is reused by every candidate
+    (a new stream per candidate would strand each one's freed output blocks in its own arena)."""
+    import cupy
+
+    if not _STREAM:
+        _STREAM.append(cupy.cuda.Stream(non_blocking=True))
+    return _STREAM[0]
 
 
 def _all_finite(cupy: Any, array: Any, dtype: str) -> bool:
