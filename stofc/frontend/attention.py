@@ -285,7 +285,8 @@ def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
         v_input=v.source, output=out, packed_qkv=q.source == k.source == v.source,
         scale=scale, scale_form=form, mask_form=mask.form, mask_source=mask.source,
         bias_input=mask.bias_input, softmax_guarded=guarded, causal_in_graph=mask.causal,
-        mask_input=mask.value, rotary=q.rotary or k.rotary)
+        mask_input=mask.value, rotary=q.rotary or k.rotary,
+        mask_inputs=tuple(zip(mask.values, mask.kinds, strict=True)))
 
 
 def _scale(score_factors, q_factors, k_factors) -> tuple[float, str]:
@@ -346,7 +347,8 @@ def match_onnx_attention(idx: GraphIndex, node: onnx.NodeProto) -> AttentionBloc
         v_input=v.source, output=out, packed_qkv=q.source == k.source == v.source,
         scale=float(scale), scale_form="onnx_attention", mask_form=mask.form,
         mask_source=mask.source, bias_input=mask.bias_input, softmax_guarded=False,
-        causal_in_graph=causal, mask_input=mask.value)
+        causal_in_graph=causal, mask_input=mask.value,
+        mask_inputs=tuple(zip(mask.values, mask.kinds, strict=True)))
 
 
 _CONTRIB_ATTENTION = ("Attention", "MultiHeadAttention", "PackedAttention",

@@ -82,7 +82,7 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
                       {"layer": block.layer},
                       inputs=tuple(dict.fromkeys(
                           v for v in (block.q_input, block.k_input, block.v_input,
-                                      block.mask_input) if v)),
+                                      *(m for m, _ in block.mask_inputs)) if v)),
                       outputs=(block.output,))
     stops: list[Unsupported] = []
     try:

@@ -31,6 +31,8 @@ class MaskInfo:
     bias_input: str | None
     causal: bool
     value: str | None
+    values: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()  # "add" | "keep" per value
 
 
 def _learned_bias(idx: GraphIndex, value: str) -> bool:
@@ -84,8 +86,11 @@ def classify_mask(idx: GraphIndex, additive: list[str], boolean: list[str],
         kept.append(value)
         forms.append("boolean_where")
     causal = any(_causal(idx, v, is_bool=v in boolean) for v in kept)
+    kinds = tuple("keep" if v in boolean or idx.elem_type(v) == onnx.TensorProto.BOOL else "add"
+                  for v in kept)
     return MaskInfo(form="+".join(forms) or "none", source=_source(idx, kept),
-                    bias_input=bias_input, causal=causal, value=kept[0] if kept else None)
+                    bias_input=bias_input, causal=causal, value=kept[0] if kept else None,
+                    values=tuple(kept), kinds=kinds)
 
 
 def _allows_all(probe: np.ndarray, is_bool: bool) -> bool:

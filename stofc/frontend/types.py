@@ -123,8 +123,10 @@ class AttentionBlock:
     ``output`` is the merged [B, S, H*D] (or [B*S, H*D] when the exporter
     flattens before the output projection). ``mask_input``: the value on the
     scores, broadcastable to [B, H, S, S]: added when float, kept-where-True when
-    bool; with several forms (``a+b``) it is the first one. ``attention =
-    softmax(scale * Q Kᵀ + mask) V`` per head.
+    bool; with several forms (``a+b``) it is the first one and ``mask_inputs``
+    lists them all (their order does not matter), each with ``"add"`` (added) or
+    ``"keep"`` (scores kept where True, -inf elsewhere). ``attention =
+    softmax(scale * Q Kᵀ + masks) V`` per head.
     """
 
     layer: int
@@ -146,6 +148,7 @@ class AttentionBlock:
     causal_in_graph: bool
     mask_input: str | None = None  # value added to / selecting the scores, when any
     rotary: bool = False  # Q/K come from a rotary position embedding (RoPE is left to ORT)
+    mask_inputs: tuple[tuple[str, str], ...] = ()  # every mask value: (name, "add" | "keep")
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready view (``inspect --json``'s ``attention`` entries)."""
@@ -169,6 +172,7 @@ class AttentionBlock:
             "softmax_guarded": self.softmax_guarded,
             "causal_in_graph": self.causal_in_graph,
             "rotary": self.rotary,
+            "mask_inputs": [list(m) for m in self.mask_inputs],
         }
 
 

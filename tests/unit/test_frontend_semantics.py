@@ -43,9 +43,10 @@ def reference(att, values: dict[str, np.ndarray], batch: int) -> np.ndarray:
                                                              att.v_input))
     q, k, v = (_heads(t, batch, h, d) for t in (q, k, v))
     scores = att.scale * q @ k.transpose(0, 1, 3, 2)
-    if att.mask_input is not None:
-        mask = values[att.mask_input]
-        if mask.dtype == np.bool_:
+    assert (att.mask_input is None) == (not att.mask_inputs)
+    for name, how in att.mask_inputs:
+        mask = values[name]
+        if how == "keep":
             scores = np.where(mask, scores, -np.inf)
         else:
             scores = scores + mask.astype(np.float64)
@@ -91,8 +92,7 @@ def _check(graph, rtol):
     names = []
     for layer in graph.layers:
         a = layer.attention
-        names += [a.q_input, a.k_input, a.v_input, a.output] + ([a.mask_input]
-                                                               if a.mask_input else [])
+        names += [a.q_input, a.k_input, a.v_input, a.output] + [m for m, _ in a.mask_inputs]
     values = _run(graph.model, list(dict.fromkeys(names)), feeds)
     for layer in graph.layers:
         a = layer.attention
@@ -115,7 +115,7 @@ def test_fixture_attention_recomputes(name):
     {"scale": "split_qk"}, {"scale": "mul"}, {"mask": "where_bool"},
     {"mask": "t5_bias_mask", "bias": False, "norm": "rms_decomposed", "order": "pre",
      "scale": "none"},
-    {"mask": "causal"}, {"guard": True}, {"attention_op": True},
+    {"mask": "causal"}, {"mask": "additive_where"}, {"guard": True}, {"attention_op": True},
     {"attention_op": True, "mask": "where_bool"}, {"k_layout": "transpose_after"},
 ])
 def test_variant_attention_recomputes(tmp_path, variant):
