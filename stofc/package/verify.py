@@ -185,17 +185,18 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
             raise StofcError(f"--seq-len {seq_len} exceeds the package's max_seq_len {max_len}",
                              hint=f"use lengths <= {max_len}")
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # errors come back as one line, not ORT's log
     reference = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(), so,
                                      providers=[CPU_EP])
-    session = load(package, providers=PROVIDERS[provider])
+    session = load(package, providers=PROVIDERS[provider],
+                   session_options_hook=lambda o: setattr(o, "log_severity_level", 4))
     rng = np.random.default_rng(seed)
     names = [o.name for o in reference.get_outputs()]
     errors = []
     for batch, seq_len in cases:
         feeds, real = make_inputs(graph, batch, seq_len, rng)
-        ref_out = reference.run(names, feeds)
-        pkg_out = session.run(names, feeds)
+        ref_out = _run(reference, names, feeds, f"the reference ({source.name})", batch, seq_len)
+        pkg_out = _run(session, names, feeds, f"the package ({package.name})", batch, seq_len)
         for name, o, r in zip(names, pkg_out, ref_out, strict=True):
             max_abs, max_ref, n = compare(o, r, real)
             errors.append(OutputError(name, batch, seq_len, max_abs, max_ref,
@@ -203,7 +204,23 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
     return VerifyReport(str(package), str(source), provider, bound, tuple(errors))
 
 
+DEFAULT_MAX_LEN = 512  # default cases stay short enough for a CPU run
+
+
 def default_cases(max_len: int) -> list[tuple[int, int]]:
-    """Two lengths (an odd one near a third of L_max, and L_max), batch 2 (one padded)."""
-    lengths = sorted({max(1, max_len // 3) | 1, max_len})
-    return [(2, n) for n in lengths]
+    """Batch 2 (one sequence padded) at two lengths: min(L_max, 512) and an odd third of it."""
+    top = min(max_len, DEFAULT_MAX_LEN)
+    return [(2, n) for n in sorted({max(1, top // 3) | 1, top})]
+
+
+def _run(session, names: list[str], feeds: dict[str, np.ndarray], what: str, batch: int,
+         seq_len: int) -> list[np.ndarray]:
+    try:
+        return session.run(names, feeds)
+    except Exception as err:  # ORT's own exception types; keep one line
+        text = str(err).strip().splitlines()
+        first = text[0] if text else type(err).__name__
+        raise StofcError(f"ONNX Runtime failed running {what} at batch {batch}, length "
+                         f"{seq_len}: {first[:300]}",
+                         hint="check --seq-len against the model's own limits "
+                              "(e.g. its position embeddings)") from None
