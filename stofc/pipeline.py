@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,9 +138,7 @@ def record_attention(plan: Plan, kernels: dict[int, AttentionKernel]) -> Plan:
                 ak = kernels[lp.index]
                 c = ak.choice.config
                 spec = KernelSpec("attention", f"attention/{c.kind}.cu.j2", (
-                    ("dtype", plan.dtype), ("kind", c.kind), ("tile", c.tile),
-                    ("warp_m", c.warp_m), ("warps", c.warps), ("stages", c.stages),
-                    ("q_split", c.q_split), ("gather", c.gather),
+                    ("dtype", plan.dtype), *asdict(c).items(),
                     ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits)))
                 seg = replace(seg, kernel=spec)
             segs.append(seg)
@@ -220,9 +218,9 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
 
     The original model comes from ``model`` or the path recorded in plan.json
     (hash-checked); the mask formats are the package's own. Attention segments
-    whose kernel spec names a template (``attention/block.cu.j2`` with
-    ``kind``, ``tile``, ``warp_m``, ``warps``, ``stages``, ``q_split``,
-    ``gather`` params) keep that config; others get the selector's choice. The
+    whose kernel spec names a template (``attention/block.cu.j2``, params
+    holding the ``AttentionConfig`` fields) keep that config; others get the
+    selector's choice. The
     write is atomic like :func:`compile_model`'s.
     """
     from stofc.masks import load as load_format
@@ -267,10 +265,8 @@ def _planned_attention(plan: Plan, ak: AttentionKernel) -> AttentionKernel:
     spec = seg.kernel
     if not spec.template.startswith("attention/") or spec.param("kind") is None:
         return ak
-    cfg = AttentionConfig(str(spec.param("kind")), int(spec.param("tile")),
-                          int(spec.param("warp_m")), int(spec.param("warps")),
-                          int(spec.param("stages", 1)), int(spec.param("q_split", 1)),
-                          bool(spec.param("gather", False)))
+    names = {f.name for f in fields(AttentionConfig)}
+    cfg = AttentionConfig(**{k: v for k, v in spec.params if k in names})
     if cfg == ak.choice.config:
         return ak
     choice = replace(ak.choice, kernel=cfg.kind, config=cfg,

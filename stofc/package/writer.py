@@ -201,7 +201,8 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
         "mask": {"spec": contents.mask_text, "effective": json.loads(contents.mask_canonical),
                  "causal_from_model": contents.mask_causal_from_model, "formats": mask_entries},
         "attention": attention_entries,
-        "segments": [dict(e.to_dict(), kernel=refs.get((e.layer, e.ordinal)))
+        "segments": [dict(e.to_dict(), kernel=refs.get((e.layer, e.ordinal))
+                          or (bindings[e.layer].kernel if e.family == "attention" else None))
                      for e in emitted],
         "kernels": kernel_entries,
         "targets": list(contents.targets),
