@@ -3,12 +3,12 @@
 Input: a :class:`~stofc.plan.plan.Plan` (``stofc.plan.build.build_plan``'s
 analytical default), the model's layers (the frontend ``ModelGraph`` or its
 ``layers``: stage 1 re-partitions their operator chains, the runners name the
-weights), the attention mask (a :class:`~stofc.masks.MaskFormat`, or a spec
-encoded for the plan's ``max_seq_len``), the GPU profile, ``batch`` and the
-sequence-length buckets.
+weights), the attention mask (a :class:`~stofc.masks.MaskFormat`, a spec
+encoded for the plan's ``max_seq_len``, or a mapping layer index -> format),
+the GPU profile, ``batch`` and the sequence-length buckets.
 
 Layers whose chains are alike (same operators and parameters up to weight
-names: BERT's 12) form one group, tuned once through one representative:
+names: BERT's 12) under the same mask form one group, tuned once through one representative:
 :func:`stofc.tune.engine.tune_chain` over a
 :class:`~stofc.tune.adapters.LayerSchemeSpace` whose segment spaces are the
 real families' (:class:`~stofc.tune.spaces.SpaceFactory`) and whose start is
@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,12 +165,16 @@ def _qkv_store(layer_plan: LayerPlan) -> str:
     return "row"
 
 
-def _mask_format(mask: Any, plan: Plan) -> Any:
+def _mask_format(mask: Any, plan: Plan, layer: Layer) -> Any:
+    """The layer's mask format: from a per-layer mapping, a format, or a spec (encoded)."""
+    if isinstance(mask, Mapping):
+        mask = mask.get(layer.index)
     if mask is None or (hasattr(mask, "spec_hash") and hasattr(mask, "load_row_ptr")):
         return mask
     from stofc.masks import encode
 
-    return encode(mask, plan.max_seq_len, tile=64)
+    return encode(mask, plan.max_seq_len, tile=64, layer=layer.index,
+                  num_heads=layer.attention.num_heads)
 
 
 def _time(evaluator: Evaluator, space: SegmentSpace, config: Config | None) -> float | None:
@@ -237,15 +242,16 @@ def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfi
                         hint="tune lengths up to the length the package was compiled for")
     if batch < 1:
         raise PlanError(f"batch {batch} is not positive", hint="give a batch size >= 1")
-    fmt = _mask_format(mask, plan)
+    formats = [_mask_format(mask, plan, layer) for layer in layers]
     reporter = reporter or QuietReporter()
     own = measurer is None
     if measurer is None:
         from stofc.tune.runners import gpu_measurer
         measurer = gpu_measurer()
     groups: dict[tuple, list[int]] = {}
-    for i, layer in enumerate(layers):
-        groups.setdefault(chain_signature(layer), []).append(i)
+    for i, layer in enumerate(layers):   # alike chains under the same mask
+        groups.setdefault((chain_signature(layer), getattr(formats[i], "spec_hash", None)),
+                          []).append(i)
     jobs = [(n, members) for n in lengths for members in groups.values()]
     share = None if budget_s is None else budget_s / len(jobs)
     evaluator = Evaluator(measurer, db)
@@ -256,7 +262,7 @@ def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfi
             rep, rep_plan = layers[members[0]], plan.layers[members[0]]
             tokens = batch * seq_len
             own_defaults = tokens == plan.tokens
-            factory = SpaceFactory(rep, batch, seq_len, plan.dtype, profile, fmt,
+            factory = SpaceFactory(rep, batch, seq_len, plan.dtype, profile, formats[members[0]],
                                    _qkv_store(rep_plan),
                                    tuple((s.ops, s.kernel) for s in rep_plan.segments)
                                    if own_defaults else ())

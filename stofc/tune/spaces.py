@@ -160,9 +160,9 @@ def config_of_spec(spec: KernelSpec) -> Config:
         return Config.of({k: spec.param(k) for k in GG_PARAMS})
     if spec.family == "add_norm":
         return Config.of(tpr=spec.param("tpr"), rows=spec.param("rows"))
-    if spec.family == "attention":
-        return Config.of({k: spec.param(k) for k in attention_fields()
-                          if spec.param(k) is not None})
+    if spec.family == "attention":   # fields the spec lacks take the config's defaults
+        given = {k: spec.param(k) for k in attention_fields() if spec.param(k) is not None}
+        return Config.of(dataclasses.asdict(attention_config(given)))
     raise PlanError(f"no tuner config for kernel family {spec.family!r}",
                     hint="this is a stofc bug; report it")
 
