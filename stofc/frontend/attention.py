@@ -21,6 +21,7 @@ import onnx
 
 from stofc.errors import ModelError
 from stofc.frontend.graph import GraphIndex
+from stofc.frontend.load import opset_of
 from stofc.frontend.masks import classify_mask
 from stofc.frontend.types import AttentionBlock, Unsupported
 
@@ -255,7 +256,7 @@ def _walk_merge(idx: GraphIndex, value: str):
 def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
     """The attention block around ``softmax`` (layer=-1), or raise _Skip with the reason."""
     rank = idx.rank(softmax.input[0])
-    axis = idx.attr(softmax, "axis", -1 if idx.model.opset_import else 1)
+    axis = idx.attr(softmax, "axis", -1 if opset_of(idx.model) >= 13 else 1)
     if rank is not None and axis not in (-1, rank - 1):
         raise _Skip(f"Softmax over axis {axis}, not the key axis")
     qk, score_nodes, factors, additive, boolean = _walk_scores(idx, softmax.input[0])
