@@ -150,16 +150,19 @@ def inspect(model: str, mask_spec: str | None, as_json: bool) -> None:
       attention                    one entry per block: layer, num_heads, head_dim,
                                    hidden_size, nodes, q_input, k_input, v_input,
                                    output, packed_qkv, scale, scale_form, mask_form,
-                                   mask_source, mask_input, bias_input,
-                                   softmax_guarded, causal_in_graph
+                                   mask_source, mask_input, mask_inputs
+                                   ([name, "add"|"keep"]), bias_input,
+                                   softmax_guarded, causal_in_graph, rotary
+                                   (see stofc.frontend.types.AttentionBlock)
       layers                       [{layer, norm_order, chain: [{index, kind, role,
                                    nodes, inputs, outputs, params}]}]
       segments                     [{layer, scheme, segments: [{name, ops}]}]: the
                                    starting fusion segments (chain indices) and
                                    STOF's 0/1 scheme encoding
       segments_source              which function computed the segments
-      unsupported                  [{node, op_type, reason}]: blocks stofc leaves
-                                   to ONNX Runtime, with the reason
+      unsupported                  [{node, op_type, reason}]: every block or
+                                   part of a layer stofc leaves to ONNX Runtime,
+                                   with the reason (all listed at once)
       left_to_ort                  every node not covered by a layer chain
       mask                         null, or {spec, seq_len, density} for --mask
     """
