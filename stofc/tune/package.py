@@ -1,38 +1,30 @@
 """Tuning a package written by ``stofc compile``: THE integration point.
 
 Everything ``stofc tune`` checks (GPU name, GPU present, package directory,
-database) happens before :func:`tune_package` is called; this function is the
-only place that knows the package format. It is not wired yet because the
-package format (``plan.json``) and the kernel families' segment spaces are
-being written in other issues; until then it says so instead of pretending.
+database) happens before :func:`tune_package` is called. Then:
 
-What it must do once those exist (the engine parts are done and tested):
+1. ``plan.json`` is read (:func:`stofc.package.load.read_plan_document`): the
+   plan, the mask formats per layer (``masks/*.npz``), and the original
+   model (the path recorded at compile time, hash-checked), whose layers
+   the tuner re-partitions and whose shapes the runners build.
+2. :func:`stofc.tune.plan_tuner.tune_plan_buckets` tunes every
+   sequence-length bucket on the GPU present (real kernels in an isolated
+   worker, winners verified against float64 references, everything stored
+   in ``db``).
+3. :func:`stofc.pipeline.recompile_package` rewrites the package in place,
+   atomically (new ``plan.json``, re-rendered and re-compiled kernels, the
+   custom-op library, ``manifest.json``), for the tuned plan.
 
-1. ``plan = stofc.plan.load(package_dir / "plan.json")``: the layer chains
-   and their attention blocks.
-2. For each (batch, seq_len) bucket and each distinct layer chain:
-   ``space = stofc.plan.scheme_space(chain, profile, batch=..., seq_len=...)``
-   (a :class:`~stofc.tune.interfaces.SchemeSpace`; its segments are the kernel
-   families' :class:`~stofc.tune.interfaces.SegmentSpace` objects, the
-   attention segment among them).
-3. One :class:`~stofc.tune.measure.WorkerMeasurer` (runner: the CuPy segment
-   runner in ``stofc.runtime``, payload: the segment's kernel spec and shapes,
-   inputs rotated past ``profile.l2_bytes`` with
-   :func:`~stofc.tune.measure.rotation_count`) and one
-   :class:`~stofc.tune.evaluate.Evaluator` over it and ``db``, shared by all
-   chains so equal segments are measured once.
-4. ``stofc.tune.engine.tune_chain(space, measurer, reporter, db=db,
-   budget_s=..., evaluator=evaluator)`` per chain, the budget split among
-   buckets.
-5. Rewrite the package (``stofc.package``) with the tuned schemes and configs,
-   one entry per sequence-length bucket.
+A package holds one plan: the plan of the largest bucket is written. The
+other buckets' configs are tuned and kept in the database (a later run with
+those lengths starts warm), and a warning says they are not in the package.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stofc.errors import StofcError
+from stofc.errors import PackageError
 from stofc.targets import GpuProfile
 from stofc.tune.db import TuningDatabase
 from stofc.tune.progress import Reporter
@@ -42,8 +34,30 @@ def tune_package(package_dir: Path, profile: GpuProfile, db: TuningDatabase, rep
                  *, budget_s: float | None, batch: int, seq_lens: tuple[int, ...],
                  seed: int = 0) -> None:
     """Tune the package in ``package_dir`` for ``profile`` (see the module doc)."""
-    raise StofcError(
-        f"the checks passed (package {package_dir}, GPU {profile.name}, database {db.path}) "
-        "but tuning a package is not wired yet: the plan.json reader and the kernel families' "
-        "search spaces are still being written",
-        hint="the tuning engine itself is in stofc.tune (see stofc/tune/package.py)")
+    from stofc.frontend import load_model
+    from stofc.masks import load as load_format
+    from stofc.package.load import read_plan_document
+    from stofc.package.verify import original_model
+    from stofc.pipeline import recompile_package
+    from stofc.plan.plan import Plan
+    from stofc.tune.plan_tuner import tune_plan_buckets
+
+    package_dir = Path(package_dir)
+    doc = read_plan_document(package_dir)
+    plan = Plan.from_dict(doc["plan"])
+    if plan.arch != profile.arch:
+        raise PackageError(f"the package was compiled for {plan.gpu} ({plan.arch}) and the GPU "
+                           f"present is an {profile.name} ({profile.arch})",
+                           hint=f"compile it again with --gpu {profile.name}, then tune")
+    graph = load_model(original_model(package_dir, doc, None))
+    formats = {}
+    for entry in doc["mask"]["formats"]:
+        fmt = load_format(package_dir / entry["npz"])
+        formats.update({int(layer): fmt for layer in entry["layers"]})
+    lengths = tuple(sorted(set(seq_lens))) or (plan.max_seq_len,)
+    tuning = tune_plan_buckets(plan, graph, formats, profile, batch=batch, seq_lens=lengths,
+                               budget_s=budget_s, db=db, reporter=reporter, seed=seed)
+    if len(lengths) > 1:
+        reporter.warning(f"buckets {', '.join(map(str, lengths[:-1]))} were tuned and stored in "
+                         f"the database, but a package holds one plan: writing L={lengths[-1]}'s")
+    recompile_package(package_dir, tuning.plan_for(lengths[-1]), tuned=True)
