@@ -17,7 +17,13 @@ Modules, in the order a tuning run uses them:
 * :mod:`~stofc.tune.compile_pool`: candidates compiled in parallel beside it.
 * :mod:`~stofc.tune.engine`: ``tune_chain``: both stages for one layer chain.
 * :mod:`~stofc.tune.progress`: what the user sees (rich, JSON, quiet).
-* :mod:`~stofc.tune.package`: the (not yet wired) package integration point.
+* :mod:`~stofc.tune.spaces`: the real kernel families' and the attention
+  kernels' segment spaces (problem keys, analytical defaults, plan specs).
+* :mod:`~stofc.tune.runners` (:mod:`~stofc.tune.runner_segments`,
+  :mod:`~stofc.tune.runner_attention`): the GPU runners and the compile-pool
+  entry that time and verify real kernels in the worker.
+* :mod:`~stofc.tune.plan_tuner`: ``tune_plan``: a plan tuned per length bucket.
+* :mod:`~stofc.tune.package`: ``tune_package``: a package rewritten in place.
 * :mod:`~stofc.tune.simulate`: a deterministic simulated cost model (CI).
 * :mod:`~stofc.tune.probe`: ``python -m stofc.tune.probe``, a GPU self-check
   of the measurement machinery.
