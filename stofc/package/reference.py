@@ -4,7 +4,8 @@ The original model knows nothing of the structured mask, so comparing the
 package with it would compare two different functions (unless the mask is
 ``dense``). The reference is the canonicalized original model, in float32,
 with one change per attention block: before its Softmax, the scores get
-``+ bias`` where ``bias[h, i, j] = 0`` if the structured mask allows key
+``+ bias`` (for an ONNX ``Attention`` op, its ``attn_mask`` input is combined
+with the structured mask) where ``bias[h, i, j] = 0`` if the structured mask allows key
 ``j`` for query ``i`` (head ``h``) and ``-1e9`` otherwise, sliced at run time
 to the actual ``S x S`` (the top-left corner of the ``L_max`` mask, as MASKS.md
 says). Everything else (the model's own padding mask, an in-graph causal
@@ -44,54 +45,67 @@ def _bias_array(fmt: MaskFormat, rank: int) -> np.ndarray:
 
 
 def inject_mask(graph: ModelGraph, formats: dict[int, MaskFormat]) -> onnx.ModelProto:
-    """The reference model: ``graph.model`` with ``formats[layer]`` added before each Softmax."""
+    """The reference model: ``graph.model`` with ``formats[layer]`` applied in every block.
+
+    Before a Softmax: ``scores + bias``. For an ONNX ``Attention`` op (opset
+    23): its ``attn_mask`` input becomes ``attn_mask AND allowed`` (boolean),
+    ``attn_mask + bias`` (float) or ``bias`` when it had none.
+    """
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     idx = GraphIndex(model)
     new_nodes: dict[str, list[onnx.NodeProto]] = {}
-    shared: dict[tuple[str, int], str] = {}
-    for layer in graph.layers:
-        block = layer.attention
-        fmt = formats[layer.index]
-        softmax = [idx.by_name[n] for n in block.nodes if idx.by_name[n].op_type == "Softmax"]
-        if len(softmax) != 1:
-            raise StofcError(f"layer {layer.index}: no single Softmax to add the structured "
-                             "mask to (an ONNX Attention op?)",
-                             hint="verify this model with --mask dense only")
-        node = softmax[0]
-        scores = node.input[0]
-        rank = idx.rank(scores) or 4
-        key = (fmt.spec_hash, rank)
+    shared: dict[tuple[str, int, bool], str] = {}
+
+    def constant(fmt: MaskFormat, rank: int, boolean: bool) -> str:
+        key = (fmt.spec_hash, rank, boolean)
         if key not in shared:
-            name = f"stofc_ref/mask_bias_{len(shared)}"
-            model.graph.initializer.append(numpy_helper.from_array(_bias_array(fmt, rank), name))
+            name = f"stofc_ref/mask_{'allowed' if boolean else 'bias'}_{len(shared)}"
+            array = _bias_array(fmt, rank)
+            model.graph.initializer.append(
+                numpy_helper.from_array(array == 0 if boolean else array, name))
             shared[key] = name
+        return shared[key]
+
+    for layer in graph.layers:
+        block, fmt = layer.attention, formats[layer.index]
         p = f"stofc_ref/l{layer.index}"
-        shape, axes = f"{p}/shape", f"{p}/axes"
-        model.graph.initializer.extend([
-            numpy_helper.from_array(np.array([-1], np.int64), f"{p}/minus1"),
-            numpy_helper.from_array(np.array([2**62], np.int64), f"{p}/end"),
-            numpy_helper.from_array(np.array([0, 0], np.int64), f"{p}/zeros"),
-            numpy_helper.from_array(np.array([rank - 2, rank - 1], np.int64), axes),
-        ])
-        elem = idx.elem_type(scores) or float_type(idx)
-        bias = shared[key]
-        nodes = [
-            helper.make_node("Shape", [scores], [shape], name=f"{p}/Shape"),
-            helper.make_node("Slice", [shape, f"{p}/minus1", f"{p}/end"], [f"{p}/s"],
-                             name=f"{p}/LastDim"),
-            helper.make_node("Concat", [f"{p}/s", f"{p}/s"], [f"{p}/ends"], name=f"{p}/Ends",
-                             axis=0),
-            helper.make_node("Slice", [bias, f"{p}/zeros", f"{p}/ends", axes], [f"{p}/bias"],
-                             name=f"{p}/Corner"),
-        ]
-        if elem != TensorProto.FLOAT:
-            nodes.append(helper.make_node("Cast", [f"{p}/bias"], [f"{p}/bias_t"],
-                                          name=f"{p}/Cast", to=elem))
-        biased = f"{p}/scores"
-        nodes.append(helper.make_node("Add", [scores, nodes[-1].output[0]], [biased],
-                                      name=f"{p}/AddMask"))
-        node.input[0] = biased
+        ops = {idx.by_name[n].op_type: idx.by_name[n] for n in block.nodes}
+        if "Softmax" in ops and [idx.by_name[n].op_type for n in block.nodes].count("Softmax") == 1:
+            node = ops["Softmax"]
+            scores = node.input[0]
+            rank = idx.rank(scores) or 4
+            nodes = _corner(model, p, scores, -1, constant(fmt, rank, False), rank)
+            elem = idx.elem_type(scores) or float_type(idx)
+            if elem != TensorProto.FLOAT:
+                nodes.append(helper.make_node("Cast", [nodes[-1].output[0]], [f"{p}/bias_t"],
+                                              name=f"{p}/Cast", to=elem))
+            nodes.append(helper.make_node("Add", [scores, nodes[-1].output[0]], [f"{p}/scores"],
+                                          name=f"{p}/AddMask"))
+            node.input[0] = f"{p}/scores"
+        elif "Attention" in ops:
+            node = ops["Attention"]
+            q = node.input[0]
+            mask = node.input[3] if len(node.input) > 3 and node.input[3] else None
+            boolean = mask is not None and idx.elem_type(mask) == TensorProto.BOOL
+            nodes = _corner(model, p, q, -2, constant(fmt, 4, boolean), 4)
+            value = nodes[-1].output[0]
+            elem = idx.elem_type(q) or float_type(idx)
+            if not boolean and elem != TensorProto.FLOAT:
+                nodes.append(helper.make_node("Cast", [value], [f"{p}/bias_t"], name=f"{p}/Cast",
+                                              to=elem))
+                value = f"{p}/bias_t"
+            if mask is not None:
+                nodes.append(helper.make_node("And" if boolean else "Add", [mask, value],
+                                              [f"{p}/attn_mask"], name=f"{p}/CombineMask"))
+                value = f"{p}/attn_mask"
+            inputs = list(node.input) + [""] * (4 - len(node.input))
+            inputs[3] = value
+            del node.input[:]
+            node.input.extend(inputs)
+        else:
+            raise StofcError(f"layer {layer.index}: no single Softmax or Attention op to apply "
+                             "the structured mask to", hint="report the model to stofc")
         new_nodes[node.name] = nodes
     ordered = []
     for node in model.graph.node:
@@ -100,3 +114,23 @@ def inject_mask(graph: ModelGraph, formats: dict[int, MaskFormat]) -> onnx.Model
     del model.graph.node[:]
     model.graph.node.extend(ordered)
     return model
+
+
+def _corner(model: onnx.ModelProto, p: str, like: str, axis: int, const: str,
+            rank: int) -> list[onnx.NodeProto]:
+    """Nodes slicing the top-left ``S x S`` of ``const``, S = ``like``'s dim ``axis`` (< 0)."""
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([axis], np.int64), f"{p}/axis_start"),
+        numpy_helper.from_array(np.array([axis + 1 if axis < -1 else 2**62], np.int64),
+                                f"{p}/axis_end"),
+        numpy_helper.from_array(np.array([0, 0], np.int64), f"{p}/zeros"),
+        numpy_helper.from_array(np.array([rank - 2, rank - 1], np.int64), f"{p}/axes"),
+    ])
+    return [
+        helper.make_node("Shape", [like], [f"{p}/shape"], name=f"{p}/Shape"),
+        helper.make_node("Slice", [f"{p}/shape", f"{p}/axis_start", f"{p}/axis_end"], [f"{p}/s"],
+                         name=f"{p}/SeqLen"),
+        helper.make_node("Concat", [f"{p}/s", f"{p}/s"], [f"{p}/ends"], name=f"{p}/Ends", axis=0),
+        helper.make_node("Slice", [const, f"{p}/zeros", f"{p}/ends", f"{p}/axes"],
+                         [f"{p}/corner"], name=f"{p}/Corner"),
+    ]
