@@ -14,6 +14,7 @@ import stofc
 from stofc.errors import DeviceError, PackageError, StofcError
 from stofc.package import load as load_mod
 from stofc.package import writer
+from stofc.package.manifest import read_manifest
 from stofc.pipeline import Instruments, compile_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,3 +155,20 @@ def test_refuses_foreign_directory(example, tmp_path):
         compile_model(example, MASK, max_seq_len=64, out_dir=foreign,
                       instruments=Instruments(progress=False))
     assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+def test_external_data_in_and_out(tmp_path, monkeypatch):
+    """A model with external weights compiles; a large package keeps weights in model.onnx.data."""
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(build_model(layers=1), str(src / "ext.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="ext.onnx.data", size_threshold=0)
+    assert (src / "ext.onnx.data").is_file()
+    monkeypatch.setattr(writer, "EXTERNAL_DATA_BYTES", 0)  # as if the model were > 1 GiB
+    pkg = compile_model(src / "ext.onnx", MASK, max_seq_len=64, out_dir=tmp_path / "pkg",
+                        instruments=Instruments(progress=False))
+    files = {f for f, _, _ in read_manifest(pkg).files}
+    assert {"model.onnx", "model.onnx.data"} <= files
+    assert (pkg / "model.onnx").stat().st_size < (pkg / "model.onnx.data").stat().st_size
+    from stofc.package.verify import verify_package
+    assert verify_package(pkg, cases=[(2, 40)]).passed
