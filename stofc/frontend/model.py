@@ -24,9 +24,25 @@ def load_model(path: str | os.PathLike) -> ModelGraph:
     Returns one :class:`Layer` per attention block found (in graph order), the
     blocks and operators left to ONNX Runtime, and the canonicalized model.
     Raises :class:`ModelError` (one line) for a file that cannot be read, a
-    graph without any attention, or a head count that is not a constant.
+    graph without any attention, or a head count that is not a constant. A
+    malformed graph that trips the analysis itself is reported the same way
+    (``STOFC_DEBUG=1`` re-raises the original exception).
     """
     model = canonicalize(read_model(path))
+    try:
+        return _understand(path, model)
+    except ModelError:
+        raise
+    except Exception as err:
+        if os.environ.get("STOFC_DEBUG"):
+            raise
+        text = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ModelError(f"cannot analyse {path} (malformed graph?): {type(err).__name__}: "
+                         f"{text}", hint="check the model with onnx.checker; STOFC_DEBUG=1 "
+                         "shows the traceback") from None
+
+
+def _understand(path: str | os.PathLike, model: onnx.ModelProto) -> ModelGraph:
     idx = GraphIndex(model)
     blocks, unsupported = find_attention(idx)
     if not blocks and not unsupported:

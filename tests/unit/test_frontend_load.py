@@ -108,3 +108,20 @@ def test_external_data_is_loaded(tmp_path):
     gemm = graph.layers[0].chain[0]
     weight = next(t for t in graph.model.graph.initializer if t.name == gemm.param("weight"))
     assert numpy_helper.to_array(weight).shape == (64, 64)
+
+
+def test_analysis_crash_is_one_line(tmp_path, monkeypatch):
+    """A graph that trips the matchers still ends in one ModelError line (exit 2)."""
+    import stofc.frontend.model as model_module
+
+    def boom(idx):
+        raise KeyError("ghost")
+
+    monkeypatch.setattr(model_module, "find_attention", boom)
+    monkeypatch.delenv("STOFC_DEBUG", raising=False)
+    path = tmp_path / "m.onnx"
+    onnx.save(build(), str(path))
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert "cannot analyse" in line and "KeyError" in line
