@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stofc.errors import DeviceError
+from stofc.errors import DeviceError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.package.load import CPU_EP, CUDA_EP, device_compute_capability, load, read_plan_document
 from stofc.package.verify import make_inputs, original_model
@@ -115,7 +115,14 @@ def bench_package(package: str | Path, *, model: str | Path | None, cases: list[
         for batch, seq_len in cases:
             feeds, _ = make_inputs(graph, batch, seq_len, rng)
             for name, session in (("stofc", pkg), ("ort-optimized", base)):
-                med, p10, p90 = time_session(session, feeds, warmup=warmup, repeat=repeat)
+                try:
+                    med, p10, p90 = time_session(session, feeds, warmup=warmup, repeat=repeat)
+                except Exception as err:  # ORT's exception types: keep one line
+                    lines = str(err).strip().splitlines()
+                    raise StofcError(f"ONNX Runtime failed running {name} at batch {batch}, "
+                                     f"length {seq_len} on the CUDA EP: "
+                                     f"{(lines[0] if lines else type(err).__name__)[:300]}",
+                                     hint="see OPS.md for which CUDA twins are wired") from None
                 results.append(Timing(name, batch, seq_len, med, p10, p90))
     return results
 

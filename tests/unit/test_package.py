@@ -175,3 +175,20 @@ def test_rewrite_of_exporter_fixtures_matches_reference(fixture, mask, tile, tmp
         err, scale, n = compare(out, want, real)
         assert n > 0 and err / scale <= 1e-2, (fixture, err, scale)
         assert compare(orig, want, real)[0] > 3 * err  # the injected mask is not a no-op
+
+
+def test_per_layer_and_per_head_masks(example, tmp_path):
+    """A YAML spec with a layer override and per-head overrides: distinct formats, still exact."""
+    spec = tmp_path / "mask.yaml"
+    spec.write_text(
+        "mask: {sliding: {window: 8}}\n"
+        "layers:\n  '1': {longformer: {window: 4, global: 2}}\n"
+        "heads:\n  '2-3': {strided: {stride: 16}}\n")
+    pkg = compile_model(example, str(spec), max_seq_len=128, out_dir=tmp_path / "pkg",
+                        instruments=Instruments(progress=False))
+    doc = json.loads((pkg / "plan.json").read_text())
+    formats = doc["mask"]["formats"]
+    assert len(formats) == 2 and all(f["num_heads"] == 4 for f in formats)
+    assert sorted(layer for f in formats for layer in f["layers"]) == [0, 1]
+    report = verify_package(pkg, cases=[(2, 128), (3, 51)])
+    assert report.passed, report.worst
