@@ -71,6 +71,11 @@ class Instruments:
         self.timings.append((name, elapsed))
         self._print(f"[green]✓[/green] {name:<28} {elapsed * 1000:9.1f} ms")
 
+    def warn(self, text: str) -> None:
+        """A warning line (shown even when progress is off)."""
+        import click
+        click.echo(f"warning: {text}", err=True)
+
     def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` as stage ``name``."""
         with self.stage(name):
@@ -175,6 +180,10 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     if not graph.layers:
         raise PlanError(f"{model_path}: no attention block stofc can fuse",
                         hint="run `stofc inspect` to see why each block was left to ORT")
+    left = sorted({u.reason for u in graph.unsupported})
+    if graph.unsupported:
+        ins.warn(f"{len(graph.unsupported)} attention-like block(s) are left to ONNX Runtime "
+                 f"unchanged, without the structured mask ({'; '.join(left)[:300]})")
     causal = any(layer.attention.causal_in_graph for layer in graph.layers)
     effective = with_causal(spec) if causal else spec
     plan = ins.run("plan", build_plan, graph, effective, profile, dtype=dtype,
