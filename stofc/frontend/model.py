@@ -44,6 +44,7 @@ def load_model(path: str | os.PathLike) -> ModelGraph:
 
 def _understand(path: str | os.PathLike, model: onnx.ModelProto) -> ModelGraph:
     idx = GraphIndex(model)
+    _refuse_training_mode(idx, path)
     blocks, unsupported = find_attention(idx)
     if not blocks and not unsupported:
         raise ModelError(f"no attention found in {path}: no Attention operator and no Softmax "
@@ -75,6 +76,16 @@ def _understand(path: str | os.PathLike, model: onnx.ModelProto) -> ModelGraph:
         outputs=_values(idx, model.graph.output), layers=tuple(layers),
         unsupported=tuple(_dedupe(unsupported)), left_to_ort=left,
         padding_mask_input=padding, model=model)
+
+
+def _refuse_training_mode(idx: GraphIndex, path) -> None:
+    """A Dropout that is on (training_mode=True) means the export was not for inference."""
+    for node in idx.nodes:
+        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            mode = idx.const(node.input[2])
+            if mode is not None and bool(mode.reshape(-1)[0]):
+                raise ModelError(f"{path} was exported in training mode (Dropout {node.name} is "
+                                 "active)", hint="call model.eval() before torch.onnx.export")
 
 
 def _absorb_helpers(idx: GraphIndex, pieces: list[Piece]) -> None:

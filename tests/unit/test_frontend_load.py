@@ -44,6 +44,19 @@ def _classifier_only(path: Path) -> Path:
     return path
 
 
+def _training_mode(path: Path) -> Path:
+    """A Dropout left on (the model was exported without model.eval())."""
+    model = build()
+    last = model.graph.node[-1]  # Identity -> y
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(0.1, np.float32), "ratio"),
+                                    numpy_helper.from_array(np.array(True), "training")])
+    model.graph.node.insert(len(model.graph.node) - 1, helper.make_node(
+        "Dropout", [last.input[0], "ratio", "training"], ["dropped"], name="dropout_on"))
+    last.input[0] = "dropped"
+    onnx.save(model, str(path))
+    return path
+
+
 def _external_without_data(path: Path) -> Path:
     model = build()
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -69,11 +82,12 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "no_attention": (_no_attention(tmp_path / "mlp.onnx"), "no attention"),
         "classifier_softmax_only": (_classifier_only(tmp_path / "clf.onnx"), "no attention"),
         "dynamic_heads": (dynamic, "head count is not a constant"),
+        "training_mode": (_training_mode(tmp_path / "train.onnx"), "training mode"),
     }
 
 
 CASES = ["missing", "directory", "not_onnx", "truncated", "missing_external_data",
-         "no_attention", "classifier_softmax_only", "dynamic_heads"]
+         "no_attention", "classifier_softmax_only", "dynamic_heads", "training_mode"]
 
 
 @pytest.mark.parametrize("case", CASES)
