@@ -80,6 +80,8 @@ def attention_inputs(block: AttentionBlock, graph: ModelGraph) -> tuple[str | No
         if form == "none":
             continue
         if form in ("additive", "boolean_where", "boolean"):
+            if block.mask_source is None and block.causal_in_graph:
+                continue  # a constant causal mask: ANDed into the structured mask instead
             src = inputs.get(block.mask_source or "")
             if src is None or len(src.shape) != 2:
                 raise PlanError(
@@ -138,8 +140,16 @@ class _Emitter:
         return self.casts[value]
 
     def output(self, value: str) -> str:
-        """The dtype name a fused op writes for ``value`` (Cast back later if read outside)."""
+        """The dtype name a fused op writes for ``value`` (Cast back later if read outside).
+
+        Unique per write: when the plan names one (virtual) value for two
+        results, each reader gets the latest write before it, as the plan's
+        sequential order means.
+        """
         twin = f"{value}::stofc_{self.tag}.out"
+        if value in self.fused:
+            twin = f"{twin}{self.count}"
+            self.count += 1
         self.fused[value] = twin
         return twin
 
