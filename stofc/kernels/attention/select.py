@@ -7,13 +7,14 @@ time from the profile and picks the cheaper one:
 
 * block-wise: every loaded outer tile costs ``4 T^2 D`` tensor-core flops (the
   mask's zeros inside part tiles are computed and thrown away) at
-  ``BLOCK_EFFICIENCY`` of the fp16 peak; the grid runs in waves of
+  ``BLOCK_EFFICIENCY`` of the fp16 peak (masked tiles ``MASKED_TILE_COST`` x);
+  the grid runs in waves of
   ``sm_count * blocks_per_sm`` blocks (wave quantisation), and the longest tile
   row bounds the time from below (BigBird's dense global rows);
-* row-wise: every allowed element costs ``4 D`` fp32 flops on the CUDA cores
-  (peak / 16 on tensor-core GPUs, ``ROW_EFFICIENCY`` of it) and re-reads one K
-  and one V row (``4 D`` bytes) from L1/L2 at ``ROW_BYTES_FACTOR`` x DRAM
-  bandwidth (calibrated on an H200: strided(128), L=4096, 3.6 ms).
+* row-wise: every allowed element re-reads one K and one V row (``4 D`` bytes)
+  from L1/L2 at ``ROW_BYTES_FACTOR`` x DRAM bandwidth, and every (query row,
+  walked tile) pair costs a bitmap scan (``ROW_SCAN_NS_SM``); fitted on an H200
+  to causal and strided at L=4096 (25.3 and 3.6 ms), checked on the other four.
 
 Tile counts come from the block-wise walk list (:mod:`.gather`): sparse-column
 part tiles are packed into gathered tiles, which is what makes block-wise win
@@ -46,9 +47,12 @@ from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
 
 TAU = 1.2                 # STOF's empirical constant
-BLOCK_EFFICIENCY = 0.25   # measured on an H200: ~210-250 TFLOP/s on walked tiles (mma.sync)
-ROW_EFFICIENCY = 0.5      # fp32 FMA issue share left after conversions and shuffles
-ROW_BYTES_FACTOR = 0.45   # measured on an H200: K/V row re-reads at ~2.2 TB/s
+# Calibrated on an H200 (bench/results/mha-h200-2026-11-22.json, 12 mask x length cases;
+# block estimates within 0.8-1.15x of the measured selector configs).
+BLOCK_EFFICIENCY = 0.25   # ~250 TFLOP/s on full walked tiles (mma.sync, FA2 class)
+MASKED_TILE_COST = 1.45   # a part / gathered tile costs 1.45 full ones (bitmap tests, keys)
+ROW_BYTES_FACTOR = 0.91   # row-wise: 4*D bytes of K/V per allowed element at 0.91 x DRAM BW
+ROW_SCAN_NS_SM = 36.0     # row-wise: ns x SMs per (query row, walked tile) bitmap scan
 BLOCK_LATENCY_US = 3.0    # per wave: Q load + first tile before the first MMA
 ROW_LATENCY_US = 1.5      # per wave: the first K row's latency
 
@@ -133,35 +137,46 @@ def row_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     return AttentionConfig("row", t, warp_m, 4)
 
 
+def _weighted_tiles_per_row(plan, rows: int) -> np.ndarray:
+    """Tiles per (format head, tile row), masked tiles counted MASKED_TILE_COST times."""
+    masked = ((plan.part_idx >= 0) | (plan.key_base < 0)).astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(masked)])
+    ptr = plan.row_ptr.astype(np.int64)
+    n_masked = csum[ptr[:, 1:rows + 1]] - csum[ptr[:, :rows]]
+    n_all = (ptr[:, 1:rows + 1] - ptr[:, :rows]).astype(np.float64)
+    return n_all + (MASKED_TILE_COST - 1.0) * n_masked
+
+
 def _estimates(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, seq_len: int,
                head_dim: int, bcfg: AttentionConfig) -> tuple[float, float]:
     t = fmt.tile
     rows = math.ceil(seq_len / t)
     hf = heads if fmt.num_heads == 1 else 1          # heads per format head
+    brows = rows
     if bcfg.permute and (chosen := choose_permutation(fmt)) is not None:
         plan = permuted_plan(chosen[2], chosen[1], gather=bcfg.gather)
-        rows = fmt.tile_rows
+        brows = fmt.tile_rows                          # permuted rows mix all positions
     else:
         plan = plan_tiles(fmt, gather=bcfg.gather)
-    tiles_per_row = plan.tiles_per_row[:, :rows].astype(np.float64)
+    tiles_per_row = _weighted_tiles_per_row(plan, brows)
     tiles = tiles_per_row.sum() * batch * hf
     tile_flops = 4.0 * t * t * head_dim
     rate = BLOCK_EFFICIENCY * profile.fp16_tflops * 1e12
-    blocks = batch * heads * rows * bcfg.q_split
+    blocks = batch * heads * brows * bcfg.q_split
     slots = profile.sm_count * _blocks_per_sm(bcfg, head_dim, profile)
     waves = math.ceil(blocks / slots)
     quant = waves / (blocks / slots)
     per_block_rate = rate / slots
-    longest = tiles_per_row.max() * tile_flops / bcfg.q_split / per_block_rate if rows else 0.0
+    longest = tiles_per_row.max() * tile_flops / bcfg.q_split / per_block_rate if brows else 0.0
     block_us = max(tiles * tile_flops / rate * min(quant, 2.0), longest) * 1e6
     block_us += waves * BLOCK_LATENCY_US
+    # row-wise: per allowed element (K and V row re-reads) + per (query row, walked tile) scan
     nnz = float(np.asarray(fmt.row_nnz)[:, :rows].sum()) * batch * hf
-    nnz *= min(1.0, seq_len / fmt.seq_len)           # rows past L hold no work
-    flop_rate = profile.fp16_tflops * 1e12 / 16 * ROW_EFFICIENCY
-    l2 = ROW_BYTES_FACTOR * profile.mem_bandwidth_gbs * 1e9
-    row_us = nnz * max(4.0 * head_dim / flop_rate, 4.0 * head_dim / l2) * 1e6
-    row_blocks = batch * heads * seq_len / 4
-    row_us += math.ceil(row_blocks / (profile.sm_count * 8)) * ROW_LATENCY_US * 0.1 + ROW_LATENCY_US
+    ptr = np.asarray(fmt.load_row_ptr, dtype=np.int64)
+    row_tiles = float((ptr[:, 1:rows + 1] - ptr[:, :rows]).sum()) * t * batch * hf
+    bytes_rate = ROW_BYTES_FACTOR * profile.mem_bandwidth_gbs * 1e9
+    row_us = nnz * 4.0 * head_dim / bytes_rate * 1e6
+    row_us += row_tiles * ROW_SCAN_NS_SM / profile.sm_count * 1e-3 + ROW_LATENCY_US
     return block_us, row_us
 
 
