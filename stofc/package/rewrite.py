@@ -54,6 +54,7 @@ class AttentionBinding:
     kernel: str                    # "kernels/FILE.cubin:ENTRY"
     key_padding_mask: str | None   # a [B, S] graph input (nonzero = real token)
     bias: str | None               # an additive [B|1, H|1, S, S] value (T5, ALiBi)
+    launch: tuple[tuple[str, int], ...] = ()   # block_threads, blocks_per_tile_row, smem_bytes
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,8 @@ def emit_segment(em: _Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             inputs.pop()
         em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
                 stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,
-                scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel)
+                scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel,
+                **dict(attention.launch))
         ops.append("ai.stofc:SparseAttention")
         return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),
                               tuple(n.name for n in em.nodes[first:]), note)

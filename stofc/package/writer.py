@@ -119,6 +119,21 @@ def _provenance(contents: PackageContents) -> dict:
             "source_model_sha256": sha256_file(contents.source_model)}
 
 
+def launch_attributes(ak: AttentionKernel) -> tuple[tuple[str, int], ...]:
+    """SparseAttention's launch attributes (OPS.md): threads, blocks per tile row, smem.
+
+    Read by the CUDA twin once ``kernel_abi = 1`` is emitted; written now so a
+    package needs no rewrite when it is.
+    """
+    from stofc.kernels.attention import smem_bytes
+
+    cfg = ak.choice.config
+    per_row = cfg.q_split if cfg.kind == "block" else cfg.tile // cfg.rows_per_block
+    smem = smem_bytes(cfg, ak.spec.head_dim) if cfg.kind == "block" else 0
+    return (("block_threads", cfg.threads), ("blocks_per_tile_row", per_row),
+            ("smem_bytes", smem))
+
+
 def _write_kernels(root: Path, contents: PackageContents) -> list[dict]:
     sources = {s.name: s for srcs in contents.segment_sources.values() for s in srcs}
     sources.update({a.source.name: a.source for a in contents.attention.values()})
@@ -180,14 +195,15 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
         fmt = contents.formats[layer]
         bindings[layer] = AttentionBinding(
             layer, f"masks/{mask_id(fmt)}.bin",
-            f"{kernel_file(ak.source.name, arch)}:{ak.source.entry_points[0]}", kpm, bias)
+            f"{kernel_file(ak.source.name, arch)}:{ak.source.entry_points[0]}", kpm, bias,
+            launch_attributes(ak))
         attention_entries.append({
             "layer": layer, "kernel": ak.choice.kernel, "config": asdict(ak.choice.config),
             "explanation": ak.choice.explanation, "stof_threshold": ak.choice.stof_threshold,
             "estimate_us": {"block": ak.choice.block_us, "row": ak.choice.row_us},
             "source": ak.source.name, "mask": mask_id(fmt), "has_bias": ak.spec.has_bias,
             "has_key_bits": ak.spec.has_key_bits, "key_padding_mask": kpm, "bias": bias,
-            "kernel_abi": None})
+            "launch": dict(launch_attributes(ak)), "kernel_abi": None})
     model, emitted = rewrite_model(graph, plan, refs, bindings)
     _save_model(model, root)
     doc = {
