@@ -16,7 +16,7 @@ import pytest
 from stofc.masks import encode
 from stofc.plan.build import build_plan
 from stofc.plan.families import match_segments
-from stofc.plan.moves import merge
+from stofc.plan.moves import initial_scheme, merge
 from stofc.plan.scheme import FusionScheme
 from stofc.plan.synthetic import bert_layer
 from stofc.targets import detect
@@ -38,13 +38,15 @@ def setup():
     plan = build_plan([layer], fmt, profile, dtype="float16", max_seq_len=512, batch=2)
     factory = SpaceFactory(layer, 2, 512, "float16", profile, fmt, "row",
                            tuple((s.ops, s.kernel) for s in plan.layers[0].segments))
-    default = plan.layers[0].scheme
+    default = plan.layers[0].scheme     # 1024 tokens: norms unfused (add_norm segments)
+    fused = initial_scheme(layer, tokens=1024)   # norms fused into the GEMMs (gemm_norm)
     ffn = default.segment_of(next(i for i, o in enumerate(layer.chain) if o.role == "ffn_in"))
     spaces = {}
-    for scheme in (default, FusionScheme.unfused(len(layer.chain)), merge(default, ffn)):
+    for scheme in (default, fused, FusionScheme.unfused(len(layer.chain)), merge(default, ffn)):
         for match in match_segments(layer, scheme):
             space = factory(match)
             spaces.setdefault(space.family, space)
+    assert {"gemm", "gemm_norm", "attention", "add_norm", "gemm_gemm"} <= set(spaces)
     measurer = gpu_measurer(timeout_s=60.0)
     yield profile, layer, fmt, spaces, measurer
     measurer.close()
