@@ -271,3 +271,55 @@ def test_tune_plan_returns_the_largest_bucket_and_checks_its_arguments(small):
     tuning = tune_plan_buckets(plan, [layers[0], other, layers[2]], fmt, H100, batch=2,
                                measurer=TableMeasurer())
     assert sorted(g.layers for g in tuning.groups) == [(0, 2), (1,)]
+
+
+def test_tune_package_rewrites_the_package_with_the_tuned_plan(tmp_path, monkeypatch):
+    """stofc tune's path on CPU: simulated times, the real package rewrite, still correct."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import onnx
+
+    from stofc.package.load import read_plan
+    from stofc.package.manifest import check_manifest
+    from stofc.package.verify import verify_package
+    from stofc.pipeline import Instruments, compile_model
+    from stofc.tune.package import tune_package
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from build_model import build_model
+
+    model = tmp_path / "model.onnx"
+    onnx.save(build_model(layers=2), str(model))
+    pkg = compile_model(model, "longformer:window=8,global=2", max_seq_len=128,
+                        out_dir=tmp_path / "pkg", instruments=Instruments(progress=False))
+    before = read_plan(pkg)
+    monkeypatch.setattr("stofc.tune.runners.gpu_measurer", lambda **kw: TableMeasurer())
+    profile = get_profile(before.gpu)
+    with TuningDatabase.open(tmp_path / "t.sqlite") as db:
+        tune_package(pkg, profile, db, RecordingReporter(), budget_s=None, batch=2,
+                     seq_lens=(128,))
+    after = read_plan(pkg)
+    doc = json.loads((pkg / "plan.json").read_text())
+    assert doc["provenance"]["tuned"] is True
+    check_manifest(pkg)                                     # rewritten whole, hashes match
+    assert after.tokens == 2 * 128 and len(after.layers) == len(before.layers)
+    assert after != before
+    # the package's plan is what tune_plan chooses with the same (deterministic) measurer
+    from stofc.frontend import load_model
+    from stofc.masks import load as load_format
+
+    formats = {int(layer): load_format(pkg / e["npz"]) for e in doc["mask"]["formats"]
+               for layer in e["layers"]}
+    expect = tune_plan(before, load_model(model), formats, profile, batch=2, seq_lens=(128,),
+                       measurer=TableMeasurer())
+    for got, want in zip(after.layers, expect.layers, strict=True):
+        assert got.scheme == want.scheme
+        for gs, ws in zip(got.segments, want.segments, strict=True):
+            if gs.family == "attention":
+                assert all(gs.kernel.param(k) == ws.kernel.param(k)
+                           for k in ("kind", "tile", "warp_m", "warps", "stages", "q_split"))
+            else:
+                assert gs.kernel == ws.kernel
+    assert verify_package(pkg, cases=[(2, 100)]).passed     # and it still computes the model
