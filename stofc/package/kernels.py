@@ -56,9 +56,9 @@ def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
     spec, ep = seg.kernel, seg.epilogues[-1]
     if spec.template == "vendor/cublas" or seg.family == "add_norm":
         width = seg.dim("n0") if spec.template == "vendor/cublas" else seg.dim("n")
-        cfg = norm_family.NormConfig(spec.param("tpr"), spec.param("rows"))
+        ncfg = norm_family.NormConfig(spec.param("tpr"), spec.param("rows"))
         return (norm_family.render_norm(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep),
-                                        cfg),)
+                                        ncfg),)
     if seg.family in ("gemm", "gemm_norm"):
         cfg = gemm_family.GemmConfig(*(spec.param(k) for k in
                                        ("bm", "bn", "bk", "warps_m", "warps_n", "stages")))
@@ -66,8 +66,8 @@ def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
                                           spec.param("store", "row"))
         return (gemm_family.render_gemm(problem, cfg),)
     if seg.family == "gemm_gemm":
-        cfg2 = gg_family.GemmGemmConfig(*(spec.param(k) for k in
-                                          ("bm", "bh", "bk", "warps", "stages")),
+        cfg2 = gg_family.GemmGemmConfig(spec.param("bm"), spec.param("bh"), spec.param("bk"),
+                                        spec.param("warps"), spec.param("stages"),
                                         split=spec.param("split", 1))
         problem2 = gg_family.GemmGemmProblem(TOKENS_HINT, seg.dim("k0"), seg.dim("n0"),
                                              seg.dim("n1"), dtype, seg.epilogues[0],
@@ -76,7 +76,8 @@ def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
         if cfg2.to_workspace(problem2):
             nprob = norm_family.NormProblem(TOKENS_HINT, problem2.n2, dtype, problem2.ep2,
                                             input_fp32=True)
-            sources.append(norm_family.render_norm(nprob, norm_family.default_config(nprob, None)))
+            sources.append(norm_family.render_norm(nprob, norm_family.default_config(
+                nprob, None)))  # type: ignore[arg-type]  # the norm default ignores the GPU
         return tuple(sources)
     raise PlanError(f"segment {seg.ordinal} of layer {seg.layer} has family {seg.family!r}, "
                     "which has no kernel template", hint="this is a stofc bug; report it")

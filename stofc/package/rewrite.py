@@ -195,7 +195,7 @@ def to_tensor(array: np.ndarray, dtype: str, name: str) -> TensorProto:
 def _emit_fp32_tail(em: _Emitter, x_dt: str, out_name: str, *, bias: str | None, act: str,
                     residual: str | None) -> tuple[str, ...]:
     """bias -> act -> residual in float32 ONNX ops, the result written in the dtype."""
-    ops = []
+    ops: list[str] = []
     v = em.fp32(x_dt)
     if bias:
         v2 = em.name("bias_f32")
@@ -259,9 +259,10 @@ def _gemm_node(em: _Emitter, x_dt: str, w: str, b: str | None, residual: str | N
 
 def _norm_node(em: _Emitter, x_dt: str, residual: str | None, seg: Segment, norm: str,
                shift: bool, out: str, pre: str | None, kernel: str) -> str:
-    inputs = [x_dt, em.half(residual) if residual else "", em.weight(seg.binding("gamma"))]
-    if shift and seg.binding("beta"):
-        inputs.append(em.weight(seg.binding("beta")))
+    inputs = [x_dt, em.half(residual) if residual else "", em.weight(_need(seg, "gamma"))]
+    beta = seg.binding("beta")
+    if shift and beta:
+        inputs.append(em.weight(beta))
     outputs = [out] + ([pre] if pre else [])
     em.node("AddLayerNorm", inputs, outputs, domain=DOMAIN, stem="AddLayerNorm",
             epsilon=float(seg.epsilon), rms=int(norm == "rmsnorm"), kernel=kernel)
@@ -272,6 +273,15 @@ def _layouts(graph: ModelGraph, layer: int) -> dict[str, str]:
     chain = graph.layers[layer].chain
     return {str(op.param("weight")): str(op.param("weight_layout", "KN"))
             for op in chain if op.param("weight")}
+
+
+def _need(seg: Segment, slot: str) -> str:
+    """A binding the family requires; its absence is a plan bug, said in one line."""
+    value = seg.binding(slot)
+    if value is None:
+        raise PlanError(f"segment {seg.ordinal} of layer {seg.layer} ({seg.family}) has no "
+                        f"'{slot}' binding", hint="this is a stofc bug; report it")
+    return value
 
 
 def emit_segment(em: _Emitter, graph: ModelGraph, seg: Segment, kernel: str,
@@ -313,25 +323,27 @@ def emit_segment(em: _Emitter, graph: ModelGraph, seg: Segment, kernel: str,
 
     layouts = _layouts(graph, seg.layer)
     ep = seg.epilogues[-1]
-    out = em.output(seg.binding("out"))
-    pre = em.output(seg.binding("pre_norm_out")) if seg.binding("pre_norm_out") else None
-    x = em.half(seg.binding("x"))
+    out = em.output(_need(seg, "out"))
+    pre_name = seg.binding("pre_norm_out")
+    pre = em.output(pre_name) if pre_name else None
+    x = em.half(_need(seg, "x"))
     residual = seg.binding("residual")
     if seg.family == "gemm_gemm":
         e1 = seg.epilogues[0]
         hidden = em.name("ffn_hidden")
+        w0 = _need(seg, "w0")
         if e1.act in _OPS_FOR_ACT:
-            ops.append(_gemm_node(em, x, seg.binding("w0"), seg.binding("b0"), None, e1.act,
-                                  hidden, kernel, layouts.get(seg.binding("w0"), "KN")))
+            ops.append(_gemm_node(em, x, w0, seg.binding("b0"), None, e1.act, hidden, kernel,
+                                  layouts.get(w0, "KN")))
         else:
             raw = em.name("ffn_raw")
-            ops.append(_gemm_node(em, x, seg.binding("w0"), None, None, "none", raw, kernel,
-                                  layouts.get(seg.binding("w0"), "KN")))
+            ops.append(_gemm_node(em, x, w0, None, None, "none", raw, kernel,
+                                  layouts.get(w0, "KN")))
             ops += _emit_fp32_tail(em, raw, hidden, bias=seg.binding("b0"), act=e1.act,
                                    residual=None)
-        x, w, b = hidden, seg.binding("w1"), seg.binding("b1")
-    else:
-        w, b = seg.binding("w0"), seg.binding("b0")
+        x, w, b = hidden, _need(seg, "w1"), seg.binding("b1")
+    elif seg.family != "add_norm":
+        w, b = _need(seg, "w0"), seg.binding("b0")
     if seg.family in ("gemm", "gemm_gemm") and ep.norm == "none":
         if ep.act in _OPS_FOR_ACT:
             ops.append(_gemm_node(em, x, w, b, residual if ep.residual else None, ep.act, out,
