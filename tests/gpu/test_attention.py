@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_attention_helpers import TOL, encoded, run_case
 
 from stofc.kernels.attention import AttentionConfig, search_space, select_kernel
 from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.permute import choose_permutation
 from stofc.kernels.attention.reference import format_from_dense
 from stofc.targets import detect
+from tests.gpu.test_attention_helpers import TOL, encoded, run_case
 
 BLOCK = AttentionConfig("block", 64, 16, 4, 2, 1)
 ROW = AttentionConfig("row", 64, 1, 4)

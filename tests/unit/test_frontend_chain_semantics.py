@@ -20,9 +20,9 @@ from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from graphs import build
-from test_frontend_semantics import _feeds, _run
 
 from stofc.frontend import OpKind, load_model
+from tests.unit.test_frontend_semantics import _feeds, _run
 
 pytest.importorskip("onnxruntime")
 

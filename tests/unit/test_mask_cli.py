@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_mask_reference import tree_dense
 
 from stofc.cli import main
 from stofc.masks import load, to_dense
+from tests.unit.test_mask_reference import tree_dense
 
 
 def run(*args: str):

@@ -15,13 +15,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_mask_reference import tree_dense
 
 import stofc.masks.encoder as encode_mod
 import stofc.masks.predicates as pred_mod
 from stofc.masks import encode, parse_mask, stats, tile_classes, to_dense
 from stofc.masks.format import MaskFormat
 from stofc.masks.spec import Combine, Family, MaskSpec
+from tests.unit.test_mask_reference import tree_dense
 
 TILES = (16, 32, 64, 128)
 MAX_L = 300

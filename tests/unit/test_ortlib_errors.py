@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_ortlib import F32, dense_to_format, run_node, vi
 
 from stofc.package.maskbin import write_mask_binary
 from stofc.package.ortlib import build_library
+from tests.unit.test_ortlib import F32, dense_to_format, run_node, vi
 
 L = 32
 
