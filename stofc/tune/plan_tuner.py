@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from stofc.errors import PlanError
 from stofc.frontend.types import Layer
@@ -247,7 +247,7 @@ def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfi
     own = measurer is None
     if measurer is None:
         from stofc.tune.runners import gpu_measurer
-        measurer = gpu_measurer()
+        measurer = cast(Measurer, gpu_measurer())
     groups: dict[tuple, list[int]] = {}
     for i, layer in enumerate(layers):   # alike chains under the same mask
         groups.setdefault((chain_signature(layer), getattr(formats[i], "spec_hash", None)),

@@ -274,7 +274,8 @@ def verify(runner: Any, seg: Segment, inputs: _Inputs, p: SegmentPayload) -> boo
         if dev.ndim == 5:                      # [G, B, H, S, D] -> [B*S, G*H*D]
             dev = dev.transpose(1, 3, 0, 2, 4).reshape(tokens, -1)
         got = to_host(dev[rows_dev], p.dtype).astype(np.float64)
-        diff = np.linalg.norm(got - want[name]) / max(np.linalg.norm(want[name]), 1e-30)
+        diff = float(np.linalg.norm(got - want[name])) / max(float(np.linalg.norm(want[name])),
+                                                             1e-30)
         if not diff <= bound:
             return False
     return True
