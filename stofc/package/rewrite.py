@@ -366,15 +366,12 @@ def emit_segment(em: _Emitter, graph: ModelGraph, seg: Segment, kernel: str,
                               ep.norm_shift, out, pre, kernel))
     elif seg.family == "add_norm":
         if ep.bias or ep.act != "none":
-            y = em.name("tail_out")
+            y = em.name("tail_out") if ep.norm != "none" else out
             ops += _emit_fp32_tail(em, x, y, bias=seg.binding("bias") if ep.bias else None,
                                    act=ep.act, residual=None if ep.norm != "none" or not
                                    ep.residual else residual)
             note = "bias/activation without a GEMM: float32 ONNX ops"
             x = y
-            if ep.norm == "none":
-                em.node("Identity", [x], [out])
-                ops.append("onnx:Identity")
         if ep.norm != "none":
             ops.append(_norm_node(em, x, residual if ep.residual else None, seg, ep.norm,
                                   ep.norm_shift, out, pre, kernel))

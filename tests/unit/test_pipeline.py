@@ -105,3 +105,30 @@ def test_recompile_package_with_a_new_plan(example, tmp_path):
                for k in (e["name"] for e in doc["kernels"]) if "_b_" in k)
     assert any(p.name.startswith("stofc_attn_row_") for p in (pkg / "kernels").glob("*.cubin"))
     assert verify_package(pkg, cases=[(2, 100)]).passed
+
+
+@pytest.mark.parametrize("segments", [
+    # GEMM+LayerNorm after attention; the whole FFN as one GEMM+GEMM(+residual+norm) segment
+    [[0, 1], [2, 3], [4, 5], [6], [7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17]],
+    # memory-bound Add+Norm segments between plain GEMMs; bias+GELU alone (ONNX ops)
+    [[0, 1], [2, 3], [4, 5], [6], [7, 8], [9, 10], [11], [12, 13], [14, 15, 16], [17]],
+])
+def test_recompile_with_other_fusion_schemes(example, tmp_path, segments):
+    """Every family the tuner may choose is written and still computes the same function."""
+    from stofc.frontend import load_model
+    from stofc.plan.build import plan_layer
+    from stofc.plan.scheme import FusionScheme
+
+    pkg = compile_model(example, "sliding:window=16", max_seq_len=64, out_dir=tmp_path / "pkg",
+                        instruments=Instruments(progress=False))
+    plan = read_plan(pkg)
+    graph = load_model(example)
+    scheme = FusionScheme.from_segments(segments)
+    layers = tuple(plan_layer(layer, scheme, tokens=64, profile=get_profile("h100"),
+                              dtype="float16", max_seq_len=64, vendor=False)
+                   for layer in graph.layers)
+    recompile_package(pkg, replace(plan, layers=layers), instruments=Instruments(progress=False))
+    doc = json.loads((pkg / "plan.json").read_text())
+    families = {s["family"] for s in doc["segments"]}
+    assert families >= {"attention", "gemm"} and families & {"gemm_gemm", "gemm_norm", "add_norm"}
+    assert verify_package(pkg, cases=[(2, 64), (1, 23)]).passed
