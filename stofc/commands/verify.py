@@ -31,6 +31,8 @@ def verify(package: Path, model: Path | None, provider: str, batches: tuple[int,
     Reports max abs and relative error per output (relative to the reference's
     max magnitude, at real token positions) and exits 1 when any exceeds 1e-2
     (TARGETS.md). Several lengths, with right padding via the attention mask.
+    "mask effect" is the bare original's relative difference from the reference:
+    how much the structured mask changes the model's output.
     """
     cases = pair_cases(batches, seq_lens)
     report = verify_package(package, model=model, provider=provider, cases=cases, seed=seed,
@@ -39,13 +41,14 @@ def verify(package: Path, model: Path | None, provider: str, batches: tuple[int,
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
         click.echo(f"package   {report.package} ({report.provider})")
-        click.echo(f"reference {report.reference} + structured mask, fp32 CPU")
+        click.echo(f"reference {report.reference} + structured mask (ORT CPU EP, the model's "
+                   "own precision)")
         click.echo(f"{'output':<28} {'B':>3} {'L':>6} {'max abs':>10} {'max |ref|':>10} "
-                   f"{'rel':>10}")
+                   f"{'rel':>10} {'mask effect':>12}")
         for e in report.errors:
             mark = "" if e.rel <= report.bound else "  FAIL"
             click.echo(f"{e.output[:28]:<28} {e.batch:>3} {e.seq_len:>6} {e.max_abs:>10.3e} "
-                       f"{e.max_ref:>10.3e} {e.rel:>10.3e}{mark}")
+                       f"{e.max_ref:>10.3e} {e.rel:>10.3e} {e.mask_effect:>12.3e}{mark}")
     if not report.passed:
         w = report.worst
         click.echo(f"verify failed: output {w.output} at (B={w.batch}, L={w.seq_len}) has relative "

@@ -13,7 +13,9 @@ Only real token positions are compared (padded rows are undefined by
 convention: the package writes zeros where no key is allowed, the reference
 an average). Per output: max abs error, max abs reference value, and the
 relative error ``max|pkg - ref| / max|ref|``; the bound is TARGETS.md's
-end-to-end ``1e-2``.
+end-to-end ``1e-2``. ``mask_effect`` is the same measure for the bare original
+(no structured mask) against the reference: how much the mask changes the
+function at these lengths (about 0 means the mask is dense there).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class OutputError:
     max_ref: float
     rel: float
     compared: int     # elements compared (real token positions)
+    mask_effect: float = 0.0  # rel. difference of the bare original (no structured mask)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -186,6 +189,7 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
                              hint=f"use lengths <= {max_len}")
     so = ort.SessionOptions()
     so.log_severity_level = 4  # errors come back as one line, not ORT's log
+    bare = ort.InferenceSession(graph.model.SerializeToString(), so, providers=[CPU_EP])
     reference = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(), so,
                                      providers=[CPU_EP])
     session = load(package, providers=PROVIDERS[provider],
@@ -197,10 +201,12 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
         feeds, real = make_inputs(graph, batch, seq_len, rng)
         ref_out = _run(reference, names, feeds, f"the reference ({source.name})", batch, seq_len)
         pkg_out = _run(session, names, feeds, f"the package ({package.name})", batch, seq_len)
-        for name, o, r in zip(names, pkg_out, ref_out, strict=True):
+        bare_out = _run(bare, names, feeds, f"the original ({source.name})", batch, seq_len)
+        for name, o, r, b in zip(names, pkg_out, ref_out, bare_out, strict=True):
             max_abs, max_ref, n = compare(o, r, real)
-            errors.append(OutputError(name, batch, seq_len, max_abs, max_ref,
-                                      max_abs / max(max_ref, 1e-30), n))
+            scale = max(max_ref, 1e-30)
+            errors.append(OutputError(name, batch, seq_len, max_abs, max_ref, max_abs / scale, n,
+                                      compare(b, r, real)[0] / scale))
     return VerifyReport(str(package), str(source), provider, bound, tuple(errors))
 
 

@@ -129,6 +129,7 @@ def test_verify_package_passes_within_bound(package):
     assert report.passed and len(report.errors) == 2
     assert all(e.compared > 0 and e.max_ref > 0 for e in report.errors)
     assert report.worst.rel <= 1e-2
+    assert all(e.mask_effect > 10 * e.rel for e in report.errors)  # the mask matters here
 
 
 def test_verify_fails_against_another_model(package, tmp_path):
