@@ -129,7 +129,9 @@ def test_verify_package_passes_within_bound(package):
     assert report.passed and len(report.errors) == 2
     assert all(e.compared > 0 and e.max_ref > 0 for e in report.errors)
     assert report.worst.rel <= 1e-2
-    assert all(e.mask_effect > 10 * e.rel for e in report.errors)  # the mask matters here
+    long, short = report.errors
+    assert long.mask_effect > 10 * long.rel  # at L=128 the BigBird mask changes the output
+    assert short.mask_effect == 0.0  # at L=33 its 16-blocks with window 3 allow every pair
 
 
 def test_verify_fails_against_another_model(package, tmp_path):
