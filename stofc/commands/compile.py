@@ -16,7 +16,8 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
               help="Structured attention mask: NAME[:key=value,...] or a .yaml file (MASKS.md).")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Target GPU profile (a100, h100, h200, ...; auto = the GPU present). "
-                   "Kernels are compiled for its arch (cubin) plus PTX; no GPU is needed.")
+                   "Kernels are compiled for its arch (cubin) plus PTX; no GPU is needed. "
+                   "Default h100: its sm_90 cubins also run on an H200.")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True,
               help="Data type of the fused ops (graph inputs and outputs keep theirs).")
 @click.option("--max-seq-len", "max_seq_len", type=int, default=DEFAULT_MAX_SEQ_LEN,
@@ -27,13 +28,15 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
               default=None, help="Package directory (default: <model stem>.stofc beside MODEL).")
 @click.option("--tune", is_flag=True,
               help="Then tune the package on the GPU present (must be --gpu).")
+@click.option("--budget", type=float, default=None, metavar="SECONDS",
+              help="With --tune: stop tuning after this many seconds.")
 @click.option("--dump-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Also write every rendered CUDA source here.")
 @click.option("--ort-include", type=click.Path(path_type=Path, file_okay=False), default=None,
               envvar="STOFC_ORT_INCLUDE", help="ONNX Runtime C/C++ API headers to build against.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: int, batch: int,
-                    out_dir: Path | None, tune: bool, dump_dir: Path | None,
+                    out_dir: Path | None, tune: bool, budget: float | None, dump_dir: Path | None,
                     ort_include: Path | None, quiet: bool) -> None:
     """Compile MODEL with the structured mask into an ONNX Runtime package directory."""
     if max_seq_len < 1:
@@ -41,9 +44,13 @@ def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: i
                          hint="give the longest sequence length, e.g. --max-seq-len 512")
     if batch < 1:
         raise StofcError(f"--batch {batch} is not positive", hint="give a batch size >= 1")
+    if budget is not None and (budget <= 0 or not tune):
+        raise StofcError(f"--budget {budget:g} needs --tune and a positive number of seconds",
+                         hint="e.g. --tune --budget 60")
     ins = Instruments(progress=not quiet, dump_dir=dump_dir)
     path = compile_model(model, mask, gpu=gpu, dtype=dtype, max_seq_len=max_seq_len,
                          out_dir=out_dir, tune=tune, batch=batch, instruments=ins,
-                         ort_include=ort_include)
+                         ort_include=ort_include,
+                         tune_options={"budget": budget, "batch": batch})
     total = sum(t for _, t in ins.timings)
     click.echo(f"wrote {path} ({total:.1f} s)")

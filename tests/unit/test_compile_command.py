@@ -82,6 +82,7 @@ def test_verify_exit_1_beyond_bound(example, tmp_path):
     (("compile", "{model}", "--mask", "causal", "--max-seq-len", "0"), "--max-seq-len 0"),
     (("compile", "{model}", "--mask", "causal", "--dtype", "fp8"), "fp8"),
     (("compile", "{model}", "--mask", "causal", "--tune", "--max-seq-len", "64"), "GPU"),
+    (("compile", "{model}", "--mask", "causal", "--budget", "5"), "--budget 5 needs --tune"),
     (("verify", "{tmp}/nowhere"), "no plan.json"),
     (("verify", "{tmp}", "--batch", "2"), "--batch without --seq-len"),
     (("bench", "{tmp}"), "onnxruntime-gpu"),
