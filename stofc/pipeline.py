@@ -66,7 +66,11 @@ class Instruments:
     def stage(self, name: str) -> Iterator[None]:
         """Time the block as stage ``name`` and report it when done."""
         start = time.perf_counter()
-        yield
+        try:
+            yield
+        except BaseException:
+            self._print(f"[red]✗[/red] {name:<28} {(time.perf_counter() - start) * 1000:9.1f} ms")
+            raise
         elapsed = time.perf_counter() - start
         self.timings.append((name, elapsed))
         self._print(f"[green]✓[/green] {name:<28} {elapsed * 1000:9.1f} ms")
