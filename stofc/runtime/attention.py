@@ -25,7 +25,7 @@ from stofc.kernels.attention.config import (
     prune,
     smem_bytes,
 )
-from stofc.kernels.attention.gather import gather_bounds, plan_tiles
+from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 from stofc.kernels.attention.render import compile_kernel
 from stofc.masks.format import MaskFormat
@@ -110,8 +110,6 @@ class AttentionOp:
         words = np.ascontiguousarray(words, dtype=np.uint64).ravel()
         self._bitmaps = cp.asarray(words if words.size else np.zeros(2, dtype=np.uint64))
         self._gather_keys = cp.asarray(np.concatenate([np.ravel(gk), np.full(4, -1)]).astype(np.int32))
-        bounds = gather_bounds(np.asarray(gk).reshape(-1, fmt.tile)) if np.size(gk) else []
-        self._gather_max = cp.asarray(np.concatenate([bounds, [0]]).astype(np.int32))
         self.permutation = perm
         qp = np.full(fmt.tile_rows * fmt.tile + 4, -1, dtype=np.int32)
         if perm is not None:
@@ -243,7 +241,6 @@ class AttentionOp:
                 *(i64(s) for s in vq.strides), *(i64(s) for s in vk.strides),
                 *(i64(s) for s in vv.strides), *(i64(s) for s in vo.strides),
                 self._row_ptr, self._col_idx, self._part_idx, self._bitmaps, self._gather_keys,
-                self._gather_max,
                 self._q_perm, i32(self.permutation is not None),
                 i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
                 bias_arr, i64(bsb), i64(bsh), i64(bsq),

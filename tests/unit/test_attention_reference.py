@@ -8,7 +8,6 @@ import pytest
 from stofc.kernels.attention import dense_from_format, format_from_dense, reference_attention
 from stofc.kernels.attention.gather import (
     column_occupancy,
-    gather_bounds,
     pack_bits,
     plan_tiles,
     plan_to_dense,
@@ -149,9 +148,3 @@ def test_residue_permutation_densifies_dilation_and_keeps_the_mask(spec, period)
 @pytest.mark.parametrize("spec", ["causal", "sliding:window=128", "strided:stride=64"])
 def test_no_permutation_where_it_does_not_pay(spec):
     assert choose_permutation(encode(spec, 1000)) is None
-
-
-def test_gather_bounds_flag_tiles_with_empty_slots():
-    keys = np.array([[1, 5, 3, 2], [4, -1, 2, 3]])
-    assert gather_bounds(keys).tolist() == [5, np.iinfo(np.int32).max]
-    assert gather_bounds(np.zeros((0, 64), np.int32)).size == 0

@@ -43,19 +43,6 @@ class TilePlan:
         return int(self.gather_keys.shape[0])
 
 
-def gather_bounds(gather_keys: np.ndarray) -> np.ndarray:
-    """int32 ``[G]``: a gathered tile's largest key, or INT32_MAX when it has empty slots.
-
-    The kernel skips per-key bound tests on a gathered tile whose largest key is
-    below the sequence's key length (the common case: no padding).
-    """
-    gk = np.asarray(gather_keys, dtype=np.int64)
-    if not gk.size:
-        return np.zeros(0, dtype=np.int32)
-    full = (gk >= 0).all(axis=1)
-    return np.where(full, gk.max(axis=1), np.iinfo(np.int32).max).astype(np.int32)
-
-
 def unpack_bits(words: np.ndarray, tile: int) -> np.ndarray:
     """uint64 ``[n, (T/8)^2]`` (ITs column-major) -> bool ``[n, T, T]`` (row, col)."""
     n, g = words.shape[0], tile // 8
