@@ -233,3 +233,29 @@ def test_residue_permutation_on_dilated_masks(spec, seq):
                        seed=_seed(spec, seq, cfg))
         assert not res.nan, cfg
         assert res.err <= TOL["float16"], (cfg, res.err)
+
+
+def test_user_errors_are_clear():
+    """Shape, dtype, length and alignment mistakes raise one-line StofcErrors before launch.
+    (Added after the last device run of 2026-11-22: not yet run on a GPU.)"""
+    import cupy as cp
+
+    from stofc.errors import StofcError
+    from stofc.runtime.attention import AttentionOp
+
+    fmt, _ = encoded("causal", 256)
+    op = AttentionOp(fmt, BLOCK, "float16", 64, detect())
+    q = cp.zeros((1, 256, 2, 64), dtype=cp.float16)
+    with pytest.raises(StofcError, match="dtype"):
+        op.run(q.astype(cp.float32), q, q)
+    with pytest.raises(StofcError, match="head_dim"):
+        op.run(q[..., :32], q[..., :32], q[..., :32])
+    long = cp.zeros((1, 300, 2, 64), dtype=cp.float16)
+    with pytest.raises(StofcError, match="L_max"):
+        op.run(long, long, long)
+    with pytest.raises(StofcError, match="key_mask"):
+        op.run(q, q, q, key_mask=cp.ones((2, 256), dtype=cp.int32))
+    with pytest.raises(StofcError, match="4-D"):
+        op.run(q[0], q[0], q[0])
+    with pytest.raises(StofcError, match="tile"):
+        AttentionOp(fmt, AttentionConfig("block", 128, 16, 8, 2, 1), "float16", 64, detect())
