@@ -1,0 +1,335 @@
+"""Emit one plan segment as ai.stofc nodes (``cuda/ort/OPS.md``): the rewrite's node factory.
+
+:class:`Emitter` holds the nodes being built, the converted weights and the
+name maps (an unfused value's dtype twin made by a ``Cast``; a fused result's
+twin). :func:`emit_segment` maps a segment's family to ops (see
+:mod:`stofc.package.rewrite` for the table) and returns what it emitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from stofc.errors import PlanError
+from stofc.frontend.graph import GraphIndex
+from stofc.frontend.types import ModelGraph
+from stofc.plan.plan import Segment
+
+DOMAIN = "ai.stofc"
+DOMAIN_VERSION = 1
+ELEM = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+_TAG = {"float16": "f16", "bfloat16": "bf16"}
+_OPS_FOR_ACT = ("none", "gelu_erf", "gelu_tanh")
+
+
+@dataclass(frozen=True)
+class AttentionBinding:
+    """What a layer's SparseAttention node reads besides Q, K and V."""
+
+    layer: int
+    mask_file: str                 # relative to the package directory
+    kernel: str                    # "kernels/FILE.cubin:ENTRY"
+    key_padding_mask: str | None   # a [B, S] graph input (nonzero = real token)
+    bias: str | None               # an additive [B|1, H|1, S, S] value (T5, ALiBi)
+    launch: tuple[tuple[str, int], ...] = ()   # block_threads, blocks_per_tile_row, smem_bytes
+
+
+@dataclass(frozen=True)
+class EmittedSegment:
+    """How one plan segment was written into model.onnx."""
+
+    layer: int
+    ordinal: int
+    family: str
+    ops: tuple[str, ...]     # e.g. ("ai.stofc:FusedGemm", "ai.stofc:AddLayerNorm")
+    nodes: tuple[str, ...]   # names of the emitted nodes
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "ordinal": self.ordinal, "family": self.family,
+                "ops": list(self.ops), "nodes": list(self.nodes), "note": self.note}
+
+
+class Emitter:
+    """Builds the new nodes: value name maps, Casts, converted weights."""
+
+    def __init__(self, idx: GraphIndex, dtype: str, opset: int) -> None:
+        self.idx, self.dtype, self.opset = idx, dtype, opset
+        self.elem, self.tag = ELEM[dtype], _TAG[dtype]
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, TensorProto] = {}
+        self.fused: dict[str, str] = {}    # original value -> its dtype twin, made by a fused op
+        self.casts: dict[str, str] = {}    # unfused value -> its dtype twin (Cast)
+        self.count = 0
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"stofc/{stem}_{self.count}"
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], *, domain: str = "",
+             stem: str = "", **attrs) -> onnx.NodeProto:
+        node = helper.make_node(op, inputs, outputs, name=self.name(stem or op), domain=domain,
+                                **attrs)
+        self.nodes.append(node)
+        return node
+
+    def half(self, value: str) -> str:
+        """``value`` in the dtype: the fused twin, the value itself, or a Cast of it."""
+        if value in self.fused:
+            return self.fused[value]
+        if self.idx.elem_type(value) == self.elem:
+            return value
+        if value not in self.casts:
+            twin = f"{value}::stofc_{self.tag}"
+            self.node("Cast", [value], [twin], stem="cast_in", to=self.elem)
+            self.casts[value] = twin
+        return self.casts[value]
+
+    def output(self, value: str) -> str:
+        """The dtype name a fused op writes for ``value`` (Cast back later if read outside).
+
+        Unique per write: when the plan names one (virtual) value for two
+        results, each reader gets the latest write before it, as the plan's
+        sequential order means.
+        """
+        twin = f"{value}::stofc_{self.tag}.out"
+        if value in self.fused:
+            twin = f"{twin}{self.count}"
+            self.count += 1
+        self.fused[value] = twin
+        return twin
+
+    def fp32(self, value_dt: str) -> str:
+        out = f"{value_dt}::f32_{self.count + 1}"
+        self.node("Cast", [value_dt], [out], stem="cast_f32", to=TensorProto.FLOAT)
+        return out
+
+    def weight(self, name: str, *, transpose: bool = False) -> str:
+        """The initializer ``name`` in the dtype (transposed for NK GEMM weights)."""
+        key = f"{name}::stofc_{self.tag}{'_kn' if transpose else ''}"
+        if key not in self.inits:
+            array = self.idx.const(name)
+            if array is None:
+                raise PlanError(f"weight {name!r} is not a constant",
+                                hint="stofc fuses GEMMs with constant weights only")
+            array = np.asarray(array, dtype=np.float32)
+            if transpose:
+                array = array.T
+            self.inits[key] = to_tensor(np.ascontiguousarray(array), self.dtype, key)
+        return key
+
+    def weight_f32(self, name: str) -> str:
+        key = f"{name}::stofc_f32"
+        if key not in self.inits:
+            self.inits[key] = numpy_helper.from_array(
+                np.asarray(self.idx.const(name), dtype=np.float32).reshape(-1), key)
+        return key
+
+
+def to_tensor(array: np.ndarray, dtype: str, name: str) -> TensorProto:
+    """A float array as a float16 or bfloat16 (round to nearest even) initializer."""
+    if dtype == "float16":
+        return numpy_helper.from_array(array.astype(np.float16), name)
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    tensor = TensorProto(name=name, data_type=TensorProto.BFLOAT16, dims=list(array.shape))
+    tensor.raw_data = bits.tobytes()
+    return tensor
+
+
+def _emit_fp32_tail(em: Emitter, x_dt: str, out_name: str, *, bias: str | None, act: str,
+                    residual: str | None) -> tuple[str, ...]:
+    """bias -> act -> residual in float32 ONNX ops, the result written in the dtype."""
+    ops: list[str] = []
+    v = em.fp32(x_dt)
+    if bias:
+        v2 = em.name("bias_f32")
+        em.node("Add", [v, em.weight_f32(bias)], [v2])
+        v, ops = v2, [*ops, "Add"]
+    if act != "none":
+        v2 = em.name("act_f32")
+        if act == "relu":
+            em.node("Relu", [v], [v2])
+            ops.append("Relu")
+        else:
+            _gelu_f32(em, v, v2, tanh=act == "gelu_tanh")
+            ops.append("Gelu(decomposed)")
+        v = v2
+    if residual:
+        v2 = em.name("res_f32")
+        em.node("Add", [v, em.fp32(em.half(residual))], [v2])
+        v, ops = v2, [*ops, "Add"]
+    em.node("Cast", [v], [out_name], stem="cast_out", to=em.elem)
+    return tuple(f"onnx:{o}" for o in ops)
+
+
+def _gelu_f32(em: Emitter, x: str, out: str, *, tanh: bool) -> None:
+    def const(value: float) -> str:
+        name = em.name("c")
+        em.inits[name] = numpy_helper.from_array(np.array(value, np.float32), name)
+        return name
+
+    if tanh:
+        cube = em.name("g")
+        em.node("Mul", [x, x], [cube + "a"])
+        em.node("Mul", [cube + "a", x], [cube])
+        inner = em.name("g")
+        em.node("Mul", [cube, const(0.044715)], [inner + "a"])
+        em.node("Add", [x, inner + "a"], [inner + "b"])
+        em.node("Mul", [inner + "b", const(math.sqrt(2 / math.pi))], [inner])
+        t = em.name("g")
+        em.node("Tanh", [inner], [t])
+    else:
+        t = em.name("g")
+        em.node("Div", [x, const(math.sqrt(2.0))], [t + "a"])
+        em.node("Erf", [t + "a"], [t])
+    one = em.name("g")
+    em.node("Add", [t, const(1.0)], [one])
+    half = em.name("g")
+    em.node("Mul", [x, one], [half])
+    em.node("Mul", [half, const(0.5)], [out])
+
+
+def _gemm_node(em: Emitter, x_dt: str, w: str, b: str | None, residual: str | None,
+               act: str, out: str, kernel: str, layout: str) -> str:
+    inputs = [x_dt, em.weight(w, transpose=layout == "NK"), em.weight(b) if b else ""]
+    if residual:
+        inputs.append(em.half(residual))
+    while inputs and inputs[-1] == "":
+        inputs.pop()
+    em.node("FusedGemm", inputs, [out], domain=DOMAIN, stem="FusedGemm", activation=act,
+            residual_after_activation=1, kernel=kernel)
+    return "ai.stofc:FusedGemm"
+
+
+def _norm_node(em: Emitter, x_dt: str, residual: str | None, seg: Segment, norm: str,
+               shift: bool, out: str, pre: str | None, kernel: str) -> str:
+    inputs = [x_dt, em.half(residual) if residual else "", em.weight(_need(seg, "gamma"))]
+    beta = seg.binding("beta")
+    if shift and beta:
+        inputs.append(em.weight(beta))
+    outputs = [out] + ([pre] if pre else [])
+    em.node("AddLayerNorm", inputs, outputs, domain=DOMAIN, stem="AddLayerNorm",
+            epsilon=float(seg.epsilon), rms=int(norm == "rmsnorm"), kernel=kernel)
+    return "ai.stofc:AddLayerNorm"
+
+
+def _layouts(graph: ModelGraph, layer: int) -> dict[str, str]:
+    chain = graph.layers[layer].chain
+    return {str(op.param("weight")): str(op.param("weight_layout", "KN"))
+            for op in chain if op.param("weight")}
+
+
+def _need(seg: Segment, slot: str) -> str:
+    """A binding the family requires; its absence is a plan bug, said in one line."""
+    value = seg.binding(slot)
+    if value is None:
+        raise PlanError(f"segment {seg.ordinal} of layer {seg.layer} ({seg.family}) has no "
+                        f"'{slot}' binding", hint="this is a stofc bug; report it")
+    return value
+
+
+def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+                 attention: AttentionBinding | None) -> EmittedSegment:
+    """Append the nodes of one segment to ``em`` (see the module contract)."""
+    first = len(em.nodes)
+    ops: list[str] = []
+    note = ""
+    if seg.family == "attention":
+        if attention is None:
+            raise PlanError(f"layer {seg.layer} has no attention binding",
+                            hint="this is a stofc bug; report it")
+        block = graph.layers[seg.layer].attention
+        if block.packed_qkv:
+            packed = em.half(block.q_input)
+            q, k, v = (em.name(n) for n in ("q", "k", "v"))
+            if em.opset >= 13:
+                split = em.name("split")
+                em.inits[split] = numpy_helper.from_array(
+                    np.array([block.hidden_size] * 3, np.int64), split)
+                em.node("Split", [packed, split], [q, k, v], axis=-1)
+            else:
+                em.node("Split", [packed], [q, k, v], axis=-1, split=[block.hidden_size] * 3)
+            ops.append("onnx:Split")
+            note = "packed QKV split into Q, K, V (layout [3, H, D] on the last axis)"
+        else:
+            q, k, v = (em.half(x) for x in (block.q_input, block.k_input, block.v_input))
+        inputs = [q, k, v, attention.key_padding_mask or "",
+                  em.half(attention.bias) if attention.bias else ""]
+        while inputs[-1] == "":
+            inputs.pop()
+        em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
+                stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,
+                scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel,
+                **dict(attention.launch))
+        ops.append("ai.stofc:SparseAttention")
+        return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),
+                              tuple(n.name for n in em.nodes[first:]), note)
+
+    layouts = _layouts(graph, seg.layer)
+    ep = seg.epilogues[-1]
+    out = em.output(_need(seg, "out"))
+    pre_name = seg.binding("pre_norm_out")
+    pre = em.output(pre_name) if pre_name else None
+    x = em.half(_need(seg, "x"))
+    residual = seg.binding("residual")
+    if seg.family == "gemm_gemm":
+        e1 = seg.epilogues[0]
+        hidden = em.name("ffn_hidden")
+        w0 = _need(seg, "w0")
+        if e1.act in _OPS_FOR_ACT:
+            ops.append(_gemm_node(em, x, w0, seg.binding("b0"), None, e1.act, hidden, kernel,
+                                  layouts.get(w0, "KN")))
+        else:
+            raw = em.name("ffn_raw")
+            ops.append(_gemm_node(em, x, w0, None, None, "none", raw, kernel,
+                                  layouts.get(w0, "KN")))
+            ops += _emit_fp32_tail(em, raw, hidden, bias=seg.binding("b0"), act=e1.act,
+                                   residual=None)
+        x, w, b = hidden, _need(seg, "w1"), seg.binding("b1")
+    elif seg.family != "add_norm":
+        w, b = _need(seg, "w0"), seg.binding("b0")
+    if seg.family in ("gemm", "gemm_gemm") and ep.norm == "none":
+        if ep.act in _OPS_FOR_ACT:
+            ops.append(_gemm_node(em, x, w, b, residual if ep.residual else None, ep.act, out,
+                                  kernel, layouts.get(w, "KN")))
+        else:
+            raw = em.name("gemm_raw")
+            ops.append(_gemm_node(em, x, w, None, None, "none", raw, kernel, layouts.get(w, "KN")))
+            ops += _emit_fp32_tail(em, raw, out, bias=b, act=ep.act,
+                                   residual=residual if ep.residual else None)
+            note = f"activation {ep.act} has no FusedGemm form: float32 ONNX ops after the GEMM"
+    elif seg.family in ("gemm", "gemm_norm", "gemm_gemm"):
+        y = em.name("gemm_out")
+        ops.append(_gemm_node(em, x, w, b, None, ep.act if ep.act in _OPS_FOR_ACT else "none",
+                              y, kernel, layouts.get(w, "KN")))
+        if ep.act not in _OPS_FOR_ACT:
+            y2 = em.name("act_out")
+            ops += _emit_fp32_tail(em, y, y2, bias=None, act=ep.act, residual=None)
+            y = y2
+        ops.append(_norm_node(em, y, residual if ep.residual else None, seg, ep.norm,
+                              ep.norm_shift, out, pre, kernel))
+    elif seg.family == "add_norm":
+        if ep.bias or ep.act != "none":
+            y = em.name("tail_out") if ep.norm != "none" else out
+            ops += _emit_fp32_tail(em, x, y, bias=seg.binding("bias") if ep.bias else None,
+                                   act=ep.act, residual=None if ep.norm != "none" or not
+                                   ep.residual else residual)
+            note = "bias/activation without a GEMM: float32 ONNX ops"
+            x = y
+        if ep.norm != "none":
+            ops.append(_norm_node(em, x, residual if ep.residual else None, seg, ep.norm,
+                                  ep.norm_shift, out, pre, kernel))
+        elif ep.residual and not (ep.bias or ep.act != "none"):
+            ops += _emit_fp32_tail(em, x, out, bias=None, act="none", residual=residual)
+            note = "residual add without a norm: a float32 ONNX Add"
+    else:
+        raise PlanError(f"segment family {seg.family!r} cannot be written",
+                        hint="this is a stofc bug; report it")
+    return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),
+                          tuple(n.name for n in em.nodes[first:]), note)
