@@ -25,6 +25,9 @@ DOMAIN_VERSION = 1
 ELEM = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 _TAG = {"float16": "f16", "bfloat16": "bf16"}
 _OPS_FOR_ACT = ("none", "gelu_erf", "gelu_tanh")
+# SparseAttention's ``kernel_abi`` attribute. OPS.md: not emitted until the kernels' argument
+# list is frozen and the CUDA launch path is verified on a GPU; then set it here (1).
+KERNEL_ABI: int | None = None
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,8 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
         em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
                 stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,
                 scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel,
-                **dict(attention.launch))
+                **dict(attention.launch),
+                **({"kernel_abi": KERNEL_ABI} if KERNEL_ABI is not None else {}))
         ops.append("ai.stofc:SparseAttention")
         return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),
                               tuple(n.name for n in em.nodes[first:]), note)

@@ -107,3 +107,27 @@ def test_compile_bf16_then_verify_on_cpu_says_why(example, tmp_path):
     assert result.exit_code == 0, result.output
     line = one_error_line(run("verify", str(out)))
     assert "bfloat16" in line and "--provider cuda" in line
+
+
+def test_bench_table_json_and_plot_formatting(tmp_path, monkeypatch):
+    """The bench command's own logic (pairing, speed-up, JSON, PNG) on given timings.
+
+    The timings here are inputs to the formatting, not measurements: measuring
+    needs onnxruntime-gpu and a GPU (see test_bad_inputs_exit_2_with_one_line).
+    """
+    from stofc.package.bench import Timing
+
+    def given(package, *, model, cases, warmup, repeat):
+        return [t for b, n in cases for t in (Timing("stofc", b, n, 1.0 * b, 0.9, 1.1),
+                                              Timing("ort-optimized", b, n, 3.0 * b, 2.9, 3.1))]
+
+    monkeypatch.setattr("stofc.commands.bench.bench_package", given)
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run("bench", str(tmp_path), "--batch", "1", "--seq-len", "128", "--batch", "4",
+                 "--seq-len", "2048", "--json-out", str(out), "--plot", str(png))
+    assert result.exit_code == 0, result.output
+    assert "3.00x" in result.output and "2048" in result.output
+    summary = json.loads(out.read_text())["summary"]
+    assert [(r["batch"], r["seq_len"]) for r in summary] == [(1, 128), (4, 2048)]
+    assert all(abs(r["speedup"] - 3.0) < 1e-9 for r in summary)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
