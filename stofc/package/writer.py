@@ -36,7 +36,7 @@ from stofc.errors import PackageError
 from stofc.frontend.types import ModelGraph
 from stofc.masks import save as save_mask
 from stofc.masks.format import MaskFormat
-from stofc.package.emit import KERNEL_ABI
+from stofc.package import emit
 from stofc.package.kernels import AttentionKernel, compile_options
 from stofc.package.manifest import MANIFEST, build_manifest, sha256_file, write_manifest
 from stofc.package.maskbin import write_mask_binary
@@ -204,7 +204,7 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
             "estimate_us": {"block": ak.choice.block_us, "row": ak.choice.row_us},
             "source": ak.source.name, "mask": mask_id(fmt), "has_bias": ak.spec.has_bias,
             "has_key_bits": ak.spec.has_key_bits, "key_padding_mask": kpm, "bias": bias,
-            "launch": dict(launch_attributes(ak)), "kernel_abi": KERNEL_ABI})
+            "launch": dict(launch_attributes(ak)), "kernel_abi": emit.KERNEL_ABI})
     model, emitted = rewrite_model(graph, plan, refs, bindings)
     _save_model(model, root)
     doc = {
