@@ -136,10 +136,10 @@ def load(root: str | Path, providers: Sequence[Any] | None = None, *,
         if CUDA_EP in ort.get_available_providers() and device_compute_capability() is not None:
             providers = [CUDA_EP, CPU_EP]
     check_package(root, providers=providers)
-    so = session_options(root)
-    if session_options_hook is not None:
-        session_options_hook(so)
     try:
+        so = session_options(root)
+        if session_options_hook is not None:
+            session_options_hook(so)
         return ort.InferenceSession(str(root.absolute() / MODEL_FILE), so,
                                     providers=list(providers))
     except Exception as err:  # ORT raises its own exception types

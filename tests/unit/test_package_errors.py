@@ -172,3 +172,16 @@ def test_external_data_in_and_out(tmp_path, monkeypatch):
     assert (pkg / "model.onnx").stat().st_size < (pkg / "model.onnx.data").stat().st_size
     from stofc.package.verify import verify_package
     assert verify_package(pkg, cases=[(2, 40)]).passed
+
+
+def test_library_that_does_not_load_is_one_line(package):
+    """A corrupt custom-op library (manifest updated to match) fails as a PackageError."""
+    from stofc.package.manifest import build_manifest, write_manifest
+
+    (package / "libstofc_ort.so").write_bytes(b"not an ELF file")
+    m = read_manifest(package)
+    write_manifest(package, build_manifest(package, stofc=m.stofc, gpu=m.gpu, arch=m.arch,
+                                           ptx=m.ptx, dtype=m.dtype))
+    with pytest.raises(PackageError) as info:
+        stofc.load(package, providers=["CPUExecutionProvider"])
+    assert "ONNX Runtime could not load package" in _one_line(info.value)
