@@ -250,7 +250,8 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
     for entry in doc["mask"]["formats"]:
         fmt = load_format(package_dir / entry["npz"])
         formats.update({int(layer): fmt for layer in entry["layers"]})
-    attention = select_attention(graph, formats, profile, dtype=plan.dtype, batch=1,
+    attention = select_attention(graph, formats, profile, dtype=plan.dtype,
+                                 batch=max(1, plan.tokens // max(1, plan.max_seq_len)),
                                  max_seq_len=plan.max_seq_len)
     attention = {k: _planned_attention(plan, ak) for k, ak in attention.items()}
     plan = record_attention(plan, attention)
