@@ -7,7 +7,11 @@ from collections import Counter
 
 import click
 
+from stofc.errors import StofcError
 from stofc.frontend.types import ModelGraph
+from stofc.plan import build_plan
+from stofc.plan.plan import Segment
+from stofc.targets import GpuProfile, get_profile
 
 _DEFAULT_SEQ = 512
 
@@ -21,32 +25,57 @@ def _seq_len(graph: ModelGraph) -> int:
     return _DEFAULT_SEQ
 
 
-def _mask_report(spec_text: str | None, graph: ModelGraph) -> dict | None:
-    """The --mask spec with its density at the model's sequence length (or 512)."""
+def _mask_report(spec_text: str | None, graph: ModelGraph, profile: GpuProfile, *,
+                 batch: int, seq: int) -> dict | None:
+    """The --mask spec: its density at ``seq`` and the attention kernel the selector picks."""
     if spec_text is None:
         return None
-    seq = _seq_len(graph)
+    from stofc.kernels.attention import select_kernel
+    from stofc.masks import encode, parse_mask
+
+    report: dict = {"spec": spec_text, "seq_len": seq, "density": None, "kernel": None,
+                    "why": None}
+    if not graph.layers:
+        return report
+    att = graph.layers[0].attention
+    fmt = encode(parse_mask(spec_text), seq, tile=64, layer=0, num_heads=att.num_heads)
+    report["density"] = float(fmt.density)
     try:
-        from stofc.masks import encode, parse_mask
-    except ImportError:  # the mask module is not there: show the spec only
-        return {"spec": spec_text, "seq_len": seq, "density": None}
-    heads = graph.layers[0].attention.num_heads if graph.layers else None
-    fmt = encode(parse_mask(spec_text), seq, tile=64, layer=0, num_heads=heads)
-    return {"spec": spec_text, "seq_len": seq, "density": float(fmt.density)}
+        choice = select_kernel(fmt, profile, batch=batch, heads=att.num_heads, seq_len=seq,
+                               head_dim=att.head_dim)
+    except StofcError as err:  # e.g. a head_dim no kernel supports: say so, keep inspecting
+        report["why"] = str(err)
+    else:
+        report["kernel"], report["why"] = choice.kernel, choice.explanation
+    return report
 
 
-def _segments(graph: ModelGraph) -> list[dict]:
-    from stofc.frontend.segments import encode_scheme, rule_based_segments
+def _segment_name(seg: Segment) -> str:
+    roles = ",".join(r for r in seg.roles if r)
+    return f"{seg.family}({roles})" if roles else seg.family
 
+
+def _segments(graph: ModelGraph, profile: GpuProfile, *, batch: int, seq: int) -> list[dict]:
+    """The plan stage's starting scheme per layer (``build_plan`` without a mask)."""
     out = []
     for layer in graph.layers:
-        segs = rule_based_segments(layer)
-        out.append({"layer": layer.index, "scheme": list(encode_scheme(layer, segs)),
-                    "segments": [s.as_dict() for s in segs]})
+        entry: dict = {"layer": layer.index, "scheme": None, "segments": [], "error": None}
+        try:
+            plan = build_plan([layer], None, profile, dtype="float16", max_seq_len=seq, batch=batch)
+        except StofcError as err:  # the layer stays with ONNX Runtime; inspect goes on
+            entry["error"] = str(err)
+        else:
+            lp = plan.layers[0]
+            entry["scheme"] = list(lp.scheme.codes)
+            entry["segments"] = [{"name": _segment_name(s), "family": s.family,
+                                  "ops": list(s.ops), "kernel": s.kernel.template}
+                                 for s in lp.segments]
+        out.append(entry)
     return out
 
 
-def report(graph: ModelGraph, mask: dict | None = None) -> dict:
+def report(graph: ModelGraph, mask: dict | None = None, segments: list[dict] | None = None,
+           ) -> dict:
     """The JSON object ``inspect --json`` prints (keys documented on the command)."""
     return {
         "model": graph.path,
@@ -59,8 +88,8 @@ def report(graph: ModelGraph, mask: dict | None = None) -> dict:
         "attention": [layer.attention.as_dict() for layer in graph.layers],
         "layers": [{"layer": layer.index, "norm_order": layer.norm_order,
                     "chain": [op.as_dict() for op in layer.chain]} for layer in graph.layers],
-        "segments": _segments(graph),
-        "segments_source": "stofc.frontend.segments.rule_based_segments",
+        "segments": segments if segments is not None else [],
+        "segments_source": "stofc.plan.build_plan (initial scheme, no tuning)",
         "unsupported": [{"node": u.node, "op_type": u.op_type, "reason": u.reason}
                         for u in graph.unsupported],
         "left_to_ort": list(graph.left_to_ort),
@@ -79,8 +108,10 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
     console.print(f"padding mask input: {data['padding_mask_input'] or '-'}")
     if data["mask"]:
         m = data["mask"]
-        dens = "n/a (mask module unavailable)" if m["density"] is None else f"{m['density']:.2%}"
+        dens = "n/a (no layers)" if m["density"] is None else f"{m['density']:.2%}"
         console.print(f"mask: {m['spec']}  density at L={m['seq_len']}: {dens}")
+        if m["why"]:
+            console.print(f"attention kernel: {m['kernel'] or 'none'} ({m['why']})")
     att = Table(title="Attention blocks")
     for col in ("layer", "heads x dim", "qkv", "scale", "mask", "guard", "causal", "nodes"):
         att.add_column(col, overflow="fold")
@@ -108,9 +139,12 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
             table.add_row(str(op["index"]), op["kind"], op["role"], seg_of.get(op["index"], ""),
                           details, str(len(op["nodes"])))
         console.print(table)
-        console.print("segments: " + " | ".join(
-            f"{s['name']}[{','.join(map(str, s['ops']))}]" for s in seg["segments"])
-            + f"   scheme {''.join(map(str, seg['scheme']))}")
+        if seg["error"]:
+            console.print(f"segments: none ({seg['error']})")
+        else:
+            console.print("segments: " + " | ".join(
+                f"{s['name']}[{','.join(map(str, s['ops']))}]" for s in seg["segments"])
+                + f"   scheme {' '.join(map(str, seg['scheme']))}")
     if data["unsupported"]:
         uns = Table(title="Not handled by stofc (left to ONNX Runtime)")
         uns.add_column("node", overflow="fold")
@@ -138,8 +172,16 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
 @click.option("--mask", "mask_spec", default=None, metavar="SPEC",
               help="A mask spec (MASKS.md); shows its density at the model's sequence "
                    "length, or 512 when the length is dynamic.")
+@click.option("--gpu", default="h100", show_default=True,
+              help="GPU profile the starting plan and the kernel choice are made for.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Batch size the starting plan is made for.")
+@click.option("--seq-len", default=None, type=click.IntRange(min=1),
+              help="Sequence length for the plan and the mask [default: the model's static "
+                   "length, else 512].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys below).")
-def inspect(model: str, mask_spec: str | None, as_json: bool) -> None:
+def inspect(model: str, mask_spec: str | None, gpu: str, batch: int, seq_len: int | None,
+            as_json: bool) -> None:
     """Show the attention blocks, layer chains and fusion segments stofc finds in MODEL.
 
     \b
@@ -156,20 +198,28 @@ def inspect(model: str, mask_spec: str | None, as_json: bool) -> None:
                                    (see stofc.frontend.types.AttentionBlock)
       layers                       [{layer, norm_order, chain: [{index, kind, role,
                                    nodes, inputs, outputs, params}]}]
-      segments                     [{layer, scheme, segments: [{name, ops}]}]: the
-                                   starting fusion segments (chain indices) and
-                                   STOF's 0/1 scheme encoding
+      segments                     [{layer, scheme, segments: [{name, family, ops,
+                                   kernel}], error}]: the plan stage's starting
+                                   fusion scheme for --gpu/--batch/--seq-len (one
+                                   value per chain operator, as STOF encodes it),
+                                   its segments (chain indices) and kernel
+                                   families; error says why a layer has no plan
       segments_source              which function computed the segments
       unsupported                  [{node, op_type, reason}]: every block or
                                    part of a layer stofc leaves to ONNX Runtime,
                                    with the reason (all listed at once)
       left_to_ort                  every node not covered by a layer chain
-      mask                         null, or {spec, seq_len, density} for --mask
+      mask                         null, or {spec, seq_len, density, kernel, why}
+                                   for --mask: the attention kernel the selector
+                                   picks for layer 0 and its explanation
     """
     from stofc.frontend import load_model
 
+    profile = get_profile(gpu)
     graph = load_model(model)
-    data = report(graph, _mask_report(mask_spec, graph))
+    seq = seq_len or _seq_len(graph)
+    data = report(graph, _mask_report(mask_spec, graph, profile, batch=batch, seq=seq),
+                  _segments(graph, profile, batch=batch, seq=seq))
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     else:

@@ -68,11 +68,14 @@ def test_one_attention_block_per_layer(name):
         assert {a["mask_form"] for a in attention} == {"relative_bias+additive"}
     segs = data["segments"]
     assert [s["layer"] for s in segs] == list(range(entry["num_layers"]))
-    for seg in segs:
-        assert [s["name"] for s in seg["segments"]] == ["qkv", "attention", "out", "ffn_in",
-                                                         "ffn_out"]
+    for seg, layer in zip(segs, data["layers"], strict=True):
+        assert seg["error"] is None
         flat = [i for s in seg["segments"] for i in s["ops"]]
-        assert flat == list(range(len(seg["scheme"])))
+        assert flat == list(range(len(layer["chain"]))) == list(range(len(seg["scheme"])))
+        attention = [s for s in seg["segments"] if s["family"] == "attention"]
+        assert len(attention) == 1 and len(attention[0]["ops"]) == 1
+        assert {s["family"] for s in seg["segments"]} <= {
+            "attention", "gemm", "gemm_norm", "gemm_gemm", "add_norm"}
 
 
 def test_opset23_dynamo_export_uses_onnx_attention():
@@ -86,14 +89,40 @@ def test_eager_exports_scale_the_scores():
         assert {a["scale_form"] for a in data["attention"]} <= {"mul_scores", "div_scores"}
 
 
-def test_segments_pre_and_post_ln():
-    bert = _inspect(str(FIXTURES / "bert_ts_op17.onnx"))["segments"][0]["segments"]
-    assert [s["ops"] for s in bert] == [[0, 1, 2, 3, 4, 5], [6], [7, 8, 9, 10], [11, 12, 13],
-                                        [14, 15, 16, 17]]
-    gpt2 = _inspect(str(FIXTURES / "gpt2_dynamo_op18.onnx"))["segments"][0]
-    assert [s["ops"] for s in gpt2["segments"]] == [[0, 1, 2], [3], [4, 5, 6], [7, 8, 9, 10],
-                                                    [11, 12, 13]]
-    assert gpt2["scheme"] == [0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0]
+def _family_of(seg: dict, chain: list[dict], kind: str, role: str = "") -> str:
+    """The family of the segment holding the first chain op of ``kind`` (and ``role``)."""
+    index = next(op["index"] for op in chain if op["kind"] == kind and op["role"] == role)
+    return next(s["family"] for s in seg["segments"] if index in s["ops"])
+
+
+def test_segments_are_the_plans_starting_scheme():
+    bert = _inspect(str(FIXTURES / "bert_ts_op17.onnx"))
+    seg, chain = bert["segments"][0], bert["layers"][0]["chain"]
+    assert [s["name"] for s in seg["segments"][:4]] == ["gemm(q)", "gemm(k)", "gemm(v)",
+                                                         "attention"]
+    assert bert["segments_source"].startswith("stofc.plan.build_plan")
+    # 512 tokens cannot fill a GPU with full-row norm tiles: the norm runs as Add+Norm
+    assert _family_of(seg, chain, "layernorm") == "add_norm"
+    # 16 x 2048 tokens can: the out projection absorbs its residual and LayerNorm
+    big = _inspect(str(FIXTURES / "bert_ts_op17.onnx"), "--batch", "16", "--seq-len", "2048")
+    assert _family_of(big["segments"][0], chain, "gemm", "out") == "gemm_norm"
+    assert big["segments"][0]["scheme"] != seg["scheme"]
+
+
+def test_pre_ln_segments_start_with_the_norm():
+    gpt2 = _inspect(str(FIXTURES / "gpt2_dynamo_op18.onnx"))
+    seg, chain = gpt2["segments"][0], gpt2["layers"][0]["chain"]
+    assert chain[0]["kind"] == "layernorm" and seg["segments"][0]["ops"][0] == 0
+    assert seg["segments"][0]["family"] == "add_norm"
+    assert _family_of(seg, chain, "gemm", "qkv") == "gemm"
+
+
+def test_mask_option_reports_the_selector_choice():
+    data = _inspect(str(FIXTURES / "distilbert_ts_op17.onnx"), "--mask", "causal")
+    assert data["mask"]["kernel"] in ("block", "row") and data["mask"]["why"]
+    unsupported = _inspect(str(FIXTURES / "bert_ts_op17.onnx"), "--mask", "causal")  # D=16
+    assert unsupported["mask"]["kernel"] is None
+    assert "head_dim 16" in unsupported["mask"]["why"]
 
 
 def test_json_keys_are_stable():
