@@ -29,6 +29,7 @@ Driver load() {
     Driver d{};
     resolve(lib, "cuGetErrorString", d.GetErrorString);
     resolve(lib, "cuStreamGetCtx", d.StreamGetCtx);
+    resolve(lib, "cuStreamIsCapturing", d.StreamIsCapturing);
     resolve(lib, "cuCtxPushCurrent_v2", d.CtxPushCurrent);
     resolve(lib, "cuCtxPopCurrent_v2", d.CtxPopCurrent);
     resolve(lib, "cuModuleLoadData", d.ModuleLoadData);

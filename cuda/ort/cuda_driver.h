@@ -17,6 +17,7 @@ namespace stofc_ort {
 struct Driver {
     CUresult (*GetErrorString)(CUresult, const char**);
     CUresult (*StreamGetCtx)(CUstream, CUcontext*);
+    CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus*);
     CUresult (*CtxPushCurrent)(CUcontext);
     CUresult (*CtxPopCurrent)(CUcontext*);
     CUresult (*ModuleLoadData)(CUmodule*, const void*);

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -104,8 +105,10 @@ def encode_mask_binary(fmt: MaskFormat) -> bytes:
 
 def write_mask_binary(fmt: MaskFormat, path: str | Path) -> Path:
     """Writes ``fmt`` as ``mask.bin`` at ``path`` atomically (temporary file, then rename)."""
-    path = Path(path)
-    data = encode_mask_binary(fmt)
+    return _write_atomic(Path(path), encode_mask_binary(fmt))
+
+
+def _write_atomic(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -148,3 +151,149 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
         arrays[name] = arr
     return MaskFormat(spec="", spec_hash=spec_hash.rstrip(b"\0").decode("ascii"), seq_len=seq_len,
                       tile=tile, num_heads=heads, nnz=nnz, **arrays)
+
+
+# ---------------------------------------------------------------- attention launch plans
+#
+# ``*.plan.bin``: the device arrays the attention kernel of one (mask format, config) is
+# launched with, computed at package time exactly as ``stofc.runtime.attention.AttentionOp``
+# computes them (walk list, maybe gathered or residue-permuted; the sentinels; the
+# longest-first tile-row orders), so the C++ CUDA twin only uploads and indexes them.
+# Layout (little-endian; arrays 8-byte aligned, zero padding, file ends 8-aligned)::
+#
+#    offset size field
+#         0    8 magic b"STOFAPLN"
+#         8    4 uint32 layout version (PLAN_BIN_VERSION = 1)
+#        12    4 uint32 header size (128)
+#        16    4 int32  kind (0 block-wise, 1 row-wise)
+#        20    4 int32  tile T
+#        24    4 int32  tile_rows R
+#        28    4 int32  seq_len L_max
+#        32    4 int32  permuted (0/1)
+#        36    4 int32  fmt_head_stride (0 = shared mask, else R+1)
+#        40   56 int64  counts of the 7 arrays below, in order
+#        96   32 spec_hash of the mask, ASCII, NUL-padded (truncated to 32)
+#       128      row_ptr int32, col_idx int32 (+1 sentinel 0), part_idx int32 (+1 sentinel -1),
+#                bitmaps uint64 (>= 2 words), gather_keys int32 (+4 x -1),
+#                q_perm int32 [R*T + 4] (-1 = none), row_orders int32 (rows = 1..R
+#                concatenated: rows r starts at r*(r-1)/2)
+
+PLAN_BIN_MAGIC = b"STOFAPLN"
+PLAN_BIN_VERSION = 1
+_PLAN_HEADER = struct.Struct("<8sIIiiiiii7q32s")
+_PLAN_ARRAYS: tuple[tuple[str, str], ...] = (
+    ("row_ptr", "<i4"), ("col_idx", "<i4"), ("part_idx", "<i4"), ("bitmaps", "<u8"),
+    ("gather_keys", "<i4"), ("q_perm", "<i4"), ("row_orders", "<i4"))
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionLaunchData:
+    """The uploaded arrays and scalars of one attention kernel (see the layout above)."""
+
+    kind: str
+    tile: int
+    tile_rows: int
+    seq_len: int
+    permuted: bool
+    fmt_head_stride: int
+    spec_hash: str
+    row_ptr: np.ndarray
+    col_idx: np.ndarray
+    part_idx: np.ndarray
+    bitmaps: np.ndarray
+    gather_keys: np.ndarray
+    q_perm: np.ndarray
+    row_orders: np.ndarray
+
+    def order(self, seq_len: int) -> np.ndarray:
+        """The tile-row order a run of ``seq_len`` launches with (AttentionOp._order)."""
+        rows = self.tile_rows if self.permuted else -(-seq_len // self.tile)
+        start = rows * (rows - 1) // 2
+        return self.row_orders[start:start + rows]
+
+
+def attention_launch_data(fmt: MaskFormat, config) -> AttentionLaunchData:
+    """What ``AttentionOp(fmt, config, ...)`` uploads, computed on the host (no GPU).
+
+    Mirrors ``AttentionOp.__init__`` and ``AttentionOp._order`` line for line; the unit
+    test ``tests/unit/test_ortlib_abi.py`` checks the arrays against AttentionOp itself.
+    """
+    from stofc.kernels.attention.gather import plan_tiles
+    from stofc.kernels.attention.permute import choose_permutation, permuted_plan
+
+    perm = None
+    if config.kind == "block" and config.permute:
+        chosen = choose_permutation(fmt)
+        if chosen is None:
+            raise StofcError("the attention config asks for a residue permutation but none "
+                             "pays for this mask", hint="use permute=False")
+        _, perm, pfmt = chosen
+        plan = permuted_plan(pfmt, perm, gather=config.gather)
+    elif config.kind == "block":
+        plan = plan_tiles(fmt, gather=config.gather)
+    if config.kind == "block":
+        row_ptr, keys, parts = plan.row_ptr, plan.key_base, plan.part_idx
+        words, gk, work = plan.bitmaps, plan.gather_keys, plan.tiles_per_row
+    else:
+        row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
+        words, gk, work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
+    words = np.ascontiguousarray(words, dtype=np.uint64).ravel()
+    q_perm = np.full(fmt.tile_rows * fmt.tile + 4, -1, dtype=np.int32)
+    if perm is not None:
+        q_perm[:fmt.seq_len] = perm
+    total = np.asarray(work, dtype=np.int64).sum(axis=0)
+    orders = [np.argsort(-total[:rows], kind="stable").astype(np.int32)
+              for rows in range(1, fmt.tile_rows + 1)]
+    return AttentionLaunchData(
+        kind=config.kind, tile=fmt.tile, tile_rows=fmt.tile_rows, seq_len=fmt.seq_len,
+        permuted=perm is not None, fmt_head_stride=0 if fmt.num_heads == 1 else fmt.tile_rows + 1,
+        spec_hash=fmt.spec_hash,
+        row_ptr=np.ascontiguousarray(row_ptr, dtype=np.int32).ravel(),
+        col_idx=np.concatenate([np.ravel(keys), [0]]).astype(np.int32),
+        part_idx=np.concatenate([np.ravel(parts), [-1]]).astype(np.int32),
+        bitmaps=words if words.size else np.zeros(2, dtype=np.uint64),
+        gather_keys=np.concatenate([np.ravel(gk), np.full(4, -1)]).astype(np.int32),
+        q_perm=q_perm,
+        row_orders=np.concatenate(orders) if orders else np.zeros(0, np.int32))
+
+
+def encode_attention_plan(data: AttentionLaunchData) -> bytes:
+    """The ``*.plan.bin`` bytes of ``data``."""
+    payload = bytearray()
+    for name, dtype in _PLAN_ARRAYS:
+        payload += b"\0" * (-len(payload) % 8)
+        payload += np.ascontiguousarray(getattr(data, name), dtype=dtype).tobytes()
+    payload += b"\0" * (-len(payload) % 8)
+    header = _PLAN_HEADER.pack(
+        PLAN_BIN_MAGIC, PLAN_BIN_VERSION, HEADER_BYTES, {"block": 0, "row": 1}[data.kind],
+        data.tile, data.tile_rows, data.seq_len, int(data.permuted), data.fmt_head_stride,
+        *(int(np.asarray(getattr(data, n)).size) for n, _ in _PLAN_ARRAYS),
+        data.spec_hash.encode("ascii")[:32])
+    return header + bytes(payload)
+
+
+def write_attention_plan(data: AttentionLaunchData, path: str | Path) -> Path:
+    """Writes ``data`` as ``*.plan.bin`` at ``path`` atomically."""
+    return _write_atomic(Path(path), encode_attention_plan(data))
+
+
+def read_attention_plan(path: str | Path) -> AttentionLaunchData:
+    """Reads a ``*.plan.bin`` back (tests)."""
+    data = Path(path).read_bytes()
+    if len(data) < HEADER_BYTES or data[:8] != PLAN_BIN_MAGIC:
+        raise StofcError(f"{path} is not a stofc attention plan",
+                         hint="rewrite the package with 'stofc compile'")
+    (_, version, header, kind, tile, rows, seq_len, permuted, stride, *rest) = \
+        _PLAN_HEADER.unpack_from(data)
+    counts, spec_hash = rest[:7], rest[7]
+    if version != PLAN_BIN_VERSION or header != HEADER_BYTES:
+        raise StofcError(f"{path} has an unsupported layout (version {version})",
+                         hint="rewrite the package with 'stofc compile'")
+    pos, arrays = HEADER_BYTES, {}
+    for (name, dtype), count in zip(_PLAN_ARRAYS, counts, strict=True):
+        pos += -pos % 8
+        arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).astype(dtype[1:])
+        pos += arrays[name].nbytes
+    return AttentionLaunchData(kind=("block", "row")[kind], tile=tile, tile_rows=rows,
+                               seq_len=seq_len, permuted=bool(permuted), fmt_head_stride=stride,
+                               spec_hash=spec_hash.rstrip(b"\0").decode("ascii"), **arrays)

@@ -1,0 +1,205 @@
+// stofc ONNX Runtime custom-op library: launch-attribute parsing (see cuda_attrs.h).
+#include "cuda_attrs.h"
+
+#include <vector>
+
+namespace stofc_ort {
+namespace {
+
+int64_t get_positive(const AttrSource& a, const char* name, const char* op, int64_t max) {
+    int64_t v = 0;
+    if (!a.get_int(name, v))
+        throw AttrError(std::string("attribute '") + name + "' is required to run " + op +
+                        " on the CUDA execution provider; rewrite the package with 'stofc compile'");
+    if (v < 1 || v > max)
+        throw AttrError(std::string("attribute '") + name + "' = " + std::to_string(v) + " is outside 1.." +
+                        std::to_string(max) + "; the package is damaged, rewrite it with 'stofc compile'");
+    return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (true) {
+        const size_t next = s.find(sep, at);
+        out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
+        if (next == std::string::npos) return out;
+        at = next + 1;
+    }
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+KernelRef parse_kernel_ref(const std::string& ref, const char* attr) {
+    const auto colon = ref.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == ref.size())
+        throw AttrError(std::string("attribute '") + attr + "' must be 'FILE.cubin:ENTRY', got '" + ref + "'");
+    return {ref.substr(0, colon), ref.substr(colon + 1)};
+}
+
+AttentionVariant parse_attention_entry(const std::string& entry) {
+    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o.._b{0|1}_k{0|1}
+    const auto parts = split(entry, '_');
+    const auto bad = [&] {
+        return AttrError("attention kernel entry '" + entry +
+                         "' is not a stofc attention kernel (stofc_attn_<kind>_<dtype>_..._b<0|1>_k<0|1>)");
+    };
+    if (parts.size() < 6 || parts[0] != "stofc" || parts[1] != "attn") throw bad();
+    AttentionVariant v;
+    if (parts[2] == "block") v.block = true;
+    else if (parts[2] == "row") v.block = false;
+    else throw bad();
+    if (parts[3] == "f16") v.bf16 = false;
+    else if (parts[3] == "bf16") v.bf16 = true;
+    else throw bad();
+    const std::string& b = parts[parts.size() - 2];
+    const std::string& k = parts[parts.size() - 1];
+    if ((b != "b0" && b != "b1") || (k != "k0" && k != "k1")) throw bad();
+    v.has_bias = b == "b1";
+    v.has_key_bits = k == "k1";
+    return v;
+}
+
+void require_cuda_abi(const AttrSource& a, const char* op) {
+    int64_t abi = 0;
+    if (!a.get_int("kernel_abi", abi))
+        throw AttrError(std::string("this ") + op + " node carries no CUDA launch attributes (kernel_abi " +
+                        std::to_string(kCudaLaunchAbi) +
+                        "); rewrite the package with a stofc that writes them, or run it on the "
+                        "CPUExecutionProvider");
+    if (abi != kCudaLaunchAbi)
+        throw AttrError(std::string("attribute kernel_abi=") + std::to_string(abi) + " but this library launches " +
+                        "kernel_abi " + std::to_string(kCudaLaunchAbi) +
+                        "; rebuild the package and its library with one stofc version");
+}
+
+AttentionLaunch parse_attention_launch(const AttrSource& a) {
+    const char* op = "SparseAttention";
+    require_cuda_abi(a, op);
+    AttentionLaunch l;
+    std::string ref;
+    if (!a.get_string("kernel", ref) || ref.empty())
+        throw AttrError("attribute 'kernel' (FILE.cubin:ENTRY) is required to run SparseAttention on the CUDA "
+                        "execution provider");
+    l.kernel = parse_kernel_ref(ref, "kernel");
+    l.variant = parse_attention_entry(l.kernel.entry);
+    if (!a.get_string("launch_plan", l.plan_file) || l.plan_file.empty())
+        throw AttrError("attribute 'launch_plan' (the kernel's *.plan.bin) is required to run SparseAttention on "
+                        "the CUDA execution provider; rewrite the package with 'stofc compile'");
+    l.block_threads = get_positive(a, "block_threads", op, 1024);
+    if (l.block_threads % 32)
+        throw AttrError("attribute 'block_threads' = " + std::to_string(l.block_threads) +
+                        " is not a whole number of warps; the package is damaged, rewrite it");
+    l.blocks_per_tile_row = get_positive(a, "blocks_per_tile_row", op, 128);
+    if (l.variant.block && l.blocks_per_tile_row > 2)
+        throw AttrError("attribute 'blocks_per_tile_row' = " + std::to_string(l.blocks_per_tile_row) +
+                        " but a block-wise kernel splits a tile row in 1 or 2 (q_split); rewrite the package");
+    l.smem_bytes = 0;
+    a.get_int("smem_bytes", l.smem_bytes);
+    if (l.smem_bytes < 0 || l.smem_bytes > 256 * 1024)
+        throw AttrError("attribute 'smem_bytes' = " + std::to_string(l.smem_bytes) + " is outside 0..262144");
+    if (l.variant.block && l.smem_bytes == 0)
+        throw AttrError("attribute 'smem_bytes' is required (> 0) for a block-wise attention kernel; rewrite the "
+                        "package with 'stofc compile'");
+    return l;
+}
+
+std::string EpilogueTag::str() const {
+    std::vector<std::string> parts;
+    if (bias) parts.push_back("b");
+    if (act != "none") parts.push_back(act);
+    if (residual) parts.push_back("r");
+    if (norm == "layernorm") parts.push_back("ln");
+    if (norm == "rmsnorm") parts.push_back("rms");
+    if (norm != "none" && !norm_shift) parts.push_back("ns");
+    if (store_pre_norm) parts.push_back("s");
+    if (parts.empty()) return "plain";
+    std::string out = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) out += "-" + parts[i];
+    return out;
+}
+
+EpilogueTag parse_epilogue_tag(const std::string& tag) {
+    EpilogueTag t;
+    if (tag == "plain") return t;
+    for (const auto& p : split(tag, '-')) {
+        if (p == "b") t.bias = true;
+        else if (p == "gelu_erf" || p == "gelu_tanh" || p == "relu") t.act = p;
+        else if (p == "r") t.residual = true;
+        else if (p == "ln") t.norm = "layernorm";
+        else if (p == "rms") t.norm = "rmsnorm";
+        else if (p == "ns") t.norm_shift = false;
+        else if (p == "s") t.store_pre_norm = true;
+        else throw AttrError("attribute 'epilogue' = '" + tag + "' has an unknown part '" + p + "'");
+    }
+    if (t.str() != tag)
+        throw AttrError("attribute 'epilogue' = '" + tag + "' is not a canonical epilogue tag (expected '" +
+                        t.str() + "')");
+    return t;
+}
+
+EpilogueLaunch parse_epilogue_launch(const AttrSource& a, const char* op) {
+    require_cuda_abi(a, op);
+    EpilogueLaunch l;
+    std::string ref;
+    if (!a.get_string("epilogue_kernel", ref))
+        throw AttrError(std::string("attribute 'epilogue_kernel' (FILE.cubin:ENTRY, or '' for none) is required "
+                                    "to run ") + op + " on the CUDA execution provider; rewrite the package");
+    if (ref.empty()) return l;
+    l.present = true;
+    l.kernel = parse_kernel_ref(ref, "epilogue_kernel");
+    std::string tag;
+    if (!a.get_string("epilogue", tag))
+        throw AttrError("attribute 'epilogue' (the epilogue kernel's Epilogue tag) is required with "
+                        "'epilogue_kernel'");
+    l.tag = parse_epilogue_tag(tag);
+    l.threads = get_positive(a, "epilogue_threads", op, 1024);
+    l.rows = get_positive(a, "epilogue_rows", op, 1024);
+    if (l.threads % l.rows || (l.threads / l.rows) % 32)
+        throw AttrError("attributes epilogue_threads=" + std::to_string(l.threads) + " / epilogue_rows=" +
+                        std::to_string(l.rows) + " do not give whole warps per row; rewrite the package");
+    return l;
+}
+
+GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_residual,
+                           bool residual_after_activation) {
+    if (act != "none" && act != "gelu_erf" && act != "gelu_tanh")
+        throw AttrError("attribute activation='" + act + "' is not one of none, gelu_erf, gelu_tanh");
+    GemmSplit s;
+    // stofc.runtime.segment_cublas.lt_split: ReLU never reaches FusedGemm, so Lt folds the
+    // bias only; the residual joins as C when nothing is applied after it would be added.
+    s.lt_epilogue = has_bias ? 4 : 1;
+    s.lt_residual = has_residual && (act == "none" || !residual_after_activation);
+    s.rest.act = act;
+    s.rest.residual = has_residual && !s.lt_residual;
+    return s;
+}
+
+EpilogueTag add_layer_norm_epilogue(bool has_residual, bool rms, bool has_beta, bool has_sum) {
+    if (rms && has_beta)
+        throw AttrError("an RMSNorm with a shift (beta) has no CUDA kernel (the Add+Norm template applies "
+                        "beta to LayerNorm only); run it on the CPUExecutionProvider");
+    EpilogueTag t;
+    t.residual = has_residual;
+    t.norm = rms ? "rmsnorm" : "layernorm";
+    t.norm_shift = rms || has_beta;  // RMSNorm tags never carry "ns" (the writer's Epilogue)
+    t.store_pre_norm = has_sum;
+    return t;
+}
+
+void check_epilogue_matches(const EpilogueLaunch& l, const EpilogueTag& want, const char* op) {
+    const bool identity = want.str() == "plain";
+    if (!l.present && identity) return;
+    if (!l.present)
+        throw AttrError(std::string(op) + " needs an epilogue kernel for '" + want.str() +
+                        "' but attribute 'epilogue_kernel' is empty; rewrite the package");
+    if (!(l.tag == want))
+        throw AttrError(std::string(op) + ": the epilogue kernel was compiled for '" + l.tag.str() +
+                        "' but this node needs '" + want.str() + "'; rewrite the package with 'stofc compile'");
+}
+
+}  // namespace stofc_ort

@@ -1,0 +1,106 @@
+// stofc ONNX Runtime custom-op library: the CUDA twins' launch attributes, parsed and checked.
+//
+// Plain C++ (no ONNX Runtime, no CUDA): the twins read their node attributes
+// through an AttrSource (ORT's kernel info in cuda_ops.cc; a map in the unit test
+// binary tests/unit/ortlib_attrs_test.cc), so every check here runs without a GPU.
+// Every defect throws AttrError with one line naming the attribute and the fix;
+// the twins turn it into a session-creation error. Contract: cuda/ort/OPS.md.
+#ifndef STOFC_ORT_CUDA_ATTRS_H
+#define STOFC_ORT_CUDA_ATTRS_H
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace stofc_ort {
+
+/// The value of the `kernel_abi` attribute every CUDA twin requires (OPS.md).
+constexpr int64_t kCudaLaunchAbi = 2;
+
+struct AttrError : std::runtime_error {
+    explicit AttrError(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+/// Where attributes come from; false = absent.
+struct AttrSource {
+    virtual ~AttrSource() = default;
+    virtual bool get_int(const char* name, int64_t& out) const = 0;
+    virtual bool get_string(const char* name, std::string& out) const = 0;
+};
+
+struct KernelRef {
+    std::string file, entry;
+};
+
+/// "FILE:ENTRY" (the last ':' splits); throws AttrError naming `attr`.
+KernelRef parse_kernel_ref(const std::string& ref, const char* attr);
+
+/// What an attention kernel's entry name says about its variant:
+/// stofc_attn_{block|row}_{f16|bf16}_..._b{0|1}_k{0|1} (KernelSpec.name).
+struct AttentionVariant {
+    bool block = true;
+    bool bf16 = false;
+    bool has_bias = false;
+    bool has_key_bits = false;
+};
+AttentionVariant parse_attention_entry(const std::string& entry);
+
+/// SparseAttention's CUDA attributes (kernel, kernel_abi, launch_plan, block_threads,
+/// blocks_per_tile_row, smem_bytes), checked for range and consistency.
+struct AttentionLaunch {
+    KernelRef kernel;
+    AttentionVariant variant;
+    std::string plan_file;
+    int64_t block_threads = 0, blocks_per_tile_row = 0, smem_bytes = 0;
+};
+AttentionLaunch parse_attention_launch(const AttrSource& attrs);
+
+/// An Epilogue tag (stofc.kernels.epilogue.Epilogue.tag): "plain" or parts joined by
+/// '-' from: b, an activation (gelu_erf, gelu_tanh, relu), r, ln | rms, ns, s.
+struct EpilogueTag {
+    bool bias = false;
+    std::string act = "none";
+    bool residual = false;
+    std::string norm = "none";
+    bool norm_shift = true;
+    bool store_pre_norm = false;
+    std::string str() const;
+    bool operator==(const EpilogueTag& o) const { return str() == o.str(); }
+};
+EpilogueTag parse_epilogue_tag(const std::string& tag);
+
+/// The stofc Add+Norm kernel a FusedGemm / AddLayerNorm CUDA twin launches
+/// (attributes epilogue_kernel, epilogue, epilogue_threads, epilogue_rows);
+/// `present` is false when the node needs none (epilogue_kernel = "").
+struct EpilogueLaunch {
+    bool present = false;
+    KernelRef kernel;
+    EpilogueTag tag;
+    int64_t threads = 0, rows = 0;
+};
+EpilogueLaunch parse_epilogue_launch(const AttrSource& attrs, const char* op);
+
+/// What FusedGemm's CUDA twin does, mirroring SegmentRunner._compile_vendor with
+/// cuBLASLt: the Lt epilogue (1 = DEFAULT, 4 = BIAS), whether the residual joins
+/// as C (beta = 1), and the rest, applied by the stofc epilogue kernel.
+struct GemmSplit {
+    int lt_epilogue = 1;
+    bool lt_residual = false;
+    EpilogueTag rest;  // no bias, no norm; identity = no kernel
+    bool rest_is_identity() const { return rest.act == "none" && !rest.residual; }
+};
+GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_residual,
+                           bool residual_after_activation);
+
+/// The Epilogue an AddLayerNorm node's kernel must have been compiled for.
+EpilogueTag add_layer_norm_epilogue(bool has_residual, bool rms, bool has_beta, bool has_sum);
+
+/// Checks that `launch` fits the epilogue `want` (creation-time and run-time check).
+void check_epilogue_matches(const EpilogueLaunch& launch, const EpilogueTag& want, const char* op);
+
+/// Requires kernel_abi == kCudaLaunchAbi.
+void require_cuda_abi(const AttrSource& attrs, const char* op);
+
+}  // namespace stofc_ort
+
+#endif  // STOFC_ORT_CUDA_ATTRS_H

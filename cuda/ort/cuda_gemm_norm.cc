@@ -1,0 +1,255 @@
+// stofc ONNX Runtime custom-op library: the CUDA twins of FusedGemm and AddLayerNorm.
+//
+// FusedGemm mirrors SegmentRunner._compile_vendor / _run_vendor with cuBLASLt
+// (stofc/runtime/segments.py, segment_cublas.py): cuBLASLt computes x @ w in fp32
+// (CUBLAS_COMPUTE_32F) with the epilogue it can fold (BIAS; the residual as C with
+// beta = 1 when nothing is applied after it), writing the GEMM result into ORT
+// scratch; the stofc Add+Norm kernel named by `epilogue_kernel` (compiled for
+// exactly the rest: the activation, then the residual) then writes y. When nothing
+// is left (no activation), cuBLASLt writes y directly. Difference from the Python
+// path: w is [K, N] here (OPS.md), so the A operand is "N" with ld N where Python
+// passes its [N, K] copy transposed; the product is the same.
+//
+// AddLayerNorm launches the stofc Add+Norm kernel named by `epilogue_kernel`
+// (compiled for: residual present, LayerNorm/RMSNorm, beta present, sum output).
+// Both: ORT's compute stream, scratch and cuBLASLt workspace from ORT's allocator,
+// no device synchronisation; the cuBLASLt handle (one per context) and each
+// shape's descriptors and algorithm are created at the first run of that shape.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cublas_lt.h"
+#include "cuda_module.h"
+#include "ops.h"
+
+namespace stofc_ort {
+namespace {
+
+void expect_shape(const Input& in, const std::vector<int64_t>& want, const char* name) {
+    if (in.shape != want)
+        throw OpError(std::string("input ") + name + " has shape " + shape_str(in.shape) + ", expected " +
+                      shape_str(want));
+}
+
+const char* act_name(Activation a) {
+    return a == Activation::kGeluErf ? "gelu_erf" : a == Activation::kGeluTanh ? "gelu_tanh" : "none";
+}
+
+/// Launches the stofc Add+Norm kernel (templates/norm/add_norm.cu.j2) on `stream`:
+/// (x, bias, residual, gamma, beta, out, pre_norm, M, N, eps), grid ceil(M / rows).
+void launch_add_norm(CUfunction fn, const EpilogueLaunch& e, CUstream stream, const void* x, const void* residual,
+                     const void* gamma, const void* beta, void* out, void* pre, int64_t M, int64_t N, float eps) {
+    if (N % 8) throw OpError("the row width " + std::to_string(N) + " is not a multiple of 8 (16-byte vectors)");
+    const void* dummy = x;  // never read: the kernel is compiled without the absent operands
+    const void* bias = dummy;
+    residual = residual ? residual : dummy;
+    gamma = gamma ? gamma : dummy;
+    beta = beta ? beta : dummy;
+    void* pre_ptr = pre ? pre : out;
+    int m = static_cast<int>(M), n = static_cast<int>(N);
+    void* args[] = {&x, &bias, &residual, &gamma, &beta, &out, &pre_ptr, &m, &n, &eps};
+    const int64_t grid = (M + e.rows - 1) / e.rows;
+    const Driver& drv = driver();
+    drv.check(drv.LaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(e.threads), 1, 1, 0,
+                               stream, args, nullptr),
+              "cuLaunchKernel(add_norm)");
+}
+
+/// cuBLASLt state of one context: the handle and, per shape, descriptors + algorithm.
+struct LtPlan {
+    LtDesc desc = nullptr;
+    LtLayout a = nullptr, b = nullptr, c = nullptr;
+    unsigned char heuristic[kLtHeuristicBytes] = {};
+    size_t workspace = 0;
+};
+struct LtContext {
+    CUcontext ctx = nullptr;
+    LtHandle handle = nullptr;
+    std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, std::unique_ptr<LtPlan>> plans;
+};
+
+}  // namespace
+
+struct FusedGemmCuda {
+    GemmAttrs attrs;
+    EpilogueLaunch epi;
+    std::unique_ptr<CudaModule> module;
+    std::mutex mu;
+    std::vector<std::unique_ptr<LtContext>> lts;
+
+    FusedGemmCuda(const OrtKernelInfo* info, const std::string& dir)
+        : attrs(info), epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "FusedGemm"); })) {
+        const std::string act = act_name(attrs.activation);
+        if (epi.present ? epi.tag.act != act : act != "none")
+            throw OpError("attribute epilogue='" + (epi.present ? epi.tag.str() : std::string("")) +
+                              "' does not apply activation '" + act + "'; rewrite the package",
+                          ORT_INVALID_GRAPH);
+        if (epi.present) module = load_package_module(dir, epi.kernel);
+    }
+
+    LtPlan& plan(LtContext& lt, CUstream stream, int64_t M, int64_t N, int64_t K, int dtype, int epilogue) {
+        auto& slot = lt.plans[{M, N, K, dtype, epilogue}];
+        if (slot) return *slot;
+        const CublasLt& L = cublas_lt();
+        auto p = std::make_unique<LtPlan>();
+        L.check(L.MatmulDescCreate(&p->desc, kLtComputeF32, kCudaR32F), "cublasLtMatmulDescCreate");
+        const int32_t opn = kOpN;
+        const uint32_t ep = static_cast<uint32_t>(epilogue);
+        L.check(L.MatmulDescSetAttribute(p->desc, kLtTransA, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
+        L.check(L.MatmulDescSetAttribute(p->desc, kLtTransB, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
+        L.check(L.MatmulDescSetAttribute(p->desc, kLtEpilogue, &ep, sizeof ep), "cublasLtMatmulDescSetAttribute");
+        // Column-major views: w [K, N] row-major = N x K (ld N); x [M, K] = K x M; y [M, N] = N x M.
+        L.check(L.MatrixLayoutCreate(&p->a, dtype, N, K, N), "cublasLtMatrixLayoutCreate");
+        L.check(L.MatrixLayoutCreate(&p->b, dtype, K, M, K), "cublasLtMatrixLayoutCreate");
+        L.check(L.MatrixLayoutCreate(&p->c, dtype, N, M, N), "cublasLtMatrixLayoutCreate");
+        LtPref pref = nullptr;
+        L.check(L.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+        const uint64_t max_ws = kLtMaxWorkspace;
+        L.check(L.MatmulPreferenceSetAttribute(pref, kLtPrefMaxWorkspace, &max_ws, sizeof max_ws),
+                "cublasLtMatmulPreferenceSetAttribute");
+        int count = 0;
+        L.check(L.MatmulAlgoGetHeuristic(lt.handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, p->heuristic, &count),
+                "cublasLtMatmulAlgoGetHeuristic");
+        if (count < 1)
+            throw OpError("cuBLASLt has no algorithm for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                              std::to_string(K) + " epilogue " + std::to_string(epilogue),
+                          ORT_FAIL);
+        std::memcpy(&p->workspace, p->heuristic + kLtHeuristicWorkspaceOffset, sizeof(size_t));
+        (void)stream;
+        slot = std::move(p);
+        return *slot;
+    }
+
+    LtContext& lt_context(CUcontext ctx, CUstream stream) {
+        for (auto& l : lts)
+            if (l->ctx == ctx) return *l;
+        require_not_capturing(stream, "creating the cuBLASLt handle");
+        const CublasLt& L = cublas_lt();
+        auto l = std::make_unique<LtContext>();
+        l->ctx = ctx;
+        ScopedContext scope(driver(), ctx);
+        L.check(L.Create(&l->handle), "cublasLtCreate");
+        lts.push_back(std::move(l));
+        return *lts.back();
+    }
+
+    void compute(OrtKernelContext* context) {
+        Ort::KernelContext ctx(context);
+        const Input x = get_input(ctx, 0), w = get_input(ctx, 1), bias = get_input(ctx, 2), res = get_input(ctx, 3);
+        if (x.shape.empty()) throw OpError("input x must have rank >= 1");
+        if (w.shape.size() != 2 || w.shape[0] != x.shape.back())
+            throw OpError("input w has shape " + shape_str(w.shape) + ", expected [K, N] with K=" +
+                          std::to_string(x.shape.back()) + " (the last dimension of x " + shape_str(x.shape) + ")");
+        const int64_t K = w.shape[0], N = w.shape[1];
+        const int64_t M = K ? numel(x.shape) / K : 0;
+        std::vector<int64_t> yshape = x.shape;
+        yshape.back() = N;
+        if (bias.present()) expect_shape(bias, {N}, "bias");
+        if (res.present()) expect_shape(res, yshape, "residual");
+        const GemmSplit split = checked_attrs([&] {
+            GemmSplit s = split_fused_gemm(bias.present(), act_name(attrs.activation), res.present(),
+                                           attrs.residual_after_activation);
+            check_epilogue_matches(epi, s.rest, "FusedGemm");
+            return s;
+        });
+        auto out = ctx.GetOutput(0, yshape);
+        if (M == 0 || N == 0) return;
+        if (K == 0) throw OpError("input x has K = 0 columns; FusedGemm on CUDA needs K >= 1");
+        const int dtype = x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 ? kCudaR16BF : kCudaR16F;
+        const size_t elem = 2;
+
+        auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
+        const CUcontext cuctx = CudaModule::context_of(stream);
+        CUfunction fn = module ? module->function(cuctx, stream) : nullptr;
+        std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
+        LtContext& lt = lt_context(cuctx, stream);
+        LtPlan& p = plan(lt, stream, M, N, K, dtype, split.lt_epilogue);
+        const bool direct = split.rest_is_identity();
+        const size_t gemm_bytes = direct ? 0 : align256(static_cast<size_t>(M * N) * elem);
+        Scratch scratch(ctx, x.value.GetTensorMemoryInfo().GetDeviceId(), gemm_bytes + std::max<size_t>(p.workspace, 256));
+        void* y = out.GetTensorMutableRawData();
+        void* gemm_out = direct ? y : reinterpret_cast<void*>(scratch.at(0));
+        void* workspace = reinterpret_cast<void*>(scratch.at(gemm_bytes));
+        const CublasLt& L = cublas_lt();
+        if (bias.present()) {
+            const void* bp = bias.value.GetTensorRawData();
+            L.check(L.MatmulDescSetAttribute(p.desc, kLtBiasPointer, &bp, sizeof bp), "cublasLtMatmulDescSetAttribute");
+        }
+        const float one = 1.0f, zero = 0.0f;
+        const void* c_ptr = split.lt_residual ? res.value.GetTensorRawData() : gemm_out;
+        L.check(L.Matmul(lt.handle, p.desc, &one, w.value.GetTensorRawData(), p.a, x.value.GetTensorRawData(), p.b,
+                         split.lt_residual ? &one : &zero, c_ptr, p.c, gemm_out, p.c, p.heuristic, workspace,
+                         p.workspace, stream),
+                "cublasLtMatmul");
+        if (direct) return;
+        launch_add_norm(fn, epi, stream, gemm_out, split.rest.residual ? res.value.GetTensorRawData() : nullptr,
+                        nullptr, nullptr, y, nullptr, M, N, 0.0f);
+    }
+};
+
+struct AddLayerNormCuda {
+    NormAttrs attrs;
+    EpilogueLaunch epi;
+    std::unique_ptr<CudaModule> module;
+
+    AddLayerNormCuda(const OrtKernelInfo* info, const std::string& dir)
+        : attrs(info),
+          epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "AddLayerNorm"); })) {
+        if (!epi.present || epi.tag.norm != (attrs.rms ? "rmsnorm" : "layernorm"))
+            throw OpError(std::string("attribute epilogue_kernel must name an Add+Norm kernel compiled for ") +
+                              (attrs.rms ? "RMSNorm" : "LayerNorm") + "; rewrite the package",
+                          ORT_INVALID_GRAPH);
+        module = load_package_module(dir, epi.kernel);
+    }
+
+    void compute(OrtKernelContext* context) {
+        Ort::KernelContext ctx(context);
+        const Input x = get_input(ctx, 0), res = get_input(ctx, 1), gamma = get_input(ctx, 2), beta = get_input(ctx, 3);
+        if (!gamma.present()) throw OpError("input gamma is required");
+        if (x.shape.empty()) throw OpError("input x must have rank >= 1");
+        const int64_t C = x.shape.back();
+        const int64_t M = C ? numel(x.shape) / C : 0;
+        if (res.present()) expect_shape(res, x.shape, "residual");
+        expect_shape(gamma, {C}, "gamma");
+        if (beta.present()) expect_shape(beta, {C}, "beta");
+        auto out = ctx.GetOutput(0, x.shape);
+        void* sum = nullptr;
+        if (ctx.GetOutputCount() > 1) {
+            auto s = ctx.GetOutput(1, x.shape);
+            if (static_cast<OrtValue*>(s) != nullptr) sum = s.GetTensorMutableRawData();
+        }
+        checked_attrs([&] {
+            check_epilogue_matches(epi, add_layer_norm_epilogue(res.present(), attrs.rms, beta.present(), sum != nullptr),
+                                   "AddLayerNorm");
+            return 0;
+        });
+        if (M == 0 || C == 0) return;
+        auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
+        CUfunction fn = module->function(CudaModule::context_of(stream), stream);
+        launch_add_norm(fn, epi, stream, x.value.GetTensorRawData(), res.present() ? res.value.GetTensorRawData() : nullptr,
+                        gamma.value.GetTensorRawData(), beta.present() ? beta.value.GetTensorRawData() : nullptr,
+                        out.GetTensorMutableRawData(), sum, M, C, attrs.epsilon);
+    }
+};
+
+FusedGemmCuda* make_fused_gemm_cuda(const OrtKernelInfo* info, const std::string& dir) {
+    return new FusedGemmCuda(info, dir);
+}
+AddLayerNormCuda* make_add_layer_norm_cuda(const OrtKernelInfo* info, const std::string& dir) {
+    return new AddLayerNormCuda(info, dir);
+}
+OrtStatusPtr compute(FusedGemmCuda* k, OrtKernelContext* c) {
+    return guarded("FusedGemm", [&] { k->compute(c); });
+}
+OrtStatusPtr compute(AddLayerNormCuda* k, OrtKernelContext* c) {
+    return guarded("AddLayerNorm", [&] { k->compute(c); });
+}
+void destroy(FusedGemmCuda* k) { delete k; }
+void destroy(AddLayerNormCuda* k) { delete k; }
+
+}  // namespace stofc_ort

@@ -1,0 +1,87 @@
+// stofc ONNX Runtime custom-op library: CudaModule, Scratch, capture checks (cuda_module.h).
+#include "cuda_module.h"
+
+#include <fstream>
+#include <iterator>
+
+namespace stofc_ort {
+
+std::vector<char> read_kernel_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f)
+        throw OpError("kernel file '" + path + "' cannot be opened; the package is incomplete, rewrite it with "
+                      "'stofc compile'",
+                      ORT_NO_SUCHFILE);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (bytes.empty()) throw OpError("kernel file '" + path + "' is empty", ORT_INVALID_GRAPH);
+    return bytes;
+}
+
+CudaModule::CudaModule(std::vector<char> image, std::string label, std::string entry)
+    : path_(std::move(label)), entry_(std::move(entry)), image_(std::move(image)) {
+    image_.push_back('\0');  // PTX must be NUL-terminated; harmless after a cubin
+}
+
+CudaModule::~CudaModule() {
+    if (loaded_.empty()) return;
+    const Driver& drv = driver();
+    for (auto& l : loaded_) drv.ModuleUnload(l.module);
+}
+
+CUcontext CudaModule::context_of(CUstream stream) {
+    const Driver& drv = driver();
+    CUcontext ctx = nullptr;
+    drv.check(drv.StreamGetCtx(stream, &ctx), "cuStreamGetCtx");
+    return ctx;
+}
+
+CUfunction CudaModule::function(CUcontext ctx, CUstream stream, int smem) {
+    const Driver& drv = driver();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& l : loaded_)
+        if (l.ctx == ctx) return l.fn;
+    require_not_capturing(stream, ("loading " + entry_).c_str());
+    ScopedContext scope(drv, ctx);
+    Loaded l{ctx, nullptr, nullptr};
+    drv.check(drv.ModuleLoadData(&l.module, image_.data()), ("cuModuleLoadData(" + path_ + ")").c_str());
+    CUresult r = drv.ModuleGetFunction(&l.fn, l.module, entry_.c_str());
+    if (r == CUDA_SUCCESS && smem > 48 * 1024)
+        r = drv.FuncSetAttribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+    if (r != CUDA_SUCCESS) {
+        drv.ModuleUnload(l.module);
+        drv.check(r, ("loading " + entry_ + " from " + path_).c_str());
+    }
+    loaded_.push_back(l);
+    return l.fn;
+}
+
+std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, const KernelRef& ref) {
+    const std::string path = resolve_package_path(package_dir, ref.file);
+    return std::make_unique<CudaModule>(read_kernel_file(path), path, ref.entry);
+}
+
+void require_not_capturing(CUstream stream, const char* what) {
+    const Driver& drv = driver();
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    drv.check(drv.StreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+        throw OpError(std::string(what) +
+                          " must happen before CUDA graph capture (it loads modules and uploads constant "
+                          "data); run the session once without capture first",
+                      ORT_FAIL);
+}
+
+Scratch::Scratch(const Ort::KernelContext& ctx, int device_id, size_t bytes) {
+    Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device_id, OrtMemTypeDefault);
+    alloc_ = ctx.GetAllocator(*info);
+    if (!alloc_) throw OpError("ONNX Runtime gave no CUDA allocator for scratch memory", ORT_FAIL);
+    ptr_ = alloc_->Alloc(alloc_, bytes);
+    if (!ptr_) throw OpError("out of GPU memory for " + std::to_string(bytes) + " bytes of scratch", ORT_FAIL);
+}
+
+Scratch::~Scratch() {
+    if (ptr_) alloc_->Free(alloc_, ptr_);
+    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
+}
+
+}  // namespace stofc_ort

@@ -1,0 +1,96 @@
+// stofc ONNX Runtime custom-op library: what every CUDA twin shares.
+//
+// CudaModule: a module image (cubin, or PTX) read from the package when the session
+// is created and loaded lazily into each CUDA context that runs it (the context of
+// ORT's compute stream), with its dynamic shared-memory limit raised above 48 KiB.
+// Scratch: per-run device memory from ORT's allocator (KernelContext::GetAllocator),
+// returned when Compute ends. OrtAttrSource: node attributes for cuda_attrs.h.
+// require_not_capturing: first-use work (module loads, uploads, library handles)
+// is refused while ORT's stream is being captured into a CUDA graph; ORT runs a
+// model once before capturing it, so that work is always done by then.
+#ifndef STOFC_ORT_CUDA_MODULE_H
+#define STOFC_ORT_CUDA_MODULE_H
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "cuda_attrs.h"
+#include "cuda_driver.h"
+
+namespace stofc_ort {
+
+/// The bytes of a package kernel file (cubin or PTX); OpError when missing or empty.
+std::vector<char> read_kernel_file(const std::string& path);
+
+class CudaModule {
+  public:
+    CudaModule(std::vector<char> image, std::string label, std::string entry);
+    ~CudaModule();
+    CudaModule(const CudaModule&) = delete;
+    CudaModule& operator=(const CudaModule&) = delete;
+
+    /// The context of `stream` (ORT's compute stream).
+    static CUcontext context_of(CUstream stream);
+
+    /// The entry point in `ctx`, loading the module there on first use (not while
+    /// `stream` is capturing) and then raising its dynamic smem limit to `smem`.
+    CUfunction function(CUcontext ctx, CUstream stream, int smem = 0);
+
+  private:
+    struct Loaded {
+        CUcontext ctx;
+        CUmodule module;
+        CUfunction fn;
+    };
+    std::string path_, entry_;
+    std::vector<char> image_;
+    std::mutex mu_;
+    std::vector<Loaded> loaded_;
+};
+
+/// The package module named by a FILE:ENTRY reference.
+std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, const KernelRef& ref);
+
+/// Throws OpError when `stream` is capturing a CUDA graph: `what` (first-use work)
+/// must happen in an ordinary run first.
+void require_not_capturing(CUstream stream, const char* what);
+
+class Scratch {
+  public:
+    Scratch(const Ort::KernelContext& ctx, int device_id, size_t bytes);
+    ~Scratch();
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    CUdeviceptr at(size_t offset) const { return reinterpret_cast<CUdeviceptr>(ptr_) + offset; }
+
+  private:
+    OrtAllocator* alloc_ = nullptr;
+    void* ptr_ = nullptr;
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
+
+/// Node attributes through ORT's kernel info.
+struct OrtAttrSource : AttrSource {
+    const OrtKernelInfo* info;
+    explicit OrtAttrSource(const OrtKernelInfo* i) : info(i) {}
+    bool get_int(const char* name, int64_t& out) const override { return try_attr(info, name, out); }
+    bool get_string(const char* name, std::string& out) const override { return try_attr(info, name, out); }
+};
+
+/// Runs `fn`, turning an AttrError into an OpError (a session-creation error).
+template <typename Fn>
+auto checked_attrs(Fn&& fn) -> decltype(fn()) {
+    try {
+        return fn();
+    } catch (const AttrError& e) {
+        throw OpError(e.what(), ORT_INVALID_GRAPH);
+    }
+}
+
+}  // namespace stofc_ort
+
+#endif  // STOFC_ORT_CUDA_MODULE_H
