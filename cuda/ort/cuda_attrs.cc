@@ -28,10 +28,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
     }
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 }  // namespace
 
 KernelRef parse_kernel_ref(const std::string& ref, const char* attr) {

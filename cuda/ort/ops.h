@@ -122,6 +122,23 @@ constexpr OpSignature kSparseAttentionSig{"SparseAttention", 5, 3, 0u, 1u << 3, 
 constexpr OpSignature kFusedGemmSig{"FusedGemm", 4, 2, 0u, 0u, 1, 0u};
 constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 3), 0u, 2, 1u << 1};
 
+/// Every (op, element type, execution provider) RegisterCustomOps registers, in order.
+/// stofc_ort.cc registers exactly these; the unit test binary prints them.
+struct Registration {
+    const OpSignature* sig;
+    ONNXTensorElementDataType elem;
+    bool cuda;  // CUDAExecutionProvider twin (else the CPU twin)
+};
+constexpr ONNXTensorElementDataType kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr ONNXTensorElementDataType kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr ONNXTensorElementDataType kBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+constexpr Registration kRegistrations[] = {
+    {&kSparseAttentionSig, kF32, false}, {&kFusedGemmSig, kF32, false}, {&kAddLayerNormSig, kF32, false},
+    {&kSparseAttentionSig, kF16, false}, {&kFusedGemmSig, kF16, false}, {&kAddLayerNormSig, kF16, false},
+    {&kSparseAttentionSig, kF16, true},  {&kFusedGemmSig, kF16, true},  {&kAddLayerNormSig, kF16, true},
+    {&kSparseAttentionSig, kBF16, true}, {&kFusedGemmSig, kBF16, true}, {&kAddLayerNormSig, kBF16, true},
+};
+
 /// One registered op: a signature, an element type, an execution provider and a
 /// factory for its kernel. TKernel is created by `Make(info, package_dir)`.
 template <typename TKernel, typename Make>

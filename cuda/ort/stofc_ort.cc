@@ -79,12 +79,30 @@ NormCuda* make_norm_cuda(const OrtKernelInfo* i, const std::string& d) {
 }
 
 template <typename T>
-void add_cpu_twins(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain,
-                   const std::string& dir) {
+void add_cpu(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain, const OpSignature* sig,
+             const std::string& dir) {
     const auto t = onnx_type<T>();
-    add<SparseAttentionCpu<T>>(ops, domain, kSparseAttentionSig, t, nullptr, dir, &make_cpu<SparseAttentionCpu<T>>);
-    add<FusedGemmCpu<T>>(ops, domain, kFusedGemmSig, t, nullptr, dir, &make_cpu<FusedGemmCpu<T>>);
-    add<AddLayerNormCpu<T>>(ops, domain, kAddLayerNormSig, t, nullptr, dir, &make_cpu<AddLayerNormCpu<T>>);
+    if (sig == &kSparseAttentionSig)
+        add<SparseAttentionCpu<T>>(ops, domain, *sig, t, nullptr, dir, &make_cpu<SparseAttentionCpu<T>>);
+    else if (sig == &kFusedGemmSig)
+        add<FusedGemmCpu<T>>(ops, domain, *sig, t, nullptr, dir, &make_cpu<FusedGemmCpu<T>>);
+    else
+        add<AddLayerNormCpu<T>>(ops, domain, *sig, t, nullptr, dir, &make_cpu<AddLayerNormCpu<T>>);
+}
+
+void add_registration(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain,
+                      const Registration& r, const std::string& dir) {
+    if (r.cuda) {
+        if (r.sig == &kSparseAttentionSig) add<AttnCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_attn_cuda);
+        else if (r.sig == &kFusedGemmSig) add<GemmCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_gemm_cuda);
+        else add<NormCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_norm_cuda);
+    } else if (r.elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        add_cpu<float>(ops, domain, r.sig, dir);
+    } else if (r.elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+        add_cpu<Ort::Float16_t>(ops, domain, r.sig, dir);
+    } else {
+        throw std::logic_error("a CPU twin for an element type without a CPU kernel");
+    }
 }
 
 OrtStatus* register_ops(OrtSessionOptions* options, const OrtApi& api) {
@@ -94,13 +112,7 @@ OrtStatus* register_ops(OrtSessionOptions* options, const OrtApi& api) {
     static auto* keep_ops = new std::vector<std::unique_ptr<OrtCustomOp>>();
     static auto* keep_domains = new std::vector<Ort::CustomOpDomain>();
     Ort::CustomOpDomain domain(kDomain);
-    add_cpu_twins<float>(*keep_ops, domain, dir);
-    add_cpu_twins<Ort::Float16_t>(*keep_ops, domain, dir);
-    for (auto t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-        add<AttnCuda>(*keep_ops, domain, kSparseAttentionSig, t, kCudaEp, dir, &make_attn_cuda);
-        add<GemmCuda>(*keep_ops, domain, kFusedGemmSig, t, kCudaEp, dir, &make_gemm_cuda);
-        add<NormCuda>(*keep_ops, domain, kAddLayerNormSig, t, kCudaEp, dir, &make_norm_cuda);
-    }
+    for (const Registration& r : kRegistrations) add_registration(*keep_ops, domain, r, dir);
     Ort::UnownedSessionOptions(options).Add(domain);
     keep_domains->push_back(std::move(domain));
     return nullptr;

@@ -1,0 +1,119 @@
+// Unit-test driver for the CUDA twins' attribute checks and the registration table.
+//
+// Built with g++ by tests/unit/test_ortlib_cuda.py from this file and
+// ../cuda_attrs.cc and ../launch_plan.cc (no ONNX Runtime library, no CUDA, no GPU). Protocol:
+//   argv[1] == "registrations": one line per kRegistrations row: "<op> <ep> <onnx elem type>".
+//   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|..." and the
+//   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
+//   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
+//   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin).
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "cuda_attrs.h"
+#include "launch_plan.h"
+#include "ops.h"
+
+using namespace stofc_ort;
+
+namespace {
+
+struct MapSource : AttrSource {
+    std::map<std::string, int64_t> ints;
+    std::map<std::string, std::string> strings;
+    bool get_int(const char* n, int64_t& out) const override {
+        auto it = ints.find(n);
+        if (it == ints.end()) return false;
+        out = it->second;
+        return true;
+    }
+    bool get_string(const char* n, std::string& out) const override {
+        auto it = strings.find(n);
+        if (it == strings.end()) return false;
+        out = it->second;
+        return true;
+    }
+    int64_t i(const char* n) const {
+        int64_t v = 0;
+        get_int(n, v);
+        return v;
+    }
+    std::string s(const char* n) const {
+        std::string v;
+        get_string(n, v);
+        return v;
+    }
+};
+
+std::string run(const std::string& parser, const MapSource& a) {
+    std::ostringstream out;
+    if (parser == "attention") {
+        const AttentionLaunch l = parse_attention_launch(a);
+        out << "file=" << l.kernel.file << " entry=" << l.kernel.entry << " plan=" << l.plan_file
+            << " block=" << l.variant.block << " bf16=" << l.variant.bf16 << " bias=" << l.variant.has_bias
+            << " keybits=" << l.variant.has_key_bits << " threads=" << l.block_threads
+            << " per_row=" << l.blocks_per_tile_row << " smem=" << l.smem_bytes;
+    } else if (parser.rfind("epilogue:", 0) == 0) {
+        const EpilogueLaunch l = parse_epilogue_launch(a, parser.substr(9).c_str());
+        out << "present=" << l.present;
+        if (l.present)
+            out << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " tag=" << l.tag.str()
+                << " threads=" << l.threads << " rows=" << l.rows;
+    } else if (parser == "gemm_split") {
+        const GemmSplit s = split_fused_gemm(a.i("bias"), a.s("act"), a.i("residual"), a.i("after"));
+        out << "lt_epilogue=" << s.lt_epilogue << " lt_residual=" << s.lt_residual << " rest=" << s.rest.str();
+    } else if (parser == "norm_epilogue") {
+        out << "tag=" << add_layer_norm_epilogue(a.i("residual"), a.i("rms"), a.i("beta"), a.i("sum")).str();
+    } else if (parser == "tag") {
+        out << "tag=" << parse_epilogue_tag(a.s("tag")).str();
+    } else if (parser == "entry") {
+        const AttentionVariant v = parse_attention_entry(a.s("entry"));
+        out << "block=" << v.block << " bf16=" << v.bf16 << " bias=" << v.has_bias << " keybits=" << v.has_key_bits;
+    } else if (parser == "plan") {
+        try {
+            const auto p = load_attention_plan(a.s("path"));
+            out << "block=" << p->block << " tile=" << p->tile << " rows=" << p->tile_rows << " permuted=" << p->permuted
+                << " walked=" << p->col_idx.size() - 1 << " orders=" << p->row_orders.size();
+        } catch (const OpError& e) {
+            throw AttrError(e.what());
+        }
+    } else {
+        throw AttrError("unknown parser " + parser);
+    }
+    return out.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "registrations") {
+        for (const Registration& r : kRegistrations)
+            std::cout << r.sig->name << " " << (r.cuda ? kCudaEp : "CPUExecutionProvider") << " "
+                      << static_cast<int>(r.elem) << "\n";
+        std::cout << "abi " << kCudaLaunchAbi << "\n";
+        return 0;
+    }
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        std::istringstream fields(line);
+        std::string parser, field;
+        std::getline(fields, parser, '|');
+        MapSource a;
+        while (std::getline(fields, field, '|')) {
+            const auto eq = field.find('=');
+            const std::string name = field.substr(0, eq), value = field.substr(eq + 3);
+            if (field.compare(eq + 1, 2, "i:") == 0) a.ints[name] = std::stoll(value);
+            else a.strings[name] = value;
+        }
+        try {
+            const std::string answer = run(parser, a);
+            std::cout << "OK " << answer << "\n";
+        } catch (const AttrError& e) {
+            std::cout << "ERR " << e.what() << "\n";
+        }
+    }
+    return 0;
+}

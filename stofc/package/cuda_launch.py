@@ -1,0 +1,173 @@
+"""The CUDA launch attributes of a package's ai.stofc nodes (``cuda/ort/OPS.md``, kernel_abi 2).
+
+The package writer's last pass over the rewritten model (:func:`annotate_cuda`).
+The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
+
+* ``SparseAttention``: ``launch_plan`` names a ``*.plan.bin``
+  (:func:`stofc.package.maskbin.attention_launch_data`: the walk list, gathered
+  keys, residue permutation and tile-row orders that ``AttentionOp`` uploads),
+  ``kernel_abi`` = :data:`KERNEL_ABI`. (``kernel``, ``block_threads``,
+  ``blocks_per_tile_row`` and ``smem_bytes`` are the writer's.)
+* ``FusedGemm``: cuBLASLt with the epilogue it can fold (bias; the residual as C
+  when nothing follows it), then the stofc Add+Norm kernel for the rest
+  (:func:`split_fused_gemm`, the C++ twin's ``split_fused_gemm``);
+  ``epilogue_kernel`` ``FILE:ENTRY`` (``""`` when nothing is left),
+  ``epilogue`` (its :class:`~stofc.kernels.epilogue.Epilogue` tag),
+  ``epilogue_threads``, ``epilogue_rows``.
+* ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
+  for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output). An
+  RMSNorm with a shift has no CUDA kernel (the template shifts LayerNorm only):
+  such a node gets no ``kernel_abi`` and fails on the CUDA EP with that reason.
+
+The Add+Norm kernels take the segment's tuned ``tpr``/``rows`` when the segment
+is a vendor (cuBLAS) or Add+Norm segment, else the family default; they are
+rendered, compiled for the package's targets and written next to the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from stofc.codegen import Source
+from stofc.kernels import norm as norm_family
+from stofc.kernels.epilogue import Epilogue
+from stofc.package.maskbin import attention_launch_data, write_attention_plan
+
+KERNEL_ABI = 2          # cuda/ort/attention_abi.h kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi
+LT_DEFAULT, LT_BIAS = 1, 4
+TOKENS_HINT = 4096
+
+
+@dataclass(frozen=True)
+class GemmSplit:
+    """What FusedGemm's CUDA twin does: the Lt epilogue, residual as C, the rest's Epilogue."""
+
+    lt_epilogue: int
+    lt_residual: bool
+    rest: Epilogue
+
+
+def split_fused_gemm(has_bias: bool, act: str, has_residual: bool,
+                     residual_after_activation: bool = True) -> GemmSplit:
+    """``SegmentRunner._compile_vendor``'s split with cuBLASLt for one FusedGemm node.
+
+    ``lt_split``: ReLU never reaches FusedGemm, so Lt folds the bias; the residual
+    joins as C (beta = 1) only when no activation is applied after it is added.
+    """
+    lt_residual = has_residual and (act == "none" or not residual_after_activation)
+    return GemmSplit(LT_BIAS if has_bias else LT_DEFAULT, lt_residual,
+                     Epilogue(act=act, residual=has_residual and not lt_residual))
+
+
+def norm_epilogue(*, has_residual: bool, rms: bool, has_beta: bool, has_sum: bool) -> Epilogue | None:
+    """The Add+Norm Epilogue of an AddLayerNorm node; None when no kernel implements it."""
+    if rms and has_beta:
+        return None
+    return Epilogue(residual=has_residual, norm="rmsnorm" if rms else "layernorm",
+                    norm_shift=rms or has_beta, store_pre_norm=has_sum)
+
+
+def _set(node: onnx.NodeProto, **attrs) -> None:
+    keep = [a for a in node.attribute if a.name not in attrs]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _config(seg, width: int, dtype: str, ep: Epilogue) -> norm_family.NormConfig:
+    spec = getattr(seg, "kernel", None)
+    if spec is not None and (spec.template == "vendor/cublas" or seg.family == "add_norm") \
+            and spec.param("tpr") and spec.param("rows"):
+        return norm_family.NormConfig(int(spec.param("tpr")), int(spec.param("rows")))
+    return norm_family.default_config(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep),
+                                      None)  # type: ignore[arg-type]  # the default ignores the GPU
+
+
+def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list[dict]:
+    """Add the CUDA launch attributes to ``model``'s ai.stofc nodes; write plans and kernels.
+
+    ``contents`` is the writer's PackageContents, ``emitted`` the rewrite's
+    EmittedSegments. Returns plan.json ``kernels`` entries for the Add+Norm kernels
+    it added (files under ``root/kernels``).
+    """
+    from stofc.package.kernels import compile_all
+    from stofc.package.writer import kernel_file, mask_id
+
+    dtype, arch = contents.plan.dtype, contents.targets[0]
+    segs = {(s.layer, s.ordinal): s for lp in contents.plan.layers for s in lp.segments}
+    seg_of = {name: segs.get((e.layer, e.ordinal)) for e in emitted for name in e.nodes}
+    layer_of = {name: e.layer for e in emitted for name in e.nodes}
+    widths = {t.name: list(t.dims) for t in model.graph.initializer}
+    pending: list[tuple[onnx.NodeProto, Source, Epilogue, norm_family.NormConfig]] = []
+    for node in model.graph.node:
+        if node.domain != "ai.stofc":
+            continue
+        seg = seg_of.get(node.name)
+        if node.op_type == "SparseAttention":
+            layer = layer_of[node.name]
+            ak, fmt = contents.attention[layer], contents.formats[layer]
+            cfg = ak.choice.config
+            rel = (f"masks/{mask_id(fmt)}.{cfg.kind}{'-gather' if cfg.gather else ''}"
+                   f"{'-permute' if cfg.permute else ''}.plan.bin")
+            if not (root / rel).is_file():
+                write_attention_plan(attention_launch_data(fmt, cfg), root / rel)
+            _set(node, launch_plan=rel, kernel_abi=KERNEL_ABI)
+            continue
+        inputs = list(node.input) + [""] * 4
+        if node.op_type == "FusedGemm":
+            width = widths.get(inputs[1], [0, 0])[-1]
+            split = split_fused_gemm(bool(inputs[2]), _text(_attr(node, "activation", "none")),
+                                     bool(inputs[3]), bool(_attr(node, "residual_after_activation", 1)))
+            ep: Epilogue | None = split.rest
+        elif node.op_type == "AddLayerNorm":
+            width = widths.get(inputs[2], [0])[-1]
+            ep = norm_epilogue(has_residual=bool(inputs[1]), rms=bool(_attr(node, "rms", 0)),
+                               has_beta=bool(inputs[3]),
+                               has_sum=len(node.output) > 1 and bool(node.output[1]))
+        else:
+            continue
+        if ep is None or not width:
+            continue                      # no CUDA kernel: the twin says so at session creation
+        if ep.is_identity:
+            _set(node, kernel_abi=KERNEL_ABI, epilogue_kernel="")
+            continue
+        cfg_n = _config(seg, width, dtype, ep)
+        src = norm_family.render_norm(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep), cfg_n)
+        pending.append((node, src, ep, cfg_n))
+    if not pending:
+        return []
+    sources = {src.name: src for _, src, _, _ in pending}
+    fresh = [s for name, s in sources.items() if not (root / kernel_file(name, arch)).is_file()]
+    compiled = compile_all(fresh, contents.targets) if fresh else {}
+    entries = []
+    for src in fresh:
+        (root / "kernels" / f"{src.name}.cu").write_text(src.code)
+        files = {"cu": f"kernels/{src.name}.cu"}
+        for target in contents.targets:
+            rel = kernel_file(src.name, target)
+            (root / rel).write_bytes(compiled[(src.name, target)].binary)
+            files[target] = rel
+        entries.append({"name": src.name, "template": src.template,
+                        "entry_points": list(src.entry_points),
+                        "params": {k: v for k, v in src.params}, "nvrtc_options": [],
+                        "files": files, "purpose": "CUDA twin epilogue (OPS.md)"})
+    for node, src, ep, cfg_n in pending:
+        _set(node, kernel_abi=KERNEL_ABI,
+             epilogue_kernel=f"{kernel_file(src.name, arch)}:{src.entry_points[0]}",
+             epilogue=ep.tag, epilogue_threads=cfg_n.tpr * cfg_n.rows, epilogue_rows=cfg_n.rows)
+    return entries

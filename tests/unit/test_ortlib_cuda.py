@@ -1,0 +1,182 @@
+"""The CUDA twins without a GPU: registration table, attribute checks, launch-plan reader.
+
+``cuda/ort/tests/attrs_test.cc`` is built with g++ together with the library's own
+``cuda_attrs.cc`` and ``launch_plan.cc`` (the code the CUDA twins run at session
+creation); it links neither ONNX Runtime nor CUDA. Every defect must be a one-line
+AttrError naming the attribute, which the twins turn into a session-creation error.
+The Python side of the FusedGemm / AddLayerNorm split (``stofc.package.cuda_launch``)
+must equal the C++ side for every input combination.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stofc.kernels.attention import AttentionConfig
+from stofc.kernels.epilogue import Epilogue
+from stofc.masks import encode
+from stofc.package.cuda_launch import KERNEL_ABI, norm_epilogue, split_fused_gemm
+from stofc.package.maskbin import attention_launch_data, encode_attention_plan
+from stofc.package.ort_headers import find_ort_headers
+from stofc.package.ortlib import cuda_include_dir, sources_dir
+
+ENTRY = "stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k1"
+ATTN_OK = {"kernel_abi": 2, "kernel": f"kernels/a.sm_90.cubin:{ENTRY}",
+           "launch_plan": "masks/m.block.plan.bin", "block_threads": 128,
+           "blocks_per_tile_row": 1, "smem_bytes": 55296}
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory) -> Path:
+    src = sources_dir()
+    exe = tmp_path_factory.mktemp("attrs") / "attrs_test"
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(src),
+           "-I", str(find_ort_headers(None).include_dir), "-I", str(cuda_include_dir()),
+           str(src / "tests" / "attrs_test.cc"), str(src / "cuda_attrs.cc"),
+           str(src / "launch_plan.cc"), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    return exe
+
+
+def ask(driver: Path, *cases: tuple[str, dict]) -> list[str]:
+    lines = []
+    for parser, attrs in cases:
+        fields = [f"{k}=i:{v}" if isinstance(v, int) else f"{k}=s:{v}" for k, v in attrs.items()]
+        lines.append("|".join([parser, *fields]))
+    res = subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True,
+                         text=True, check=True)
+    out = res.stdout.splitlines()
+    assert len(out) == len(cases)
+    return out
+
+
+def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
+    res = subprocess.run([str(driver), "registrations"], capture_output=True, text=True, check=True)
+    lines = res.stdout.splitlines()
+    assert lines[-1] == f"abi {KERNEL_ABI}"
+    regs = {tuple(line.split()) for line in lines[:-1]}
+    assert len(regs) == len(lines) - 1 == 12
+    ops = ("SparseAttention", "FusedGemm", "AddLayerNorm")
+    f32, f16, bf16 = "1", "10", "16"            # ONNX TensorProto element types
+    assert regs == {(op, "CUDAExecutionProvider", t) for op in ops for t in (f16, bf16)} | \
+                  {(op, "CPUExecutionProvider", t) for op in ops for t in (f32, f16)}
+
+
+def test_valid_attention_attributes_parse(driver):
+    (line,) = ask(driver, ("attention", ATTN_OK))
+    assert line == (f"OK file=kernels/a.sm_90.cubin entry={ENTRY} plan=masks/m.block.plan.bin "
+                    "block=1 bf16=0 bias=0 keybits=1 threads=128 per_row=1 smem=55296")
+    row = dict(ATTN_OK, kernel="k.cubin:stofc_attn_row_bf16_d64_t64_w4_m2_s1_q1_o1_b1_k0",
+               blocks_per_tile_row=8, smem_bytes=0)
+    (line,) = ask(driver, ("attention", row))
+    assert "block=0 bf16=1 bias=1 keybits=0" in line and "per_row=8" in line
+
+
+BAD_ATTENTION = [
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 2)"),
+    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 2"),
+    ({"kernel": None}, "attribute 'kernel' (FILE.cubin:ENTRY) is required"),
+    ({"kernel": "nocolon.cubin"}, "attribute 'kernel' must be 'FILE.cubin:ENTRY'"),
+    ({"kernel": "a.cubin:my_kernel"}, "is not a stofc attention kernel"),
+    ({"launch_plan": None}, "attribute 'launch_plan'"),
+    ({"block_threads": None}, "attribute 'block_threads' is required"),
+    ({"block_threads": 2048}, "attribute 'block_threads' = 2048 is outside 1..1024"),
+    ({"block_threads": 100}, "not a whole number of warps"),
+    ({"blocks_per_tile_row": 0}, "attribute 'blocks_per_tile_row' = 0 is outside"),
+    ({"blocks_per_tile_row": 4}, "splits a tile row in 1 or 2"),
+    ({"smem_bytes": 0}, "attribute 'smem_bytes' is required (> 0) for a block-wise"),
+    ({"smem_bytes": -1}, "attribute 'smem_bytes' = -1 is outside"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_ATTENTION, ids=[m[:30] for _, m in BAD_ATTENTION])
+def test_invalid_attention_attributes_fail_with_one_clear_line(driver, change, message):
+    attrs = {k: v for k, v in {**ATTN_OK, **change}.items() if v is not None}
+    (line,) = ask(driver, ("attention", attrs))
+    assert line.startswith("ERR ") and message in line, line
+
+
+EPI_OK = {"kernel_abi": 2, "epilogue_kernel": "kernels/n.sm_90.cubin:stofc_add_norm_x",
+          "epilogue": "r-ln-s", "epilogue_threads": 128, "epilogue_rows": 1}
+
+
+def test_epilogue_attributes(driver):
+    ok, none, bad_tag, odd_tag, missing, warps, no_abi = ask(
+        driver, ("epilogue:AddLayerNorm", EPI_OK),
+        ("epilogue:FusedGemm", {"kernel_abi": 2, "epilogue_kernel": ""}),
+        ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="r-layernorm")),
+        ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="ln-r")),
+        ("epilogue:FusedGemm", {"kernel_abi": 2}),
+        ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_threads=96, epilogue_rows=2)),
+        ("epilogue:FusedGemm", {"epilogue_kernel": ""}))
+    assert ok == ("OK present=1 file=kernels/n.sm_90.cubin entry=stofc_add_norm_x tag=r-ln-s "
+                  "threads=128 rows=1")
+    assert none == "OK present=0"
+    assert bad_tag.startswith("ERR ") and "unknown part 'layernorm'" in bad_tag
+    assert odd_tag.startswith("ERR ") and "not a canonical epilogue tag (expected 'r-ln')" in odd_tag
+    assert missing.startswith("ERR ") and "attribute 'epilogue_kernel'" in missing
+    assert warps.startswith("ERR ") and "whole warps" in warps
+    assert no_abi.startswith("ERR ") and "FusedGemm node carries no CUDA launch attributes" in no_abi
+
+
+def test_epilogue_tags_equal_python_epilogue_tags(driver):
+    eps = [Epilogue(bias=b, act=a, residual=r, norm=n, norm_shift=s, store_pre_norm=p)
+           for b, a, r, n, s, p in itertools.product(
+               (False, True), ("none", "gelu_erf", "gelu_tanh", "relu"), (False, True),
+               ("none", "layernorm", "rmsnorm"), (False, True), (False, True))
+           if not (p and n == "none")]
+    out = ask(driver, *(("tag", {"tag": ep.tag}) for ep in eps))
+    assert out == [f"OK tag={ep.tag}" for ep in eps]
+
+
+def test_fused_gemm_split_equals_python(driver):
+    combos = list(itertools.product((0, 1), ("none", "gelu_erf", "gelu_tanh"), (0, 1), (0, 1)))
+    out = ask(driver, *(("gemm_split", {"bias": b, "act": a, "residual": r, "after": f})
+                        for b, a, r, f in combos))
+    for (b, a, r, f), line in zip(combos, out, strict=True):
+        s = split_fused_gemm(bool(b), a, bool(r), bool(f))
+        assert line == (f"OK lt_epilogue={s.lt_epilogue} lt_residual={int(s.lt_residual)} "
+                        f"rest={s.rest.tag}")
+    (bad,) = ask(driver, ("gemm_split", {"act": "relu"}))
+    assert bad.startswith("ERR ") and "activation='relu'" in bad
+
+
+def test_add_layer_norm_epilogue_equals_python(driver):
+    combos = list(itertools.product((0, 1), repeat=4))
+    out = ask(driver, *(("norm_epilogue", {"residual": r, "rms": m, "beta": b, "sum": s})
+                        for r, m, b, s in combos))
+    for (r, m, b, s), line in zip(combos, out, strict=True):
+        ep = norm_epilogue(has_residual=bool(r), rms=bool(m), has_beta=bool(b), has_sum=bool(s))
+        if ep is None:
+            assert line.startswith("ERR ") and "RMSNorm with a shift" in line
+        else:
+            assert line == f"OK tag={ep.tag}"
+
+
+def test_launch_plan_reader_accepts_plans_and_rejects_damage(driver, tmp_path):
+    fmt = encode("dilated:window=256,dilation=2", 1000)
+    data = attention_launch_data(fmt, AttentionConfig("block", 64, 16, 4, 2, 1, permute=True))
+    good = encode_attention_plan(data)
+    files = {"good": good, "truncated": good[:-8], "magic": b"X" + good[1:]}
+    damaged = bytearray(good)
+    first_key = 128 + 8 * -(-data.row_ptr.nbytes // 8)          # col_idx[0]
+    damaged[first_key:first_key + 4] = np.int32(-10_000).tobytes()
+    files["key"] = bytes(damaged)
+    paths = {}
+    for name, blob in files.items():
+        paths[name] = tmp_path / f"{name}.plan.bin"
+        paths[name].write_bytes(blob)
+    out = dict(zip(files, ask(driver, *(("plan", {"path": str(p)}) for p in paths.values())),
+                   strict=True))
+    walked = data.col_idx.size - 1
+    assert out["good"] == (f"OK block=1 tile=64 rows={fmt.tile_rows} permuted=1 walked={walked} "
+                           f"orders={fmt.tile_rows * (fmt.tile_rows + 1) // 2}")
+    assert out["truncated"].startswith("ERR ") and "is corrupt" in out["truncated"]
+    assert out["magic"].startswith("ERR ") and "bad magic" in out["magic"]
+    assert out["key"].startswith("ERR ") and "tile key out of range" in out["key"]
