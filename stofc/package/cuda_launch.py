@@ -89,13 +89,30 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _config(seg, width: int, dtype: str, ep: Epilogue) -> norm_family.NormConfig:
+def _config(seg) -> norm_family.NormConfig | None:
+    """The segment's tuned Add+Norm config (vendor and Add+Norm segments), else None."""
     spec = getattr(seg, "kernel", None)
     if spec is not None and (spec.template == "vendor/cublas" or seg.family == "add_norm") \
             and spec.param("tpr") and spec.param("rows"):
         return norm_family.NormConfig(int(spec.param("tpr")), int(spec.param("rows")))
-    return norm_family.default_config(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep),
-                                      None)  # type: ignore[arg-type]  # the default ignores the GPU
+    return None
+
+
+def epilogue_source(ep: Epilogue, width: int, dtype: str,
+                    config: norm_family.NormConfig | None = None
+                    ) -> tuple[Source, norm_family.NormConfig]:
+    """The Add+Norm kernel source applying ``ep`` to rows of ``width`` (default config)."""
+    cfg = config or norm_family.default_config(
+        norm_family.NormProblem(TOKENS_HINT, width, dtype, ep), None)  # type: ignore[arg-type]
+    return norm_family.render_norm(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep), cfg), cfg
+
+
+def launch_attributes(source: Source, config: norm_family.NormConfig, ep: Epilogue,
+                      kernel_path: str) -> dict:
+    """The FusedGemm / AddLayerNorm CUDA attributes for an Add+Norm kernel at ``kernel_path``."""
+    return {"kernel_abi": KERNEL_ABI, "epilogue_kernel": f"{kernel_path}:{source.entry_points[0]}",
+            "epilogue": ep.tag, "epilogue_threads": config.tpr * config.rows,
+            "epilogue_rows": config.rows}
 
 
 def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list[dict]:
@@ -146,8 +163,7 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
         if ep.is_identity:
             _set(node, kernel_abi=KERNEL_ABI, epilogue_kernel="")
             continue
-        cfg_n = _config(seg, width, dtype, ep)
-        src = norm_family.render_norm(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep), cfg_n)
+        src, cfg_n = epilogue_source(ep, width, dtype, _config(seg))
         pending.append((node, src, ep, cfg_n))
     if not pending:
         return []
@@ -167,7 +183,5 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
                         "params": {k: v for k, v in src.params}, "nvrtc_options": [],
                         "files": files, "purpose": "CUDA twin epilogue (OPS.md)"})
     for node, src, ep, cfg_n in pending:
-        _set(node, kernel_abi=KERNEL_ABI,
-             epilogue_kernel=f"{kernel_file(src.name, arch)}:{src.entry_points[0]}",
-             epilogue=ep.tag, epilogue_threads=cfg_n.tpr * cfg_n.rows, epilogue_rows=cfg_n.rows)
+        _set(node, **launch_attributes(src, cfg_n, ep, kernel_file(src.name, arch)))
     return entries
