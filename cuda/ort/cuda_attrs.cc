@@ -148,6 +148,11 @@ EpilogueLaunch parse_epilogue_launch(const AttrSource& a, const char* op) {
     if (ref.empty()) return l;
     l.present = true;
     l.kernel = parse_kernel_ref(ref, "epilogue_kernel");
+    if (l.kernel.entry.rfind("stofc_add_norm_float16_", 0) == 0) l.bf16 = false;
+    else if (l.kernel.entry.rfind("stofc_add_norm_bfloat16_", 0) == 0) l.bf16 = true;
+    else
+        throw AttrError("attribute 'epilogue_kernel' names '" + l.kernel.entry +
+                        "', not a stofc Add+Norm kernel (stofc_add_norm_<float16|bfloat16>_...)");
     std::string tag;
     if (!a.get_string("epilogue", tag))
         throw AttrError("attribute 'epilogue' (the epilogue kernel's Epilogue tag) is required with "

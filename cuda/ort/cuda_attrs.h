@@ -74,6 +74,7 @@ EpilogueTag parse_epilogue_tag(const std::string& tag);
 /// `present` is false when the node needs none (epilogue_kernel = "").
 struct EpilogueLaunch {
     bool present = false;
+    bool bf16 = false;  // from the entry name: stofc_add_norm_{float16|bfloat16}_...
     KernelRef kernel;
     EpilogueTag tag;
     int64_t threads = 0, rows = 0;

@@ -44,6 +44,7 @@ const char* act_name(Activation a) {
 /// (x, bias, residual, gamma, beta, out, pre_norm, M, N, eps), grid ceil(M / rows).
 void launch_add_norm(CUfunction fn, const EpilogueLaunch& e, CUstream stream, const void* x, const void* residual,
                      const void* gamma, const void* beta, void* out, void* pre, int64_t M, int64_t N, float eps) {
+    if (M > 0x7fffffffLL || N > 0x7fffffffLL) throw OpError("tensor too large for the Add+Norm kernel");
     if (N % 8) throw OpError("the row width " + std::to_string(N) + " is not a multiple of 8 (16-byte vectors)");
     const void* dummy = x;  // never read: the kernel is compiled without the absent operands
     const void* bias = dummy;
@@ -58,6 +59,11 @@ void launch_add_norm(CUfunction fn, const EpilogueLaunch& e, CUstream stream, co
     drv.check(drv.LaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(e.threads), 1, 1, 0,
                                stream, args, nullptr),
               "cuLaunchKernel(add_norm)");
+}
+
+std::string dtype_mismatch(const EpilogueLaunch& e) {
+    return "kernel " + e.kernel.entry + " is compiled for " + (e.bf16 ? "bfloat16" : "float16") +
+           " but the input has the other type; rewrite the package for this dtype";
 }
 
 /// cuBLASLt state of one context: the handle and, per shape, descriptors + algorithm.
@@ -160,7 +166,9 @@ struct FusedGemmCuda {
         auto out = ctx.GetOutput(0, yshape);
         if (M == 0 || N == 0) return;
         if (K == 0) throw OpError("input x has K = 0 columns; FusedGemm on CUDA needs K >= 1");
-        const int dtype = x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 ? kCudaR16BF : kCudaR16F;
+        const bool bf16 = x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+        if (epi.present && epi.bf16 != bf16) throw OpError(dtype_mismatch(epi));
+        const int dtype = bf16 ? kCudaR16BF : kCudaR16F;
         const size_t elem = 2;
 
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
@@ -229,6 +237,7 @@ struct AddLayerNormCuda {
             return 0;
         });
         if (M == 0 || C == 0) return;
+        if (epi.bf16 != (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)) throw OpError(dtype_mismatch(epi));
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         CUfunction fn = module->function(CudaModule::context_of(stream), stream);
         launch_add_norm(fn, epi, stream, x.value.GetTensorRawData(), res.present() ? res.value.GetTensorRawData() : nullptr,

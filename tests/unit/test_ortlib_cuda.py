@@ -102,20 +102,22 @@ def test_invalid_attention_attributes_fail_with_one_clear_line(driver, change, m
     assert line.startswith("ERR ") and message in line, line
 
 
-EPI_OK = {"kernel_abi": 2, "epilogue_kernel": "kernels/n.sm_90.cubin:stofc_add_norm_x",
+NORM_ENTRY = "stofc_add_norm_bfloat16_r_ln_s_n768_t32x4"
+EPI_OK = {"kernel_abi": 2, "epilogue_kernel": f"kernels/n.sm_90.cubin:{NORM_ENTRY}",
           "epilogue": "r-ln-s", "epilogue_threads": 128, "epilogue_rows": 1}
 
 
 def test_epilogue_attributes(driver):
-    ok, none, bad_tag, odd_tag, missing, warps, no_abi = ask(
+    ok, none, bad_tag, odd_tag, missing, warps, no_abi, not_norm = ask(
         driver, ("epilogue:AddLayerNorm", EPI_OK),
         ("epilogue:FusedGemm", {"kernel_abi": 2, "epilogue_kernel": ""}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="r-layernorm")),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="ln-r")),
         ("epilogue:FusedGemm", {"kernel_abi": 2}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_threads=96, epilogue_rows=2)),
-        ("epilogue:FusedGemm", {"epilogue_kernel": ""}))
-    assert ok == ("OK present=1 file=kernels/n.sm_90.cubin entry=stofc_add_norm_x tag=r-ln-s "
+        ("epilogue:FusedGemm", {"epilogue_kernel": ""}),
+        ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_kernel="k.cubin:stofc_attn_block_x")))
+    assert ok == (f"OK present=1 bf16=1 file=kernels/n.sm_90.cubin entry={NORM_ENTRY} tag=r-ln-s "
                   "threads=128 rows=1")
     assert none == "OK present=0"
     assert bad_tag.startswith("ERR ") and "unknown part 'layernorm'" in bad_tag
@@ -123,6 +125,7 @@ def test_epilogue_attributes(driver):
     assert missing.startswith("ERR ") and "attribute 'epilogue_kernel'" in missing
     assert warps.startswith("ERR ") and "whole warps" in warps
     assert no_abi.startswith("ERR ") and "FusedGemm node carries no CUDA launch attributes" in no_abi
+    assert not_norm.startswith("ERR ") and "not a stofc Add+Norm kernel" in not_norm
 
 
 def test_epilogue_tags_equal_python_epilogue_tags(driver):

@@ -60,7 +60,7 @@ std::string run(const std::string& parser, const MapSource& a) {
         const EpilogueLaunch l = parse_epilogue_launch(a, parser.substr(9).c_str());
         out << "present=" << l.present;
         if (l.present)
-            out << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " tag=" << l.tag.str()
+            out << " bf16=" << l.bf16 << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " tag=" << l.tag.str()
                 << " threads=" << l.threads << " rows=" << l.rows;
     } else if (parser == "gemm_split") {
         const GemmSplit s = split_fused_gemm(a.i("bias"), a.s("act"), a.i("residual"), a.i("after"));
