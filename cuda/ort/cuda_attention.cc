@@ -142,10 +142,20 @@ struct SparseAttentionCuda {
                           (var.has_bias ? "present" : "absent") + ", the node's inputs differ; rewrite the package");
         auto out = ctx.GetOutput(0, q.shape);
         const AttentionPlan& p = *plan;
-        const int rows = p.rows_for(c.S);
-        const int64_t grid = c.H * c.B * rows * launch.blocks_per_tile_row;
+        AttentionLaunchShape shape;
+        shape.B = c.B;
+        shape.S = c.S;
+        shape.H = c.H;
+        shape.D = c.D;
+        shape.has_key_bits = c.has_kpm;
+        shape.has_bias = c.has_bias;
+        shape.bias_sb = c.bias_sb;
+        shape.bias_sh = c.bias_sh;
+        shape.blocks_per_tile_row = launch.blocks_per_tile_row;
+        shape.scale = attrs.scale;
+        const AttentionLaunchScalars sc = attention_scalars(p, shape);
         if (c.B == 0 || c.S == 0) return;  // an empty batch or sequence: nothing to write
-        if (grid > 0x7fffffff) throw OpError("batch * heads * tile rows is too large for one launch");
+        if (sc.grid > 0x7fffffff) throw OpError("batch * heads * tile rows is too large for one launch");
 
         const Driver& drv = driver();
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
@@ -155,7 +165,7 @@ struct SparseAttentionCuda {
         const DevicePlan dp = device_plan(cuctx, stream);
 
         // Scratch: kv_len [B] int32, then the packed key bits [B, key_words] uint64.
-        int key_words = c.has_kpm ? static_cast<int>((c.S + 63) / 64) : 0;
+        int key_words = sc.key_words;
         const size_t words_at = align256(static_cast<size_t>(c.B) * 4);
         const size_t bytes = words_at + std::max<size_t>(static_cast<size_t>(c.B) * key_words * 8, 8);
         Scratch scratch(ctx, q.value.GetTensorMemoryInfo().GetDeviceId(), bytes);
@@ -175,40 +185,39 @@ struct SparseAttentionCuda {
 
         // The attention kernel: one AttentionArgs field per row of attention_abi.h.
         const auto dev = [&](size_t off) { return reinterpret_cast<const void*>(dp.base + off); };
-        const long long sb = c.S * c.H * c.D, ss = c.H * c.D, sh = c.D;
         AttentionArgs a{};
         a.q = q.value.GetTensorRawData();
         a.k = k.value.GetTensorRawData();
         a.v = v.value.GetTensorRawData();
         a.o = out.GetTensorMutableRawData();
-        a.q_sb = a.k_sb = a.v_sb = a.o_sb = sb;
-        a.q_ss = a.k_ss = a.v_ss = a.o_ss = ss;
-        a.q_sh = a.k_sh = a.v_sh = a.o_sh = sh;
+        a.q_sb = a.k_sb = a.v_sb = a.o_sb = sc.q_sb;
+        a.q_ss = a.k_ss = a.v_ss = a.o_ss = sc.q_ss;
+        a.q_sh = a.k_sh = a.v_sh = a.o_sh = sc.q_sh;
         a.tile_row_ptr = dev(dp.row_ptr);
         a.tile_key = dev(dp.col_idx);
         a.tile_part = dev(dp.part_idx);
         a.bitmaps = dev(dp.bitmaps);
         a.gather_keys = dev(dp.gather_keys);
         a.q_perm = dev(dp.q_perm);
-        a.permuted = p.permuted ? 1 : 0;
-        a.fmt_head_stride = p.fmt_head_stride;
-        a.row_order = dev(dp.orders + p.order_offset(rows) * 4);
+        a.permuted = sc.permuted;
+        a.fmt_head_stride = sc.fmt_head_stride;
+        a.row_order = dev(dp.orders + sc.order_offset * 4);
         a.kv_len = reinterpret_cast<const void*>(kv_len);
         a.key_bits = reinterpret_cast<const void*>(words);
-        a.key_words = key_words;
+        a.key_words = sc.key_words;
         a.bias = c.has_bias ? bias.value.GetTensorRawData() : a.q;  // never read without bias
-        a.bias_sb = c.bias_sb;
-        a.bias_sh = c.bias_sh;
-        a.bias_sq = c.has_bias ? c.S : 0;
-        a.B = static_cast<int>(c.B);
-        a.H = static_cast<int>(c.H);
-        a.L = static_cast<int>(c.S);
-        a.scale = attrs.scale;
+        a.bias_sb = sc.bias_sb;
+        a.bias_sh = sc.bias_sh;
+        a.bias_sq = sc.bias_sq;
+        a.B = sc.B;
+        a.H = sc.H;
+        a.L = sc.L;
+        a.scale = sc.scale;
 #define STOFC_ABI_ADDR(name, type) static_cast<void*>(&a.name),
         void* args[] = {STOFC_ATTENTION_ABI(STOFC_ABI_ADDR)};
 #undef STOFC_ABI_ADDR
         static_assert(sizeof(args) / sizeof(args[0]) == kAttentionArgCount, "one pointer per ABI row");
-        drv.check(drv.LaunchKernel(attn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(launch.block_threads),
+        drv.check(drv.LaunchKernel(attn, static_cast<unsigned>(sc.grid), 1, 1, static_cast<unsigned>(launch.block_threads),
                                    1, 1, static_cast<unsigned>(launch.smem_bytes), stream, args, nullptr),
                   "cuLaunchKernel(SparseAttention)");
     }

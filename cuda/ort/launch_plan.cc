@@ -128,4 +128,25 @@ std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path
     return p;
 }
 
+AttentionLaunchScalars attention_scalars(const AttentionPlan& p, const AttentionLaunchShape& s) {
+    AttentionLaunchScalars a;
+    a.rows = p.rows_for(s.S);
+    a.grid = s.H * s.B * a.rows * s.blocks_per_tile_row;
+    a.order_offset = p.order_offset(a.rows);
+    a.q_sb = s.S * s.H * s.D;
+    a.q_ss = s.H * s.D;
+    a.q_sh = s.D;
+    a.permuted = p.permuted ? 1 : 0;
+    a.fmt_head_stride = p.fmt_head_stride;
+    a.key_words = s.has_key_bits ? static_cast<int>((s.S + 63) / 64) : 0;
+    a.bias_sb = s.has_bias ? s.bias_sb : 0;
+    a.bias_sh = s.has_bias ? s.bias_sh : 0;
+    a.bias_sq = s.has_bias ? s.S : 0;
+    a.B = static_cast<int>(s.B);
+    a.H = static_cast<int>(s.H);
+    a.L = static_cast<int>(s.S);
+    a.scale = s.scale;
+    return a;
+}
+
 }  // namespace stofc_ort

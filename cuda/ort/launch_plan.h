@@ -33,6 +33,28 @@ struct AttentionPlan {
     size_t order_offset(int rows) const { return static_cast<size_t>(rows) * (rows - 1) / 2; }
 };
 
+/// The scalar part of one attention launch, computed from the run's shapes exactly as
+/// stofc/runtime/attention.py (AttentionOp.bind) computes it for contiguous
+/// [B, S, H*D] tensors; pure host code, unit-tested against AttentionOp.bind.
+struct AttentionLaunchShape {
+    int64_t B = 0, S = 0, H = 0, D = 0;
+    bool has_key_bits = false, has_bias = false;
+    int64_t bias_sb = 0, bias_sh = 0;  // element strides of bias (0 = broadcast)
+    int64_t blocks_per_tile_row = 1;
+    float scale = 1.0f;
+};
+struct AttentionLaunchScalars {
+    int rows = 0;              // tile rows launched
+    int64_t grid = 0;          // H * B * rows * blocks_per_tile_row
+    size_t order_offset = 0;   // elements into row_orders
+    long long q_sb = 0, q_ss = 0, q_sh = 0;  // also k, v, o (one contiguous layout)
+    int permuted = 0, fmt_head_stride = 0, key_words = 0;
+    long long bias_sb = 0, bias_sh = 0, bias_sq = 0;
+    int B = 0, H = 0, L = 0;
+    float scale = 0.0f;
+};
+AttentionLaunchScalars attention_scalars(const AttentionPlan& plan, const AttentionLaunchShape& shape);
+
 /// Reads and validates `path` (thrown OpError names the file and the defect).
 std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path);
 

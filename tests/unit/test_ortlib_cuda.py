@@ -183,3 +183,54 @@ def test_launch_plan_reader_accepts_plans_and_rejects_damage(driver, tmp_path):
     assert out["truncated"].startswith("ERR ") and "is corrupt" in out["truncated"]
     assert out["magic"].startswith("ERR ") and "bad magic" in out["magic"]
     assert out["key"].startswith("ERR ") and "tile key out of range" in out["key"]
+
+
+# ---------------------------------------------------------------- launch scalars vs AttentionOp
+
+from tests.unit.test_ortlib_abi import CASES, abi_table, cpu_runtime  # noqa: E402, F401
+
+
+@pytest.mark.parametrize("spec,L,config", CASES, ids=[c[2].describe() for c in CASES])
+def test_cuda_launch_scalars_equal_attention_op_bind(driver, cpu_runtime, tmp_path, spec, L,  # noqa: F811
+                                                     config):
+    import stofc.runtime.attention as rt
+    from stofc.package.maskbin import write_attention_plan
+    from stofc.targets import get_profile
+
+    fmt = encode(spec, L)
+    path = write_attention_plan(attention_launch_data(fmt, config), tmp_path / "a.plan.bin")
+    heads, head_dim = 3, 64
+    op = rt.AttentionOp(fmt, config, "float16", head_dim, profile=get_profile("h100"))
+    op._kernel = lambda has_bias, has_key_bits: None
+    per_row = config.q_split if config.kind == "block" else config.tile // config.rows_per_block
+    rng = np.random.default_rng(1)
+    names = [n for n, _ in abi_table()]
+    for batch, seq, kpm, bias_b, bias_h in ((1, L, False, 0, 0), (2, L - 37, True, 0, 0),
+                                            (3, 65, True, 1, heads), (2, 130, False, 2, 1)):
+        q, k, v = (rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float16)
+                   for _ in range(3))
+        kw: dict = {"scale": 0.125}
+        if kpm:
+            kw["key_mask"] = np.ones((batch, seq), np.int64)
+        if bias_b:
+            kw["bias"] = np.zeros((bias_b, bias_h, seq, seq), np.float16)
+        launch = op.bind(q, k, v, **kw)
+        want = dict(zip(names, launch.args, strict=True))
+        bias_sb = 0 if bias_b in (0, 1) else bias_h * seq * seq
+        bias_sh = 0 if bias_h in (0, 1) else seq * seq
+        (line,) = ask(driver, ("pack", {"path": str(path), "B": batch, "S": seq, "H": heads,
+                                        "D": head_dim, "kpm": int(kpm), "bias": int(bias_b > 0),
+                                        "bias_sb": bias_sb, "bias_sh": bias_sh,
+                                        "per_row": per_row, "scale_milli": 125}))
+        got = dict(item.split("=") for item in line.removeprefix("OK ").split())
+        rows = int(got["rows"])
+        assert int(got["grid"]) == launch.grid
+        start = int(got["order_offset"])
+        data = attention_launch_data(fmt, config)
+        assert np.array_equal(data.row_orders[start:start + rows], np.asarray(want["row_order"]))
+        for name in ("q_sb", "q_ss", "q_sh", "k_sb", "k_ss", "k_sh", "v_sb", "o_sh", "permuted",
+                     "fmt_head_stride", "key_words", "bias_sb", "bias_sh", "bias_sq", "B", "H",
+                     "L"):
+            key = name if name in got else "q_" + name[2:]
+            assert int(got[key]) == int(want[name]), name
+        assert float(got["scale"]) == float(want["scale"])

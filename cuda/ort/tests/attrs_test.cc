@@ -6,7 +6,9 @@
 //   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|..." and the
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
-//   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin).
+//   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
+//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli: the
+//   attention launch's scalars).
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -80,6 +82,30 @@ std::string run(const std::string& parser, const MapSource& a) {
         } catch (const OpError& e) {
             throw AttrError(e.what());
         }
+    } else if (parser == "pack") {
+        std::shared_ptr<const AttentionPlan> p;
+        try {
+            p = load_attention_plan(a.s("path"));
+        } catch (const OpError& e) {
+            throw AttrError(e.what());
+        }
+        AttentionLaunchShape s;
+        s.B = a.i("B");
+        s.S = a.i("S");
+        s.H = a.i("H");
+        s.D = a.i("D");
+        s.has_key_bits = a.i("kpm") != 0;
+        s.has_bias = a.i("bias") != 0;
+        s.bias_sb = a.i("bias_sb");
+        s.bias_sh = a.i("bias_sh");
+        s.blocks_per_tile_row = a.i("per_row");
+        s.scale = static_cast<float>(a.i("scale_milli")) / 1000.0f;
+        const AttentionLaunchScalars c = attention_scalars(*p, s);
+        out << "rows=" << c.rows << " grid=" << c.grid << " order_offset=" << c.order_offset << " q_sb=" << c.q_sb
+            << " q_ss=" << c.q_ss << " q_sh=" << c.q_sh << " permuted=" << c.permuted
+            << " fmt_head_stride=" << c.fmt_head_stride << " key_words=" << c.key_words << " bias_sb=" << c.bias_sb
+            << " bias_sh=" << c.bias_sh << " bias_sq=" << c.bias_sq << " B=" << c.B << " H=" << c.H << " L=" << c.L
+            << " scale=" << c.scale;
     } else {
         throw AttrError("unknown parser " + parser);
     }
