@@ -234,3 +234,47 @@ def test_cuda_launch_scalars_equal_attention_op_bind(driver, cpu_runtime, tmp_pa
             key = name if name in got else "q_" + name[2:]
             assert int(got[key]) == int(want[name]), name
         assert float(got["scale"]) == float(want["scale"])
+
+
+@pytest.fixture(scope="module")
+def key_prep(tmp_path_factory) -> Path:
+    """cuda/ort/key_prep.cu built for the host (one thread per block; tests/key_prep_host.cc)."""
+    exe = tmp_path_factory.mktemp("keyprep") / "key_prep"
+    res = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
+                          str(sources_dir() / "tests" / "key_prep_host.cc"), "-o", str(exe)],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    return exe
+
+
+@pytest.mark.parametrize("kpm_type", [0, 1, 2, 3], ids=["none", "int64", "int32", "bool"])
+def test_key_prep_equals_attention_op_bind(key_prep, cpu_runtime, kpm_type):  # noqa: F811
+    """kv_len and the packed key bits the CUDA twin computes = what AttentionOp.bind passes."""
+    import stofc.runtime.attention as rt
+    from stofc.targets import get_profile
+
+    fmt = encode("sliding:window=96", 300)
+    op = rt.AttentionOp(fmt, AttentionConfig("row", 64, 2, 4), "float16", 64,
+                        profile=get_profile("h100"))
+    op._kernel = lambda has_bias, has_key_bits: None
+    rng = np.random.default_rng(kpm_type)
+    names = [n for n, _ in abi_table()]
+    for batch, seq in ((1, 1), (3, 64), (4, 130), (2, 300)):
+        mask = (rng.random((batch, seq)) < 0.8).astype(np.int64)
+        mask[0, -1] = 1
+        if batch > 1:
+            mask[1] = 0                                   # a sequence without any real key
+        if batch > 2:
+            mask[2, seq // 2:] = 0                        # right padding
+        q = np.zeros((batch, seq, 1, 64), np.float16)
+        launch = op.bind(q, q, q, **({"key_mask": mask} if kpm_type else {}))
+        want = dict(zip(names, launch.args, strict=True))
+        text = f"{kpm_type} {batch} {seq}\n" + (" ".join(map(str, mask.ravel())) if kpm_type else "")
+        res = subprocess.run([str(key_prep)], input=text + "\n", capture_output=True, text=True,
+                             check=True)
+        kv_line, words_line = res.stdout.split("\n")[:2]
+        assert [int(x) for x in kv_line.split()] == np.asarray(want["kv_len"]).tolist()
+        if kpm_type:
+            words = np.array([int(x) for x in words_line.split()], dtype=np.uint64)
+            assert int(want["key_words"]) == -(-seq // 64)
+            assert np.array_equal(words, np.asarray(want["key_bits"]).ravel())
