@@ -319,17 +319,18 @@ def test_package_on_cuda_matches_cpu_and_original(tmp_path, example, mask, dtype
         so.profile_file_prefix = str(tmp_path / "prof")
 
     cuda = load(pkg, providers=[CUDA, CPU], session_options_hook=profiled)
-    cpu = load(pkg, providers=[CPU])
     graph = load_model(example)
     feeds, real = make_inputs(graph, 3, 200, np.random.default_rng(4))
     names = [o.name for o in cuda.get_outputs()]
     placed = stofc_providers(cuda, lambda: cuda.run(names, feeds))
     assert placed and all(p == {CUDA} for p in placed.values()), placed
-    got, want = cuda.run(names, feeds), cpu.run(names, feeds)
-    for g, w in zip(got, want, strict=True):
-        if g.ndim == 3:
-            err, ref, _ = compare(g, w, real)
-            assert err <= 1e-2 * max(ref, 1e-6), (err, ref)
+    got = cuda.run(names, feeds)
+    if dtype == "fp16":                     # the CPU twins run float and float16 only
+        cpu = load(pkg, providers=[CPU])
+        for g, w in zip(got, cpu.run(names, feeds), strict=True):
+            if g.ndim == 3:
+                err, ref, _ = compare(g, w, real)
+                assert err <= 1e-2 * max(ref, 1e-6), (err, ref)
     assert all(np.array_equal(a, b) for a, b in zip(got, cuda.run(names, feeds), strict=True))
     io = cuda.io_binding()
     for n, a in feeds.items():
