@@ -72,7 +72,12 @@ void require_not_capturing(CUstream stream, const char* what) {
 }
 
 Scratch::Scratch(const Ort::KernelContext& ctx, int device_id, size_t bytes) {
+#ifdef STOFC_CUDA_TWINS_ON_CPU  // unit-test build: "device" memory is host memory
+    (void)device_id;
+    Ort::MemoryInfo info = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+#else
     Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device_id, OrtMemTypeDefault);
+#endif
     alloc_ = ctx.GetAllocator(*info);
     if (!alloc_) throw OpError("ONNX Runtime gave no CUDA allocator for scratch memory", ORT_FAIL);
     ptr_ = alloc_->Alloc(alloc_, bytes);

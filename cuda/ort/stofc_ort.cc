@@ -92,6 +92,12 @@ void add_cpu(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain
 
 void add_registration(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain,
                       const Registration& r, const std::string& dir) {
+#ifdef STOFC_CUDA_TWINS_ON_CPU
+    // Unit-test build only (tests/unit/test_ortlib_fake_gpu.py): the CUDA twins take
+    // the CPU twins' place on the CPU EP and drive a fake driver (cuda/ort/tests/fake_cuda.cc).
+    if (!r.cuda) return;
+    const char* kCudaEp = nullptr;
+#endif
     if (r.cuda) {
         if (r.sig == &kSparseAttentionSig) add<AttnCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_attn_cuda);
         else if (r.sig == &kFusedGemmSig) add<GemmCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_gemm_cuda);

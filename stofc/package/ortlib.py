@@ -138,12 +138,13 @@ def library_key(headers: OrtHeaders, compiler_ident: str, ptx: bytes = b"") -> s
     return h.hexdigest()
 
 
-def _compile_all(cxx: str, units: list[Path], headers: OrtHeaders, work: Path, ptx: bytes) -> Path:
+def _compile_all(cxx: str, units: list[Path], headers: OrtHeaders, work: Path, ptx: bytes,
+                 defines: tuple[str, ...] = ()) -> Path:
     incs = ["-I", str(sources_dir()), "-I", str(headers.include_dir), "-I", str(cuda_include_dir())]
 
     def one(unit: Path) -> Path:
         obj = work / (unit.stem + ".o")
-        cmd = [cxx, *CXXFLAGS, *incs, "-c", str(unit), "-o", str(obj)]
+        cmd = [cxx, *CXXFLAGS, *(f"-D{d}" for d in defines), *incs, "-c", str(unit), "-o", str(obj)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
         if res.returncode != 0:
             raise CompileError(f"{Path(cxx).name} failed to compile the custom-op library",
@@ -175,6 +176,17 @@ def _install(src: Path, dest: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def build_test_library(out_dir: str | Path, defines: tuple[str, ...]) -> Path:
+    """An uncached build with extra preprocessor ``defines`` (unit tests only, e.g.
+    ``STOFC_CUDA_TWINS_ON_CPU``); never what a package ships."""
+    headers = find_ort_headers(None)
+    cxx, _ = _compiler(None)
+    units, _ = _sources()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _compile_all(cxx, units, headers, out_dir, key_prep_ptx(), defines)
 
 
 def build_library(out_dir: str | Path, *, ort_include: str | Path | None = None,

@@ -1,0 +1,268 @@
+// A host-memory stand-in for the CUDA driver and cuBLASLt, for unit tests without a GPU.
+//
+// Built by tests/unit/test_ortlib_fake_gpu.py as one shared library that is loaded
+// under the names libcuda.so.1 and libcublasLt.so.13, together with a test build of
+// libstofc_ort.so (-DSTOFC_CUDA_TWINS_ON_CPU: the CUDA twins registered for the CPU
+// EP). "Device" memory is host memory; every call the twins make is appended as one
+// JSON line to $STOFC_FAKE_CUDA_LOG, with the decoded kernel arguments:
+//   stofc_key_prep   is executed on the host (key_prep.cu, one thread per block);
+//   stofc_attn_*     arguments by the ABI table (attention_abi.h), plus the kv_len and
+//                    key-bit words it points at;
+//   stofc_add_norm_* (x, bias, residual, gamma, beta, out, pre_norm, M, N, eps);
+// host-to-device copies with their bytes (hex), cuBLASLt descriptors, layouts and
+// matmuls. Nothing here computes attention or a GEMM: the tests compare launches.
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../attention_abi.h"
+
+#define __global__
+#define __restrict__
+#define __shared__ static
+namespace keyprep {
+struct Dim {
+    int x = 0;
+};
+static Dim blockIdx, threadIdx, blockDim;
+static void __syncthreads() {}
+static int __clzll(long long x) { return __builtin_clzll(static_cast<unsigned long long>(x)); }
+static int atomicMax(int* p, int v) {
+    const int old = *p;
+    *p = std::max(old, v);
+    return old;
+}
+#include "../key_prep.cu"
+}  // namespace keyprep
+#undef __global__
+#undef __restrict__
+#undef __shared__
+
+namespace {
+
+enum AbiIndex {
+#define STOFC_FAKE_INDEX(n, type) kIdx_##n,
+    STOFC_ATTENTION_ABI(STOFC_FAKE_INDEX)
+#undef STOFC_FAKE_INDEX
+};
+
+std::mutex mu;
+std::map<CUfunction, std::string> functions;
+int next_handle = 1;
+
+void emit(const std::string& line) {
+    const char* path = std::getenv("STOFC_FAKE_CUDA_LOG");
+    if (!path) return;
+    FILE* f = std::fopen(path, "a");
+    if (!f) return;
+    std::fputs((line + "\n").c_str(), f);
+    std::fclose(f);
+}
+
+std::string hex(const void* p, size_t n) {
+    static const char* d = "0123456789abcdef";
+    std::string out;
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+        out += d[b[i] >> 4];
+        out += d[b[i] & 15];
+    }
+    return out;
+}
+
+template <typename T>
+std::string value(const void* arg) {
+    T v;
+    std::memcpy(&v, arg, sizeof v);
+    std::ostringstream s;
+    s.precision(9);
+    s << v;
+    return s.str();
+}
+
+std::string ptr_value(const void* arg) {
+    uintptr_t v;
+    std::memcpy(&v, arg, sizeof v);
+    return std::to_string(v);
+}
+
+template <typename T>
+T get(void** args, int i) {
+    T v;
+    std::memcpy(&v, args[i], sizeof v);
+    return v;
+}
+
+void* handle() { return reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + next_handle++)); }
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuGetErrorString(CUresult, const char** s) {
+    *s = "fake CUDA error";
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamGetCtx(CUstream, CUcontext* ctx) {
+    *ctx = reinterpret_cast<CUcontext>(0xC0);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* s) {
+    *s = std::getenv("STOFC_FAKE_CUDA_CAPTURING") ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxPushCurrent_v2(CUcontext) { return CUDA_SUCCESS; }
+CUresult cuCtxPopCurrent_v2(CUcontext* c) {
+    *c = nullptr;
+    return CUDA_SUCCESS;
+}
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+    std::lock_guard<std::mutex> lock(mu);
+    *m = static_cast<CUmodule>(handle());
+    emit("{\"call\": \"module_load\", \"bytes\": " + std::to_string(std::strlen(static_cast<const char*>(image))) + "}");
+    return CUDA_SUCCESS;
+}
+CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
+    std::lock_guard<std::mutex> lock(mu);
+    *f = static_cast<CUfunction>(handle());
+    functions[*f] = name;
+    return CUDA_SUCCESS;
+}
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+    emit("{\"call\": \"func_attr\", \"fn\": \"" + functions[f] + "\", \"attr\": " + std::to_string(a) +
+         ", \"value\": " + std::to_string(v) + "}");
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+    *p = reinterpret_cast<CUdeviceptr>(std::calloc(1, bytes + 256));
+    emit("{\"call\": \"mem_alloc\", \"ptr\": " + std::to_string(*p) + ", \"bytes\": " + std::to_string(bytes) + "}");
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    std::free(reinterpret_cast<void*>(p));
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream) {
+    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+    emit("{\"call\": \"htod\", \"dst\": " + std::to_string(dst) + ", \"bytes\": " + std::to_string(bytes) +
+         ", \"data\": \"" + hex(src, bytes) + "\"}");
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, CUstream, void** args, void**) {
+    const std::string name = functions[f];
+    std::ostringstream s;
+    s << "{\"call\": \"launch\", \"fn\": \"" << name << "\", \"grid\": [" << gx << ", " << gy << ", " << gz
+      << "], \"block\": [" << bx << ", " << by << ", " << bz << "], \"smem\": " << smem << ", \"args\": {";
+    if (name == "stofc_key_prep") {
+        const int B = get<int>(args, 2);
+        for (int b = 0; b < B; ++b) {
+            keyprep::blockIdx.x = b;
+            keyprep::threadIdx.x = 0;
+            keyprep::blockDim.x = 1;
+            keyprep::stofc_key_prep(get<const void*>(args, 0), get<int>(args, 1), B, get<int>(args, 3),
+                                    get<int>(args, 4), get<int*>(args, 5), get<unsigned long long*>(args, 6));
+        }
+        s << "\"kpm_type\": " << get<int>(args, 1) << ", \"B\": " << B << ", \"S\": " << get<int>(args, 3)
+          << ", \"key_words\": " << get<int>(args, 4) << ", \"kv_len\": " << ptr_value(args[5])
+          << ", \"words\": " << ptr_value(args[6]);
+    } else if (name.rfind("stofc_attn_", 0) == 0) {
+        int i = 0;
+        const char* sep = "";
+#define STOFC_FAKE_ARG(n, type)                                                                               \
+    s << sep << "\"" #n "\": " << (std::string(#type) == "ptr" ? ptr_value(args[i])                           \
+                                   : std::string(#type) == "i64" ? value<long long>(args[i])                  \
+                                   : std::string(#type) == "i32" ? value<int>(args[i])                        \
+                                                                  : value<float>(args[i]));                   \
+    sep = ", ";                                                                                               \
+    ++i;
+        STOFC_ATTENTION_ABI(STOFC_FAKE_ARG)
+#undef STOFC_FAKE_ARG
+        // what the kernel would read: kv_len [B] and key_bits [B * key_words]
+        const int B = get<int>(args, kIdx_B), key_words = get<int>(args, kIdx_key_words);
+        const int* kv = get<const int*>(args, kIdx_kv_len);
+        const unsigned long long* words = get<const unsigned long long*>(args, kIdx_key_bits);
+        s << ", \"kv_len_values\": [";
+        for (int b = 0; b < B; ++b) s << (b ? ", " : "") << kv[b];
+        s << "], \"key_bits_values\": [";
+        for (int w = 0; w < B * key_words; ++w) s << (w ? ", " : "") << "\"" << words[w] << "\"";
+        s << "]";
+    } else if (name.rfind("stofc_add_norm_", 0) == 0) {
+        static const char* ptrs[] = {"x", "bias", "residual", "gamma", "beta", "out", "pre_norm"};
+        for (int j = 0; j < 7; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);
+        s << ", \"M\": " << get<int>(args, 7) << ", \"N\": " << get<int>(args, 8) << ", \"eps\": "
+          << value<float>(args[9]);
+    }
+    s << "}}";
+    emit(s.str());
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- cuBLASLt
+
+int cublasLtCreate(void** h) {
+    *h = handle();
+    emit("{\"call\": \"lt_create\"}");
+    return 0;
+}
+int cublasLtMatmulDescCreate(void** d, int compute, int scale) {
+    *d = handle();
+    emit("{\"call\": \"lt_desc\", \"desc\": " + std::to_string(reinterpret_cast<uintptr_t>(*d)) +
+         ", \"compute\": " + std::to_string(compute) + ", \"scale\": " + std::to_string(scale) + "}");
+    return 0;
+}
+int cublasLtMatmulDescSetAttribute(void* d, int attr, const void* buf, size_t size) {
+    emit("{\"call\": \"lt_desc_attr\", \"desc\": " + std::to_string(reinterpret_cast<uintptr_t>(d)) +
+         ", \"attr\": " + std::to_string(attr) + ", \"data\": \"" + hex(buf, size) + "\"}");
+    return 0;
+}
+int cublasLtMatrixLayoutCreate(void** l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
+    *l = handle();
+    emit("{\"call\": \"lt_layout\", \"layout\": " + std::to_string(reinterpret_cast<uintptr_t>(*l)) +
+         ", \"type\": " + std::to_string(type) + ", \"rows\": " + std::to_string(rows) + ", \"cols\": " +
+         std::to_string(cols) + ", \"ld\": " + std::to_string(ld) + "}");
+    return 0;
+}
+int cublasLtMatmulPreferenceCreate(void** p) {
+    *p = handle();
+    return 0;
+}
+int cublasLtMatmulPreferenceSetAttribute(void*, int attr, const void* buf, size_t size) {
+    emit("{\"call\": \"lt_pref_attr\", \"attr\": " + std::to_string(attr) + ", \"data\": \"" + hex(buf, size) +
+         "\"}");
+    return 0;
+}
+int cublasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int, void* results, int* count) {
+    std::memset(results, 0, 96);
+    const size_t ws = 4096;
+    std::memcpy(static_cast<char*>(results) + 64, &ws, sizeof ws);
+    *count = 1;
+    return 0;
+}
+int cublasLtMatmul(void*, void* desc, const void* alpha, const void* A, void* a, const void* B, void* b,
+                   const void* beta, const void* C, void* c, void* D, void* d, const void*, void* ws, size_t ws_size,
+                   void*) {
+    std::ostringstream s;
+    s << "{\"call\": \"lt_matmul\", \"desc\": " << reinterpret_cast<uintptr_t>(desc)
+      << ", \"alpha\": " << *static_cast<const float*>(alpha) << ", \"beta\": " << *static_cast<const float*>(beta)
+      << ", \"A\": " << reinterpret_cast<uintptr_t>(A) << ", \"B\": " << reinterpret_cast<uintptr_t>(B)
+      << ", \"C\": " << reinterpret_cast<uintptr_t>(C) << ", \"D\": " << reinterpret_cast<uintptr_t>(D)
+      << ", \"a\": " << reinterpret_cast<uintptr_t>(a) << ", \"b\": " << reinterpret_cast<uintptr_t>(b)
+      << ", \"c\": " << reinterpret_cast<uintptr_t>(c) << ", \"d\": " << reinterpret_cast<uintptr_t>(d)
+      << ", \"ws\": " << reinterpret_cast<uintptr_t>(ws) << ", \"ws_size\": " << ws_size << "}";
+    emit(s.str());
+    return 0;
+}
+
+}  // extern "C"
