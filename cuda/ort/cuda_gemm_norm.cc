@@ -98,7 +98,7 @@ struct FusedGemmCuda {
         if (epi.present) module = load_package_module(dir, epi.kernel);
     }
 
-    LtPlan& plan(LtContext& lt, CUstream stream, int64_t M, int64_t N, int64_t K, int dtype, int epilogue) {
+    LtPlan& plan(LtContext& lt, int64_t M, int64_t N, int64_t K, int dtype, int epilogue, const void* bias) {
         auto& slot = lt.plans[{M, N, K, dtype, epilogue}];
         if (slot) return *slot;
         const CublasLt& L = cublas_lt();
@@ -109,6 +109,9 @@ struct FusedGemmCuda {
         L.check(L.MatmulDescSetAttribute(p->desc, kLtTransA, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
         L.check(L.MatmulDescSetAttribute(p->desc, kLtTransB, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
         L.check(L.MatmulDescSetAttribute(p->desc, kLtEpilogue, &ep, sizeof ep), "cublasLtMatmulDescSetAttribute");
+        if (bias)  // as segment_cublas.CublasLt._plan: the bias pointer is set before the heuristic
+            L.check(L.MatmulDescSetAttribute(p->desc, kLtBiasPointer, &bias, sizeof bias),
+                    "cublasLtMatmulDescSetAttribute");
         // Column-major views: w [K, N] row-major = N x K (ld N); x [M, K] = K x M; y [M, N] = N x M.
         L.check(L.MatrixLayoutCreate(&p->a, dtype, N, K, N), "cublasLtMatrixLayoutCreate");
         L.check(L.MatrixLayoutCreate(&p->b, dtype, K, M, K), "cublasLtMatrixLayoutCreate");
@@ -126,7 +129,6 @@ struct FusedGemmCuda {
                               std::to_string(K) + " epilogue " + std::to_string(epilogue),
                           ORT_FAIL);
         std::memcpy(&p->workspace, p->heuristic + kLtHeuristicWorkspaceOffset, sizeof(size_t));
-        (void)stream;
         slot = std::move(p);
         return *slot;
     }
@@ -176,7 +178,8 @@ struct FusedGemmCuda {
         CUfunction fn = module ? module->function(cuctx, stream) : nullptr;
         std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
         LtContext& lt = lt_context(cuctx, stream);
-        LtPlan& p = plan(lt, stream, M, N, K, dtype, split.lt_epilogue);
+        const void* bias_ptr = bias.present() ? bias.value.GetTensorRawData() : nullptr;
+        LtPlan& p = plan(lt, M, N, K, dtype, split.lt_epilogue, bias_ptr);
         const bool direct = split.rest_is_identity();
         const size_t gemm_bytes = direct ? 0 : align256(static_cast<size_t>(M * N) * elem);
         Scratch scratch(ctx, x.value.GetTensorMemoryInfo().GetDeviceId(), gemm_bytes + std::max<size_t>(p.workspace, 256));
@@ -184,10 +187,9 @@ struct FusedGemmCuda {
         void* gemm_out = direct ? y : reinterpret_cast<void*>(scratch.at(0));
         void* workspace = reinterpret_cast<void*>(scratch.at(gemm_bytes));
         const CublasLt& L = cublas_lt();
-        if (bias.present()) {
-            const void* bp = bias.value.GetTensorRawData();
-            L.check(L.MatmulDescSetAttribute(p.desc, kLtBiasPointer, &bp, sizeof bp), "cublasLtMatmulDescSetAttribute");
-        }
+        if (bias_ptr)
+            L.check(L.MatmulDescSetAttribute(p.desc, kLtBiasPointer, &bias_ptr, sizeof bias_ptr),
+                    "cublasLtMatmulDescSetAttribute");
         const float one = 1.0f, zero = 0.0f;
         const void* c_ptr = split.lt_residual ? res.value.GetTensorRawData() : gemm_out;
         L.check(L.Matmul(lt.handle, p.desc, &one, w.value.GetTensorRawData(), p.a, x.value.GetTensorRawData(), p.b,
