@@ -8,17 +8,25 @@ package; ``STOFC_HOME`` points elsewhere for an unusual install.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def project_root() -> Path:
-    """The directory holding ``templates/`` and ``cuda/``."""
+    """The directory holding ``templates/`` and ``cuda/``.
+
+    ``$STOFC_HOME`` if set; else the source checkout (or editable install) the
+    package lives in; else ``<prefix>/share/stofc`` where a wheel installs them.
+    """
     env = os.environ.get("STOFC_HOME")
     if env:
         return Path(env).resolve()
-    return PACKAGE_DIR.parent
+    if (PACKAGE_DIR.parent / "templates").is_dir():
+        return PACKAGE_DIR.parent
+    installed = Path(sys.prefix) / "share" / "stofc"
+    return installed if (installed / "templates").is_dir() else PACKAGE_DIR.parent
 
 
 def templates_dir() -> Path:
