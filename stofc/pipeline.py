@@ -93,6 +93,15 @@ class Instruments:
         for src in sources:
             (self.dump_dir / f"{src.name}.cu").write_text(src.code)
 
+    def dump_package(self, package: Path) -> None:
+        """Also dump the sources the package writer rendered itself (the CUDA twins'
+        epilogue kernels, chosen from the rewritten model's nodes)."""
+        if self.dump_dir is None:
+            return
+        for cu in sorted((package / "kernels").glob("*.cu")):
+            if not (self.dump_dir / cu.name).exists():
+                (self.dump_dir / cu.name).write_text(cu.read_text())
+
 
 def normalize_dtype(dtype: str) -> str:
     """``fp16``/``bf16`` (or the long names) -> ``float16``/``bfloat16``."""
@@ -200,6 +209,7 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
         ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
         mask_canonical=effective.canonical(), causal=causal and effective != spec, tuned=False)
     path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
+    ins.dump_package(path)
     if tune:
         ins.run("tune", _tune, path, profile, tune_options or {})
     return path
@@ -260,8 +270,10 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
         ins, graph, plan, profile, formats, attention, source_model=source,
         mask_text=mask["spec"], mask_canonical=_canonical(mask["effective"]),
         causal=bool(mask["causal_from_model"]), tuned=tuned)
-    return ins.run("write package", write_package, package_dir, contents,
+    path = ins.run("write package", write_package, package_dir, contents,
                    ort_include=ort_include)
+    ins.dump_package(path)
+    return path
 
 
 def _canonical(obj: Any) -> str:

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from stofc.errors import PlanError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import ModelGraph
+from stofc.package.cuda_launch import KERNEL_ABI as CUDA_KERNEL_ABI
 from stofc.plan.plan import Segment
 
 DOMAIN = "ai.stofc"
@@ -25,9 +26,9 @@ DOMAIN_VERSION = 1
 ELEM = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 _TAG = {"float16": "f16", "bfloat16": "bf16"}
 _OPS_FOR_ACT = ("none", "gelu_erf", "gelu_tanh")
-# SparseAttention's ``kernel_abi`` attribute. OPS.md: not emitted until the kernels' argument
-# list is frozen and the CUDA launch path is verified on a GPU; then set it here (1).
-KERNEL_ABI: int | None = None
+# SparseAttention's ``kernel_abi`` attribute: the frozen argument list the CUDA twins
+# launch (cuda/ort/attention_abi.h; stofc.package.cuda_launch.KERNEL_ABI).
+KERNEL_ABI: int | None = CUDA_KERNEL_ABI
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from stofc.frontend.types import ModelGraph
 from stofc.masks import save as save_mask
 from stofc.masks.format import MaskFormat
 from stofc.package import emit
+from stofc.package.cuda_launch import annotate_cuda
 from stofc.package.kernels import AttentionKernel, compile_options
 from stofc.package.manifest import MANIFEST, build_manifest, sha256_file, write_manifest
 from stofc.package.maskbin import write_mask_binary
@@ -206,6 +207,7 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
             "has_key_bits": ak.spec.has_key_bits, "key_padding_mask": kpm, "bias": bias,
             "launch": dict(launch_attributes(ak)), "kernel_abi": emit.KERNEL_ABI})
     model, emitted = rewrite_model(graph, plan, refs, bindings)
+    kernel_entries += annotate_cuda(model, root, contents, emitted)  # the CUDA twins' launches
     _save_model(model, root)
     doc = {
         "format": PLAN_FORMAT, "version": PLAN_FILE_VERSION,

@@ -37,41 +37,6 @@ from build_model import build_model  # noqa: E402
 QUIET = Instruments(progress=False)
 
 
-@pytest.fixture(autouse=True)
-def _hooked(monkeypatch):
-    """Until stofc/package/writer.py calls annotate_cuda itself (its owner finishes first):
-    the same call, patched into _fill (after the rewrite, before the model is saved)."""
-    import stofc.package.writer as writer
-    from stofc.package.cuda_launch import annotate_cuda
-    state: dict = {}
-    fill, rewrite, save = writer._fill, writer.rewrite_model, writer._save_model
-    write_kernels = writer._write_kernels
-
-    def _write_kernels(root, contents):
-        state["kernels"] = write_kernels(root, contents)
-        return state["kernels"]
-
-    def _fill(root, contents, **kw):
-        state["contents"] = contents
-        return fill(root, contents, **kw)
-
-    def _rewrite(*a, **k):
-        model, emitted = rewrite(*a, **k)
-        state["emitted"] = emitted
-        return model, emitted
-
-    def _save(model, root):
-        state["kernels"] += annotate_cuda(model, root, state["contents"], state["emitted"])
-        return save(model, root)
-
-    monkeypatch.setattr(writer, "_fill", _fill)
-    monkeypatch.setattr(writer, "rewrite_model", _rewrite)
-    monkeypatch.setattr(writer, "_save_model", _save)
-    monkeypatch.setattr(writer, "_write_kernels", _write_kernels)
-    monkeypatch.setattr(writer.emit, "KERNEL_ABI", 2)
-
-
-
 @pytest.fixture(scope="module")
 def example(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("model") / "model.onnx"
