@@ -124,8 +124,7 @@ def _provenance(contents: PackageContents) -> dict:
 def launch_attributes(ak: AttentionKernel) -> tuple[tuple[str, int], ...]:
     """SparseAttention's launch attributes (OPS.md): threads, blocks per tile row, smem.
 
-    Read by the CUDA twin once ``kernel_abi = 1`` is emitted; written now so a
-    package needs no rewrite when it is.
+    The CUDA twin launches with them (``kernel_abi`` 2, cuda/ort/attention_abi.h).
     """
     from stofc.kernels.attention import smem_bytes
 
