@@ -172,7 +172,7 @@ def _download(workdir: Path) -> Path:
         dest.unlink(missing_ok=True)
         errors.append(f"{base}: {_apt_error(res)}")
     if not errors:
-        errors.append("no Debian archive in the apt sources")
+        errors.append("no Debian archive in apt's package lists: run 'apt-get update' first")
     raise StofcError(f"cannot fetch {DEB_PACKAGE} through apt ({'; '.join(errors)})",
                      hint="install libonnxruntime-dev (1.21 or later), or pass --ort-include DIR "
                           "/ set STOFC_ORT_INCLUDE to a directory holding onnxruntime_cxx_api.h")
