@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "binary_reader.h"
 #include "common.h"
 
 namespace stofc_ort {
@@ -13,35 +14,6 @@ namespace {
 constexpr char kPlanMagic[8] = {'S', 'T', 'O', 'F', 'A', 'P', 'L', 'N'};
 constexpr uint32_t kPlanVersion = 1;
 constexpr size_t kPlanHeaderBytes = 128;
-
-struct PlanReader {
-    const std::string& path;
-    const std::vector<char>& buf;
-    size_t pos = kPlanHeaderBytes;
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw OpError("attention launch plan '" + path + "' is corrupt: " + what +
-                          "; rewrite the package with 'stofc compile'",
-                      ORT_INVALID_GRAPH);
-    }
-    template <typename T>
-    T scalar(size_t offset) const {
-        T v;
-        std::memcpy(&v, buf.data() + offset, sizeof(T));
-        return v;
-    }
-    template <typename T>
-    std::vector<T> array(int64_t count, const char* name) {
-        if (count < 0) fail(std::string(name) + " has a negative length");
-        pos = (pos + 7) & ~static_cast<size_t>(7);
-        const size_t bytes = static_cast<size_t>(count) * sizeof(T);
-        if (pos + bytes > buf.size()) fail(std::string("truncated inside ") + name);
-        std::vector<T> out(static_cast<size_t>(count));
-        if (bytes) std::memcpy(out.data(), buf.data() + pos, bytes);
-        pos += bytes;
-        return out;
-    }
-};
 
 }  // namespace
 
@@ -52,7 +24,7 @@ std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path
                       "rewrite it with 'stofc compile'",
                       ORT_NO_SUCHFILE);
     const std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    PlanReader rd{path, buf};
+    BinaryReader rd{"attention launch plan", path, buf, kPlanHeaderBytes};
     if (buf.size() < kPlanHeaderBytes) rd.fail("shorter than its header");
     if (std::memcmp(buf.data(), kPlanMagic, 8) != 0) rd.fail("bad magic (not a stofc *.plan.bin)");
     if (rd.scalar<uint32_t>(8) != kPlanVersion)

@@ -8,43 +8,13 @@
 #include <map>
 #include <mutex>
 
+#include "binary_reader.h"
 #include "common.h"
 
 namespace stofc_ort {
 namespace {
 
-struct Reader {
-    const std::string& path;
-    const std::vector<char>& buf;
-    size_t pos;
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw OpError("mask file '" + path + "' is corrupt: " + what +
-                          "; rewrite the package with 'stofc compile'",
-                      ORT_INVALID_GRAPH);
-    }
-
-    template <typename T>
-    T scalar(size_t offset) const {
-        T v;
-        std::memcpy(&v, buf.data() + offset, sizeof(T));
-        return v;
-    }
-
-    template <typename T>
-    std::vector<T> array(int64_t count, const char* name) {
-        if (count < 0) fail(std::string(name) + " has a negative length");
-        pos = (pos + 7) & ~static_cast<size_t>(7);
-        const size_t bytes = static_cast<size_t>(count) * sizeof(T);
-        if (pos + bytes > buf.size()) fail(std::string("truncated inside ") + name);
-        std::vector<T> out(static_cast<size_t>(count));
-        if (bytes) std::memcpy(out.data(), buf.data() + pos, bytes);
-        pos += bytes;
-        return out;
-    }
-};
-
-void check_csr(Reader& rd, const std::vector<int32_t>& row_ptr, const std::vector<int32_t>& col_idx,
+void check_csr(BinaryReader& rd, const std::vector<int32_t>& row_ptr, const std::vector<int32_t>& col_idx,
                int heads, int rows, const char* name) {
     const int64_t n = static_cast<int64_t>(col_idx.size());
     int64_t prev = 0;
@@ -64,7 +34,7 @@ void check_csr(Reader& rd, const std::vector<int32_t>& row_ptr, const std::vecto
 }
 
 std::shared_ptr<const MaskData> parse(const std::string& path, const std::vector<char>& buf) {
-    Reader rd{path, buf, kMaskHeaderBytes};
+    BinaryReader rd{"mask file", path, buf, kMaskHeaderBytes};
     if (buf.size() < kMaskHeaderBytes) rd.fail("shorter than its header");
     if (std::memcmp(buf.data(), kMaskMagic, 8) != 0) rd.fail("bad magic (not a stofc mask.bin)");
     const auto version = rd.scalar<uint32_t>(8);
