@@ -48,6 +48,25 @@ Input get_input(const Ort::KernelContext& ctx, size_t i) {
     return in;
 }
 
+void expect_shape(const Input& in, const std::vector<int64_t>& want, const char* name) {
+    if (in.shape != want)
+        throw OpError(std::string("input ") + name + " has shape " + shape_str(in.shape) + ", expected " +
+                      shape_str(want));
+}
+
+GemmShapes check_fused_gemm(const Input& x, const Input& w, const Input& bias, const Input& res) {
+    if (x.shape.empty()) throw OpError("input x must have rank >= 1");
+    if (w.shape.size() != 2 || w.shape[0] != x.shape.back())
+        throw OpError("input w has shape " + shape_str(w.shape) + ", expected [K, N] with K=" +
+                      std::to_string(x.shape.back()) + " (the last dimension of x " + shape_str(x.shape) + ")");
+    GemmShapes g{0, w.shape[0], w.shape[1], x.shape};
+    g.M = g.K ? numel(x.shape) / g.K : 0;
+    g.y.back() = g.N;
+    if (bias.present()) expect_shape(bias, {g.N}, "bias");
+    if (res.present()) expect_shape(res, g.y, "residual");
+    return g;
+}
+
 std::pair<std::string, std::string> split_kernel_ref(const std::string& ref) {
     const auto colon = ref.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == ref.size())

@@ -102,6 +102,17 @@ struct Input {
 /// or the optional input is omitted).
 Input get_input(const Ort::KernelContext& ctx, size_t i);
 
+/// Throws an OpError naming input `name` unless its shape is `want`.
+void expect_shape(const Input& in, const std::vector<int64_t>& want, const char* name);
+
+/// FusedGemm's shapes, checked once for both twins: x [..., K], w [K, N],
+/// bias [N], residual like y = [..., N].
+struct GemmShapes {
+    int64_t M, K, N;
+    std::vector<int64_t> y;
+};
+GemmShapes check_fused_gemm(const Input& x, const Input& w, const Input& bias, const Input& res);
+
 /// Splits the library's attribute `file:entry` (the CUDA kernel reference).
 std::pair<std::string, std::string> split_kernel_ref(const std::string& ref);
 

@@ -20,12 +20,6 @@ void parallel_for(const Ort::KernelContext& ctx, size_t total, Fn& fn) {
     ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Fn*>(data))(i); }, total, 0, &fn);
 }
 
-void expect_shape(const Input& in, const std::vector<int64_t>& want, const char* name) {
-    if (in.shape != want)
-        throw OpError(std::string("input ") + name + " has shape " + shape_str(in.shape) + ", expected " +
-                      shape_str(want));
-}
-
 /// key_padding_mask [B, S] as one byte per key (1 = real token).
 std::vector<uint8_t> key_valid(const Input& kpm, int64_t B, int64_t S) {
     std::vector<uint8_t> valid(static_cast<size_t>(B * S), 1);
@@ -131,16 +125,9 @@ OrtStatusPtr FusedGemmCpu<T>::ComputeV2(OrtKernelContext* context) {
         Ort::KernelContext ctx(context);
         const Input x = get_input(ctx, 0), w = get_input(ctx, 1), bias = get_input(ctx, 2),
                     res = get_input(ctx, 3);
-        if (x.shape.empty()) throw OpError("input x must have rank >= 1");
-        if (w.shape.size() != 2 || w.shape[0] != x.shape.back())
-            throw OpError("input w has shape " + shape_str(w.shape) + ", expected [K, N] with K=" +
-                          std::to_string(x.shape.back()) + " (the last dimension of x " + shape_str(x.shape) + ")");
-        const int64_t K = w.shape[0], N = w.shape[1];
-        const int64_t M = K ? numel(x.shape) / K : 0;
-        std::vector<int64_t> yshape = x.shape;
-        yshape.back() = N;
-        if (bias.present()) expect_shape(bias, {N}, "bias");
-        if (res.present()) expect_shape(res, yshape, "residual");
+        const GemmShapes g = check_fused_gemm(x, w, bias, res);
+        const int64_t K = g.K, N = g.N, M = g.M;
+        const std::vector<int64_t>& yshape = g.y;
         auto out = ctx.GetOutput(0, yshape);
         T* y = out.GetTensorMutableData<T>();
         std::vector<float> wf(static_cast<size_t>(K * N));
