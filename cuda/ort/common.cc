@@ -110,14 +110,27 @@ AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const
     AttentionCall c;
     c.H = attrs.num_heads;
     c.D = attrs.head_dim;
-    if (q.shape.size() != 3 || q.shape[2] != c.H * c.D)
-        throw OpError("input q has shape " + shape_str(q.shape) + ", expected [B, S, " + std::to_string(c.H * c.D) +
-                      "] (num_heads * head_dim)");
+    const int64_t HD = c.H * c.D;
+    if (k.present() != v.present())
+        throw OpError(std::string("input ") + (k.present() ? "v" : "k") + " is omitted but " +
+                      (k.present() ? "k" : "v") +
+                      " is given; give both k and v, or omit both to pass q packed as [B, S, 3*H*D] = [Q | K | V]");
+    c.packed = !k.present();
+    c.in_row = c.packed ? 3 * HD : HD;
+    c.k_offset = c.packed ? HD : 0;
+    c.v_offset = c.packed ? 2 * HD : 0;
+    if (q.shape.size() != 3 || q.shape[2] != c.in_row)
+        throw OpError("input q has shape " + shape_str(q.shape) + ", expected [B, S, " + std::to_string(c.in_row) +
+                      "] (" + (c.packed ? "3 * num_heads * head_dim: k and v are omitted, so q is packed QKV"
+                                        : "num_heads * head_dim") +
+                      ")");
     c.B = q.shape[0];
     c.S = q.shape[1];
-    expect_same(k, q.shape, "k");
-    expect_same(v, q.shape, "v");
-    if (k.type != q.type || v.type != q.type) throw OpError("inputs q, k and v must have one element type");
+    if (!c.packed) {
+        expect_same(k, q.shape, "k");
+        expect_same(v, q.shape, "v");
+        if (k.type != q.type || v.type != q.type) throw OpError("inputs q, k and v must have one element type");
+    }
     if (c.S > attrs.mask->seq_len)
         throw OpError("sequence length " + std::to_string(c.S) + " exceeds the compiled maximum " +
                       std::to_string(attrs.mask->seq_len) + "; compile the package with --max-seq-len >= " +

@@ -65,13 +65,14 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
         const int64_t B = c.B, S = c.S, H = c.H, D = c.D, bias_sb = c.bias_sb, bias_sh = c.bias_sh;
         const MaskData& m = *attrs.mask;
         const std::vector<uint8_t> valid = key_valid(kpm, B, S);
-        auto out = ctx.GetOutput(0, q.shape);
+        auto out = ctx.GetOutput(0, c.out_shape());
         T* o = out.GetTensorMutableData<T>();
         const T* qp = q.data<T>();
-        const T* kp = k.data<T>();
-        const T* vp = v.data<T>();
+        const T* kp = c.packed ? qp + c.k_offset : k.data<T>();  // packed QKV: K and V follow Q in q's rows
+        const T* vp = c.packed ? qp + c.v_offset : v.data<T>();
         const T* bp = bias.present() ? bias.data<T>() : nullptr;
-        const int64_t row = H * D;  // elements between consecutive positions
+        const int64_t row = H * D;     // elements between consecutive positions of out
+        const int64_t in_row = c.in_row;  // ... of q, k, v (3*H*D when packed)
         const float scale = attrs.scale;
 
         auto one_row = [&](size_t item) {
@@ -79,7 +80,7 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
             const int64_t h = (static_cast<int64_t>(item) / S) % H;
             const int64_t b = static_cast<int64_t>(item) / (S * H);
             const int mh = m.num_heads == 1 ? 0 : static_cast<int>(h);
-            const T* qrow = qp + b * S * row + qi * row + h * D;
+            const T* qrow = qp + b * S * in_row + qi * in_row + h * D;
             std::vector<float> qf(D), acc(D, 0.0f);
             for (int64_t d = 0; d < D; ++d) qf[d] = to_float(qrow[d]);
             std::vector<int> keys;
@@ -90,7 +91,7 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
                 for (int key = k0; key < k1; ++key) {
                     if (!kv_valid[key]) continue;
                     if (part >= 0 && !m.part_bit(part, static_cast<int>(qi), key)) continue;
-                    const T* krow = kp + b * S * row + key * row + h * D;
+                    const T* krow = kp + b * S * in_row + key * in_row + h * D;
                     float s = 0.0f;
                     for (int64_t d = 0; d < D; ++d) s += qf[d] * to_float(krow[d]);
                     s *= scale;
@@ -110,7 +111,7 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
             for (size_t j = 0; j < keys.size(); ++j) {
                 const float p = std::exp(scores[j] - mx);
                 denom += p;
-                const T* vrow = vp + b * S * row + keys[j] * row + h * D;
+                const T* vrow = vp + b * S * in_row + keys[j] * in_row + h * D;
                 for (int64_t d = 0; d < D; ++d) acc[d] += p * to_float(vrow[d]);
             }
             for (int64_t d = 0; d < D; ++d) orow[d] = from_float<T>(acc[d] / denom);

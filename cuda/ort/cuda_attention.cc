@@ -140,7 +140,7 @@ struct SparseAttentionCuda {
             throw OpError("kernel " + launch.kernel.entry + " is compiled for key_padding_mask " +
                           (var.has_key_bits ? "present" : "absent") + " and bias " +
                           (var.has_bias ? "present" : "absent") + ", the node's inputs differ; rewrite the package");
-        auto out = ctx.GetOutput(0, q.shape);
+        auto out = ctx.GetOutput(0, c.out_shape());
         const AttentionPlan& p = *plan;
         AttentionLaunchShape shape;
         shape.B = c.B;
@@ -153,6 +153,7 @@ struct SparseAttentionCuda {
         shape.bias_sh = c.bias_sh;
         shape.blocks_per_tile_row = launch.blocks_per_tile_row;
         shape.scale = attrs.scale;
+        shape.packed = c.packed;
         const AttentionLaunchScalars sc = attention_scalars(p, shape);
         if (c.B == 0 || c.S == 0) return;  // an empty batch or sequence: nothing to write
         if (sc.grid > 0x7fffffff) throw OpError("batch * heads * tile rows is too large for one launch");
@@ -187,12 +188,17 @@ struct SparseAttentionCuda {
         const auto dev = [&](size_t off) { return reinterpret_cast<const void*>(dp.base + off); };
         AttentionArgs a{};
         a.q = q.value.GetTensorRawData();
-        a.k = k.value.GetTensorRawData();
-        a.v = v.value.GetTensorRawData();
+        const char* q_bytes = static_cast<const char*>(a.q);  // packed QKV: K, V inside q's rows
+        constexpr long long kElem = 2;                         // float16 / bfloat16
+        a.k = c.packed ? q_bytes + sc.k_offset * kElem : k.value.GetTensorRawData();
+        a.v = c.packed ? q_bytes + sc.v_offset * kElem : v.value.GetTensorRawData();
         a.o = out.GetTensorMutableRawData();
-        a.q_sb = a.k_sb = a.v_sb = a.o_sb = sc.q_sb;
-        a.q_ss = a.k_ss = a.v_ss = a.o_ss = sc.q_ss;
-        a.q_sh = a.k_sh = a.v_sh = a.o_sh = sc.q_sh;
+        a.q_sb = a.k_sb = a.v_sb = sc.q_sb;
+        a.q_ss = a.k_ss = a.v_ss = sc.q_ss;
+        a.q_sh = a.k_sh = a.v_sh = sc.q_sh;
+        a.o_sb = sc.o_sb;
+        a.o_ss = sc.o_ss;
+        a.o_sh = sc.o_sh;
         a.tile_row_ptr = dev(dp.row_ptr);
         a.tile_key = dev(dp.col_idx);
         a.tile_part = dev(dp.part_idx);

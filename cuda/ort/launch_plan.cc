@@ -105,9 +105,15 @@ AttentionLaunchScalars attention_scalars(const AttentionPlan& p, const Attention
     a.rows = p.rows_for(s.S);
     a.grid = s.H * s.B * a.rows * s.blocks_per_tile_row;
     a.order_offset = p.order_offset(a.rows);
-    a.q_sb = s.S * s.H * s.D;
-    a.q_ss = s.H * s.D;
+    const int64_t HD = s.H * s.D, in_row = s.packed ? 3 * HD : HD;
+    a.q_sb = s.S * in_row;
+    a.q_ss = in_row;
     a.q_sh = s.D;
+    a.o_sb = s.S * HD;
+    a.o_ss = HD;
+    a.o_sh = s.D;
+    a.k_offset = s.packed ? HD : 0;
+    a.v_offset = s.packed ? 2 * HD : 0;
     a.permuted = p.permuted ? 1 : 0;
     a.fmt_head_stride = p.fmt_head_stride;
     a.key_words = s.has_key_bits ? static_cast<int>((s.S + 63) / 64) : 0;

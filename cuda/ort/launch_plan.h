@@ -42,12 +42,15 @@ struct AttentionLaunchShape {
     int64_t bias_sb = 0, bias_sh = 0;  // element strides of bias (0 = broadcast)
     int64_t blocks_per_tile_row = 1;
     float scale = 1.0f;
+    bool packed = false;  // q is packed QKV [B, S, 3*H*D] (k and v omitted)
 };
 struct AttentionLaunchScalars {
     int rows = 0;              // tile rows launched
     int64_t grid = 0;          // H * B * rows * blocks_per_tile_row
     size_t order_offset = 0;   // elements into row_orders
-    long long q_sb = 0, q_ss = 0, q_sh = 0;  // also k, v, o (one contiguous layout)
+    long long q_sb = 0, q_ss = 0, q_sh = 0;  // also k and v (their own tensors, or q's packed rows)
+    long long o_sb = 0, o_ss = 0, o_sh = 0;  // out: always contiguous [B, S, H*D]
+    long long k_offset = 0, v_offset = 0;    // elements from q's data to k's / v's (packed QKV only)
     int permuted = 0, fmt_head_stride = 0, key_words = 0;
     long long bias_sb = 0, bias_sh = 0, bias_sq = 0;
     int B = 0, H = 0, L = 0;

@@ -34,10 +34,19 @@ struct AttentionCall {
     int64_t B = 0, S = 0, H = 0, D = 0;
     bool has_kpm = false, has_bias = false;
     int64_t bias_sb = 0, bias_sh = 0;  // element strides of bias (0 = broadcast)
+    /// Packed QKV (k and v omitted): q is [B, S, 3*H*D] = [Q | K | V]. The element
+    /// pointers of q, k, v are q + 0, q + k_offset, q + v_offset, each with sequence
+    /// stride in_row (3*H*D packed, else H*D; k and v are their own tensors then).
+    bool packed = false;
+    int64_t in_row = 0, k_offset = 0, v_offset = 0;
+    /// out is always [B, S, H*D].
+    std::vector<int64_t> out_shape() const { return {B, S, H * D}; }
 };
 
 /// Validates q, k, v, key_padding_mask and bias against the node and its mask;
-/// throws OpError naming the input, its shape and the expected one.
+/// throws OpError naming the input, its shape and the expected one. k and v are
+/// both given ([B, S, H*D] like q) or both omitted (q packed [B, S, 3*H*D]); one
+/// of them alone is an error.
 AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const Input& k, const Input& v,
                               const Input& kpm, const Input& bias);
 
@@ -118,7 +127,8 @@ struct OpSignature {
     unsigned optional_output_mask;
 };
 
-constexpr OpSignature kSparseAttentionSig{"SparseAttention", 5, 3, 0u, 1u << 3, 1, 0u};
+// k and v (inputs 1, 2) are optional: both omitted = packed QKV in q (OPS.md).
+constexpr OpSignature kSparseAttentionSig{"SparseAttention", 5, 3, (1u << 1) | (1u << 2), 1u << 3, 1, 0u};
 constexpr OpSignature kFusedGemmSig{"FusedGemm", 4, 2, 0u, 0u, 1, 0u};
 constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 3), 0u, 2, 1u << 1};
 

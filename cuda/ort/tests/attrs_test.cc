@@ -7,7 +7,7 @@
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
-//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli: the
+//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed: the
 //   attention launch's scalars).
 #include <cstdint>
 #include <iostream>
@@ -100,12 +100,14 @@ std::string run(const std::string& parser, const MapSource& a) {
         s.bias_sh = a.i("bias_sh");
         s.blocks_per_tile_row = a.i("per_row");
         s.scale = static_cast<float>(a.i("scale_milli")) / 1000.0f;
+        s.packed = a.i("packed") != 0;
         const AttentionLaunchScalars c = attention_scalars(*p, s);
         out << "rows=" << c.rows << " grid=" << c.grid << " order_offset=" << c.order_offset << " q_sb=" << c.q_sb
             << " q_ss=" << c.q_ss << " q_sh=" << c.q_sh << " permuted=" << c.permuted
             << " fmt_head_stride=" << c.fmt_head_stride << " key_words=" << c.key_words << " bias_sb=" << c.bias_sb
             << " bias_sh=" << c.bias_sh << " bias_sq=" << c.bias_sq << " B=" << c.B << " H=" << c.H << " L=" << c.L
-            << " scale=" << c.scale;
+            << " scale=" << c.scale << " o_sb=" << c.o_sb << " o_ss=" << c.o_ss << " o_sh=" << c.o_sh
+            << " k_offset=" << c.k_offset << " v_offset=" << c.v_offset;
     } else {
         throw AttrError("unknown parser " + parser);
     }
