@@ -31,7 +31,13 @@ from stofc.errors import PlanError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.masks import MaskSpec, encode, parse_mask
 from stofc.masks.format import MaskFormat
-from stofc.package.kernels import AttentionKernel, attention_kernel, compile_all, render_segment
+from stofc.package.kernels import (
+    AttentionKernel,
+    AttentionVariant,
+    attention_kernel,
+    compile_all,
+    render_segment,
+)
 from stofc.package.rewrite import attention_inputs
 from stofc.package.writer import PackageContents, check_destination, write_package
 from stofc.plan.build import build_plan
@@ -169,9 +175,10 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
                   out_dir: str | Path | None = None, tune: bool = False, batch: int = 1,
                   tile: int = DEFAULT_TILE, instruments: Instruments | None = None,
                   ort_include: str | Path | None = None,
-                  tune_options: dict[str, Any] | None = None) -> Path:
+                  tune_options: dict[str, Any] | None = None, pack_qkv: bool = True) -> Path:
     """Compile ``model_path`` with the structured ``mask`` into a package; return its path.
 
+    ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer (``rewrite_model``).
     ``out_dir`` defaults to ``<model stem>.stofc/`` beside the model. Raises a
     :class:`~stofc.errors.StofcError` (one line) for any user error; nothing is
     left half-written.
@@ -208,6 +215,7 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     contents = _render_and_compile(
         ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
         mask_canonical=effective.canonical(), causal=causal and effective != spec, tuned=False)
+    contents = replace(contents, pack_qkv=pack_qkv)
     path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
     ins.dump_package(path)
     if tune:
@@ -222,7 +230,7 @@ def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile
     """Render every kernel of ``plan``, compile each for the profile's targets; the contents."""
     segment_sources = ins.run("render kernels", _render_segments, plan)
     sources = [s for srcs in segment_sources.values() for s in srcs]
-    sources += [a.source for a in attention.values()]
+    sources += [src for a in attention.values() for src in a.sources]
     ins.dump(sources)
     targets = (profile.arch, profile.ptx_target)
     compiled = ins.run(f"compile ({len({s.name for s in sources})} kernels x {len(targets)})",
@@ -236,15 +244,18 @@ def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile
 
 def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path | None = None,
                       instruments: Instruments | None = None,
-                      ort_include: str | Path | None = None, tuned: bool = True) -> Path:
+                      ort_include: str | Path | None = None, tuned: bool = True,
+                      buckets: tuple[tuple[int, Plan], ...] = ()) -> Path:
     """Rewrite the package in ``package_dir`` for a new ``plan`` (the tuner's schemes/configs).
 
     The original model comes from ``model`` or the path recorded in plan.json
     (hash-checked); the mask formats are the package's own. Attention segments
     whose kernel spec names a template (``attention/block.cu.j2``, params
     holding the ``AttentionConfig`` fields) keep that config; others get the
-    selector's choice. The
-    write is atomic like :func:`compile_model`'s.
+    selector's choice. ``buckets``: ``(length, plan)`` of every tuned
+    sequence-length bucket; each shorter bucket's attention config becomes a
+    run-time variant of its layer's node (used when ``S <= length``), ``plan``'s
+    serves the rest. The write is atomic like :func:`compile_model`'s.
     """
     from stofc.masks import load as load_format
     from stofc.package.load import read_plan_document
@@ -263,7 +274,7 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
     attention = select_attention(graph, formats, profile, dtype=plan.dtype,
                                  batch=max(1, plan.tokens // max(1, plan.max_seq_len)),
                                  max_seq_len=plan.max_seq_len)
-    attention = {k: _planned_attention(plan, ak) for k, ak in attention.items()}
+    attention = {k: _planned_attention(plan, ak, buckets) for k, ak in attention.items()}
     plan = record_attention(plan, attention)
     mask = doc["mask"]
     contents = _render_and_compile(
@@ -281,26 +292,60 @@ def _canonical(obj: Any) -> str:
     return canonical_json(obj)
 
 
-def _planned_attention(plan: Plan, ak: AttentionKernel) -> AttentionKernel:
-    """``ak`` with the config the plan's attention segment names (if it names one)."""
-    from stofc.kernels.attention import AttentionConfig, render_kernel
-    from stofc.kernels.attention import KernelSpec as AttnSpec
+def _plan_config(plan: Plan, layer: int):
+    """The AttentionConfig the plan's attention segment of ``layer`` names, or None."""
+    from stofc.kernels.attention import AttentionConfig
 
-    seg = next(s for lp in plan.layers if lp.index == ak.layer for s in lp.segments
+    seg = next(s for lp in plan.layers if lp.index == layer for s in lp.segments
                if s.family == "attention")
     spec = seg.kernel
     if not spec.template.startswith("attention/") or spec.param("kind") is None:
-        return ak
+        return None
     names = {f.name for f in fields(AttentionConfig)}
-    cfg = AttentionConfig(**{k: v for k, v in spec.params if k in names})
-    if cfg == ak.choice.config:
+    return AttentionConfig(**{k: v for k, v in spec.params if k in names})
+
+
+def _planned_attention(plan: Plan, ak: AttentionKernel,
+                       buckets: tuple[tuple[int, Plan], ...] = ()) -> AttentionKernel:
+    """``ak`` with the config the plan's attention segment names (if it names one).
+
+    A plan's config replaces the selector's choice and its run-time variants (the
+    tuner measured it); each bucket of ``buckets`` shorter than the plan's own
+    length adds a variant for ``S <= length`` unless the next one would pick the
+    same kernel anyway.
+    """
+    from stofc.kernels.attention import KernelSpec as AttnSpec
+    from stofc.kernels.attention import render_kernel
+
+    cfg = _plan_config(plan, ak.layer)
+    if cfg is None:
         return ak
+
+    def spec_of(c):
+        return AttnSpec(c, ak.spec.dtype, ak.spec.head_dim, has_bias=ak.spec.has_bias,
+                        has_key_bits=ak.spec.has_key_bits)
+
+    chain: list[tuple[int, Any]] = []
+    for length, bplan in sorted(buckets, key=lambda b: b[0]):
+        bcfg = _plan_config(bplan, ak.layer)
+        if bcfg is not None and length < plan.max_seq_len:
+            chain.append((length, bcfg))
+    kept: list[tuple[int, Any]] = []
+    following = cfg
+    for length, bcfg in reversed(chain):
+        if bcfg != following:
+            kept.insert(0, (length, bcfg))
+            following = bcfg
+    variants = tuple(
+        AttentionVariant(length, 0, replace(ak.choice, kernel=c.kind, config=c), spec_of(c),
+                         render_kernel(spec_of(c)), f"tuned for S <= {length}")
+        for length, c in kept)
+    if cfg == ak.choice.config and not variants:
+        return replace(ak, variants=())
     choice = replace(ak.choice, kernel=cfg.kind, config=cfg,
                      explanation=f"from the plan: {cfg.describe()} (the selector's analytical "
                                  f"choice was {ak.choice.config.describe()})")
-    kspec = AttnSpec(cfg, ak.spec.dtype, ak.spec.head_dim, has_bias=ak.spec.has_bias,
-                     has_key_bits=ak.spec.has_key_bits)
-    return AttentionKernel(ak.layer, choice, kspec, render_kernel(kspec))
+    return AttentionKernel(ak.layer, choice, spec_of(cfg), render_kernel(spec_of(cfg)), variants)
 
 
 def _render_segments(plan: Plan) -> dict[tuple[int, int], tuple[Source, ...]]:

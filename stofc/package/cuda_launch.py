@@ -6,8 +6,9 @@ The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
 * ``SparseAttention``: ``launch_plan`` names a ``*.plan.bin``
   (:func:`stofc.package.maskbin.attention_launch_data`: the walk list, gathered
   keys, residue permutation and tile-row orders that ``AttentionOp`` uploads),
-  ``kernel_abi`` = :data:`KERNEL_ABI`. (``kernel``, ``block_threads``,
-  ``blocks_per_tile_row`` and ``smem_bytes`` are the writer's.)
+  ``kernel_abi`` = :data:`KERNEL_ABI`; ``variant_launch_plans`` the same for each
+  run-time variant. (``kernel``, ``block_threads``, ``blocks_per_tile_row``,
+  ``smem_bytes`` and the other ``variant_*`` attributes are the writer's.)
 * ``FusedGemm``: cuBLASLt with the epilogue it can fold (bias; the residual as C
   when nothing follows it), then the stofc Add+Norm kernel for the rest
   (:func:`split_fused_gemm`, the C++ twin's ``split_fused_gemm``);
@@ -115,6 +116,15 @@ def launch_attributes(source: Source, config: norm_family.NormConfig, ep: Epilog
             "epilogue_rows": config.rows}
 
 
+def _attention_plan(root: Path, fmt, cfg, mid: str) -> str:
+    """The ``*.plan.bin`` of ``cfg`` on ``fmt`` (written once per kind/gather/permute)."""
+    rel = (f"masks/{mid}.{cfg.kind}{'-gather' if cfg.gather else ''}"
+           f"{'-permute' if cfg.permute else ''}.plan.bin")
+    if not (root / rel).is_file():
+        write_attention_plan(attention_launch_data(fmt, cfg), root / rel)
+    return rel
+
+
 def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list[dict]:
     """Add the CUDA launch attributes to ``model``'s ai.stofc nodes; write plans and kernels.
 
@@ -138,12 +148,10 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
         if node.op_type == "SparseAttention":
             layer = layer_of[node.name]
             ak, fmt = contents.attention[layer], contents.formats[layer]
-            cfg = ak.choice.config
-            rel = (f"masks/{mask_id(fmt)}.{cfg.kind}{'-gather' if cfg.gather else ''}"
-                   f"{'-permute' if cfg.permute else ''}.plan.bin")
-            if not (root / rel).is_file():
-                write_attention_plan(attention_launch_data(fmt, cfg), root / rel)
-            _set(node, launch_plan=rel, kernel_abi=KERNEL_ABI)
+            plans = [_attention_plan(root, fmt, c, mask_id(fmt))
+                     for c in (ak.choice.config, *(v.choice.config for v in ak.variants))]
+            extra = {"variant_launch_plans": ";".join(plans[1:])} if ak.variants else {}
+            _set(node, launch_plan=plans[0], kernel_abi=KERNEL_ABI, **extra)
             continue
         inputs = list(node.input) + [""] * 4
         if node.op_type == "FusedGemm":

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stofc.codegen import Source
 from stofc.compile import CompiledKernel, compile_source
@@ -34,6 +34,7 @@ from stofc.kernels import norm as norm_family
 from stofc.kernels.attention import KernelChoice, render_kernel, select_kernel
 from stofc.kernels.attention import KernelSpec as AttentionKernelSpec
 from stofc.kernels.attention.render import COMPILE_OPTIONS as ATTENTION_OPTIONS
+from stofc.kernels.attention.select import block_config, split_limit
 from stofc.masks.format import MaskFormat
 from stofc.plan.plan import Segment
 from stofc.targets import GpuProfile
@@ -42,13 +43,39 @@ TOKENS_HINT = 4096  # GEMM/norm problems carry M only as a hint; the kernels tak
 
 
 @dataclass(frozen=True)
+class AttentionVariant:
+    """A kernel the layer's SparseAttention node switches to at run time (OPS.md, variants).
+
+    Eligible when the run's ``S <= max_seq_len`` and ``B * ceil(S / T) <= max_batch_rows``
+    (0 = no bound); the node takes its first eligible variant, else the base kernel.
+    """
+
+    max_seq_len: int
+    max_batch_rows: int
+    choice: KernelChoice
+    spec: AttentionKernelSpec
+    source: Source
+    reason: str
+
+
+@dataclass(frozen=True)
 class AttentionKernel:
-    """One layer's attention kernel: the selector's choice and the rendered variant."""
+    """One layer's attention kernel: the selector's choice and the rendered variant.
+
+    ``variants``: kernels chosen at run time before this one (see
+    :class:`AttentionVariant`); the base kernel serves every shape none of them takes.
+    """
 
     layer: int
     choice: KernelChoice
     spec: AttentionKernelSpec
     source: Source
+    variants: tuple[AttentionVariant, ...] = ()
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The base source, then each variant's."""
+        return (self.source, *(v.source for v in self.variants))
 
 
 def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
@@ -86,12 +113,38 @@ def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
 def attention_kernel(layer: int, fmt: MaskFormat, profile: GpuProfile, *, num_heads: int,
                      head_dim: int, dtype: str, batch: int, seq_len: int, has_bias: bool,
                      has_key_bits: bool) -> AttentionKernel:
-    """The selector's kernel for this layer's mask, rendered for the node's inputs."""
+    """The selector's kernel for this layer's mask, rendered for the node's inputs.
+
+    A block-wise choice is made grid-independent: the base kernel is the unsplit
+    config (right once the grid fills the GPU) and, when the query split can pay
+    on this GPU, a split variant takes the runs with ``B * ceil(S/T) <=``
+    :func:`~stofc.kernels.attention.select.split_limit` (the selector's own rule,
+    applied at run time with the actual batch and length instead of ``batch``).
+    """
     choice = select_kernel(fmt, profile, batch=batch, heads=num_heads, seq_len=seq_len,
                            head_dim=head_dim)
+    variants: tuple[AttentionVariant, ...] = ()
+    if choice.kernel == "block":
+        limit = split_limit(fmt, profile, heads=num_heads, head_dim=head_dim)
+        whole = block_config(fmt, profile, batch=batch, heads=num_heads, head_dim=head_dim,
+                             q_split=1)
+        split = block_config(fmt, profile, batch=batch, heads=num_heads, head_dim=head_dim,
+                             q_split=2)
+        if limit > 0 and whole is not None and split is not None:
+            why = (f"query split while batch x tile rows <= {limit} (the grid is short of one "
+                   f"wave of {profile.sm_count}-SM resident blocks at {num_heads} heads)")
+            said = choice.explanation.replace(choice.config.describe(), whole.describe())
+            base = replace(choice, config=whole,
+                           explanation=f"{said}; at run time: {why}, with the split variant "
+                                       f"({split.describe()})")
+            sspec = AttentionKernelSpec(split, dtype, head_dim, has_bias=has_bias,
+                                        has_key_bits=has_key_bits)
+            variants = (AttentionVariant(0, limit, replace(choice, config=split), sspec,
+                                         render_kernel(sspec), why),)
+            choice = base
     spec = AttentionKernelSpec(choice.config, dtype, head_dim, has_bias=has_bias,
                                has_key_bits=has_key_bits)
-    return AttentionKernel(layer, choice, spec, render_kernel(spec))
+    return AttentionKernel(layer, choice, spec, render_kernel(spec), variants)
 
 
 def compile_options(source: Source) -> tuple[str, ...]:

@@ -68,6 +68,7 @@ class PackageContents:
     targets: tuple[str, ...]                         # (cubin arch, ptx target)
     source_model: Path
     tuned: bool = False
+    pack_qkv: bool = True   # one [K, 3N] Q|K|V FusedGemm per layer (rewrite_model)
 
 
 def kernel_file(name: str, target: str) -> str:
@@ -126,18 +127,40 @@ def launch_attributes(ak: AttentionKernel) -> tuple[tuple[str, int], ...]:
 
     The CUDA twin launches with them (``kernel_abi`` 2, cuda/ort/attention_abi.h).
     """
+    return _launch(ak.choice.config, ak.spec.head_dim)
+
+
+def _launch(cfg, head_dim: int) -> tuple[tuple[str, int], ...]:
     from stofc.kernels.attention import smem_bytes
 
-    cfg = ak.choice.config
     per_row = cfg.q_split if cfg.kind == "block" else cfg.tile // cfg.rows_per_block
-    smem = smem_bytes(cfg, ak.spec.head_dim) if cfg.kind == "block" else 0
+    smem = smem_bytes(cfg, head_dim) if cfg.kind == "block" else 0
     return (("block_threads", cfg.threads), ("blocks_per_tile_row", per_row),
             ("smem_bytes", smem))
 
 
+def variant_attributes(ak: AttentionKernel, arch: str) -> tuple[tuple[str, object], ...]:
+    """SparseAttention's run-time variant attributes (OPS.md), ``()`` without variants.
+
+    ``variant_launch_plans`` is added by :func:`~stofc.package.cuda_launch.annotate_cuda`,
+    which writes the plan files.
+    """
+    if not ak.variants:
+        return ()
+    launches = [dict(_launch(v.choice.config, v.spec.head_dim)) for v in ak.variants]
+    return (
+        ("variant_kernels", ";".join(f"{kernel_file(v.source.name, arch)}:"
+                                     f"{v.source.entry_points[0]}" for v in ak.variants)),
+        *((f"variant_{key}", [launch[key] for launch in launches])
+          for key in ("block_threads", "blocks_per_tile_row", "smem_bytes")),
+        ("variant_max_seq_len", [v.max_seq_len for v in ak.variants]),
+        ("variant_max_batch_rows", [v.max_batch_rows for v in ak.variants]),
+    )
+
+
 def _write_kernels(root: Path, contents: PackageContents) -> list[dict]:
     sources = {s.name: s for srcs in contents.segment_sources.values() for s in srcs}
-    sources.update({a.source.name: a.source for a in contents.attention.values()})
+    sources.update({src.name: src for a in contents.attention.values() for src in a.sources})
     (root / "kernels").mkdir()
     entries = []
     for name in sorted(sources):
@@ -197,15 +220,20 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
         bindings[layer] = AttentionBinding(
             layer, f"masks/{mask_id(fmt)}.bin",
             f"{kernel_file(ak.source.name, arch)}:{ak.source.entry_points[0]}", kpm, bias,
-            launch_attributes(ak))
+            launch_attributes(ak) + variant_attributes(ak, arch))
         attention_entries.append({
             "layer": layer, "kernel": ak.choice.kernel, "config": asdict(ak.choice.config),
             "explanation": ak.choice.explanation, "stof_threshold": ak.choice.stof_threshold,
             "estimate_us": {"block": ak.choice.block_us, "row": ak.choice.row_us},
             "source": ak.source.name, "mask": mask_id(fmt), "has_bias": ak.spec.has_bias,
             "has_key_bits": ak.spec.has_key_bits, "key_padding_mask": kpm, "bias": bias,
-            "launch": dict(launch_attributes(ak)), "kernel_abi": emit.KERNEL_ABI})
-    model, emitted = rewrite_model(graph, plan, refs, bindings)
+            "launch": dict(launch_attributes(ak)), "kernel_abi": emit.KERNEL_ABI,
+            "variants": [{"max_seq_len": v.max_seq_len, "max_batch_rows": v.max_batch_rows,
+                          "kernel": v.choice.kernel, "config": asdict(v.choice.config),
+                          "source": v.source.name, "why": v.reason,
+                          "launch": dict(_launch(v.choice.config, v.spec.head_dim))}
+                         for v in ak.variants]})
+    model, emitted = rewrite_model(graph, plan, refs, bindings, pack_qkv=contents.pack_qkv)
     kernel_entries += annotate_cuda(model, root, contents, emitted)  # the CUDA twins' launches
     _save_model(model, root)
     doc = {

@@ -15,9 +15,12 @@ database) happens before :func:`tune_package` is called. Then:
    atomically (new ``plan.json``, re-rendered and re-compiled kernels, the
    custom-op library, ``manifest.json``), for the tuned plan.
 
-A package holds one plan: the plan of the largest bucket is written. The
-other buckets' configs are tuned and kept in the database (a later run with
-those lengths starts warm), and a warning says they are not in the package.
+The package's plan (fusion scheme, GEMM and Add+Norm configs) is the largest
+bucket's: those kernels take the length at run time. Attention is where the
+length changes the best kernel, so every shorter bucket whose tuned attention
+config differs becomes a run-time variant of its layer's SparseAttention node,
+picked by the actual length (``S <= bucket``; OPS.md "variants"). All buckets'
+results are kept in the database, so a later run starts warm.
 """
 
 from __future__ import annotations
@@ -57,7 +60,5 @@ def tune_package(package_dir: Path, profile: GpuProfile, db: TuningDatabase, rep
     lengths = tuple(sorted(set(seq_lens))) or (plan.max_seq_len,)
     tuning = tune_plan_buckets(plan, graph, formats, profile, batch=batch, seq_lens=lengths,
                                budget_s=budget_s, db=db, reporter=reporter, seed=seed)
-    if len(lengths) > 1:
-        reporter.warning(f"buckets {', '.join(map(str, lengths[:-1]))} were tuned and stored in "
-                         f"the database, but a package holds one plan: writing L={lengths[-1]}'s")
-    recompile_package(package_dir, tuning.plan_for(lengths[-1]), tuned=True)
+    recompile_package(package_dir, tuning.plan_for(lengths[-1]), tuned=True,
+                      buckets=tuple((n, tuning.plan_for(n)) for n in lengths))

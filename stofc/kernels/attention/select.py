@@ -100,24 +100,45 @@ def _blocks_per_sm(cfg: AttentionConfig, head_dim: int, profile: GpuProfile) -> 
     return max(1, min(by_regs, by_warps, by_smem, profile.max_blocks_per_sm))
 
 
+def _split_slots(fmt: MaskFormat, profile: GpuProfile, head_dim: int) -> int | None:
+    """Resident blocks of the unsplit 2-stage config on the whole GPU (None: it does not fit)."""
+    base = AttentionConfig("block", fmt.tile, 16, fmt.tile // 16, 2, 1)
+    if prune(base, head_dim, profile) is not None:
+        return None
+    return profile.sm_count * _blocks_per_sm(base, head_dim, profile)
+
+
+def split_limit(fmt: MaskFormat, profile: GpuProfile, *, heads: int, head_dim: int) -> int:
+    """Largest ``batch * tile_rows`` for which the query split pays (0: never).
+
+    :func:`block_config`'s rule, stated for a run: split while the unsplit grid
+    ``batch * heads * rows`` is short of one wave of resident blocks. The package's
+    SparseAttention node applies it at run time with the actual batch and length
+    (``variant_max_batch_rows``, OPS.md), so one package serves B=1 and B=16 alike.
+    """
+    slots = _split_slots(fmt, profile, head_dim)
+    return 0 if slots is None else max(0, math.ceil(slots / heads) - 1)
+
+
 def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                 head_dim: int) -> AttentionConfig | None:
+                 head_dim: int, q_split: int | None = None) -> AttentionConfig | None:
     """Starting block-wise config (None when the search space is empty, e.g. T=128, D=128).
 
     Measured on an H200 (bench/results): 64 query rows x 4 warps x 2 stages is best or
     within 5% on every family at L=1024 and 4096; the query split only pays when the
-    grid is short of one wave; the __launch_bounds__ occupancy cap is taken when it
-    keeps >= 128 registers per thread; gathering whenever the plan gathers anything.
+    grid is short of one wave (:func:`split_limit`; ``q_split`` forces it); the
+    __launch_bounds__ occupancy cap is taken when it keeps >= 128 registers per thread;
+    gathering whenever the plan gathers anything.
     """
     t = fmt.tile
     rows = fmt.tile_rows
     gather = plan_tiles(fmt, gather=True).gathered > 0
     permute = choose_permutation(fmt) is not None
-    base = AttentionConfig("block", t, 16, t // 16, 2, 1)
-    if prune(base, head_dim, profile) is not None:
+    if _split_slots(fmt, profile, head_dim) is None:
         return None
-    slots = profile.sm_count * _blocks_per_sm(base, head_dim, profile)
-    q_split = 2 if batch * heads * rows < slots else 1
+    if q_split is None:
+        q_split = 2 if batch * rows <= split_limit(fmt, profile, heads=heads,
+                                                   head_dim=head_dim) else 1
     warps = t // q_split // 16
     for stages in (2, 3):
         mb = occupancy_blocks(t, warps, stages, q_split, head_dim, profile)

@@ -1,0 +1,157 @@
+"""Where the end-to-end time goes: stofc package vs ORT's optimized model, one device call.
+
+For each (B, L): the median wall time of ``run_with_iobinding`` (as ``stofc bench``),
+then a kernel-level breakdown taken with ``torch.profiler`` (CUPTI records every
+kernel of the process, ORT's included): per kernel name, the GPU microseconds per
+run, and the GPU busy time against the wall time (the rest is host overhead or
+gaps between launches). Then the same sessions with ORT's CUDA graph
+(``enable_cuda_graph``), when ORT accepts the graph for capture. Also ORT's own
+per-node profile (host-side time per op type) for the package at the smallest shape.
+
+Usage (device, onnxruntime-gpu on PYTHONPATH): python3 bench/profile_e2e.py --out DIR
+Env: PROFILE_MASK (default bigbird), PROFILE_CASES ("1:128 8:512 4:2048").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def kernel_breakdown(run, runs: int = 5) -> dict:
+    """GPU time per kernel name per run, busy time and wall time of ``runs`` calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            run()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / runs
+    per = collections.Counter()
+    count = collections.Counter()
+    spans = []
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        dur = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        per[ev.name[:90]] += dur / runs
+        count[ev.name[:90]] += 1 / runs
+        spans.append((ev.time_range.start, ev.time_range.end))
+    busy = 0.0
+    end = -1.0
+    for s, e in sorted(spans):  # union of kernel intervals (µs)
+        if e <= end:
+            continue
+        busy += e - max(s, end)
+        end = e
+    top = [dict(name=n, us=round(v, 1), n=round(count[n], 1)) for n, v in per.most_common(25)]
+    return dict(wall_ms=round(wall, 3), gpu_busy_ms=round(busy / runs / 1e3, 3),
+                kernels_per_run=round(sum(count.values()), 1),
+                gpu_sum_ms=round(sum(per.values()) / 1e3, 3), top=top)
+
+
+def main() -> None:
+    import e2e
+    import onnxruntime as ort
+
+    from stofc.frontend import load_model
+    from stofc.package.bench import optimized_baseline, time_session
+    from stofc.package.load import load
+    from stofc.package.verify import make_inputs
+    from stofc.pipeline import Instruments, compile_model
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    parser.add_argument("--work", default="/tmp/stofc-prof")
+    args = parser.parse_args()
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    mask = os.environ.get("PROFILE_MASK", "bigbird")
+    cases = [tuple(int(x) for x in c.split(":"))
+             for c in os.environ.get("PROFILE_CASES", "1:128 8:512 4:2048").split()]
+    result: dict = {"mask": mask, "cases": {}}
+
+    def dump():
+        (out / "profile-e2e.json").write_text(json.dumps(result, indent=1))
+
+    src = work / "bert.onnx"
+    if not src.exists():
+        e2e.export_bert(src)
+    graph = load_model(src)
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    pkg = compile_model(src, e2e.MASKS[mask], gpu="auto", max_seq_len=2048,
+                        out_dir=work / f"pkg-{mask}", instruments=Instruments(progress=False))
+    base_path = optimized_baseline(graph, src, work)
+    sessions = {"stofc": load(pkg, providers=providers),
+                "ort": ort.InferenceSession(str(base_path), providers=providers)}
+    rng = np.random.default_rng(0)
+    for b, s in cases:
+        feeds, _ = make_inputs(graph, b, s, rng)
+        row: dict = {}
+        for name, sess in sessions.items():
+            med, p10, p90 = time_session(sess, feeds, warmup=10, repeat=50)
+            binding = sess.io_binding()
+            for k, v in feeds.items():
+                binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
+            for o in sess.get_outputs():
+                binding.bind_output(o.name, "cuda")
+            sess.run_with_iobinding(binding)
+            row[name] = dict(median_ms=round(med, 3), p10=round(p10, 3), p90=round(p90, 3),
+                             profile=kernel_breakdown(lambda s_=sess, b_=binding: s_.run_with_iobinding(b_)))
+            print(b, s, name, json.dumps({k: v for k, v in row[name].items()})[:3000], flush=True)
+        result["cases"][f"{b}x{s}"] = row
+        dump()
+    # CUDA graphs: one session per shape (ORT captures a fixed shape).
+    graph_rows = {}
+    for b, s in cases:
+        feeds, _ = make_inputs(graph, b, s, rng)
+        for name in ("stofc", "ort"):
+            opts = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+            try:
+                if name == "stofc":
+                    sess = load(pkg, providers=opts)
+                else:
+                    sess = ort.InferenceSession(str(base_path), providers=opts)
+                med, p10, p90 = time_session(sess, feeds, warmup=10, repeat=50)
+                graph_rows[f"{name}-graph-{b}x{s}"] = dict(median_ms=round(med, 3), p10=round(p10, 3),
+                                                           p90=round(p90, 3))
+            except Exception as err:  # record why ORT refused
+                graph_rows[f"{name}-graph-{b}x{s}"] = dict(err=str(err).strip()[:600])
+            print(name, "graph", b, s, graph_rows[f"{name}-graph-{b}x{s}"], flush=True)
+    result["cuda_graph"] = graph_rows
+    dump()
+    # ORT's per-node host profile of the package at the first shape.
+    b, s = cases[0]
+    feeds, _ = make_inputs(graph, b, s, rng)
+    sess = load(pkg, providers=providers, session_options_hook=lambda so: setattr(
+        so, "enable_profiling", True))
+    for _ in range(20):
+        sess.run(None, feeds)
+    trace = json.loads(Path(sess.end_profiling()).read_text())
+    per_op = collections.defaultdict(list)
+    for ev in trace:
+        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
+            per_op[ev["args"].get("op_name", "?")].append(ev["dur"])
+    result["ort_node_profile_us"] = {k: dict(n=len(v) / 20, median=float(np.median(v)),
+                                             total_per_run=float(sum(v)) / 20)
+                                     for k, v in per_op.items()}
+    print(json.dumps(result["ort_node_profile_us"], indent=1))
+    dump()
+
+
+if __name__ == "__main__":
+    main()
