@@ -135,6 +135,25 @@ class Emitter:
         return key
 
 
+def tensor_bits(tensor: TensorProto) -> np.ndarray:
+    """A float16 / bfloat16 initializer's elements as their uint16 bit patterns, in its shape."""
+    if tensor.data_type not in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        raise PlanError(f"initializer {tensor.name!r} is not float16 or bfloat16",
+                        hint="this is a stofc bug; report it")
+    if tensor.raw_data:
+        bits = np.frombuffer(tensor.raw_data, dtype="<u2")
+    else:  # ONNX keeps 16-bit floats' bit patterns in int32_data without raw_data
+        bits = np.asarray(tensor.int32_data, dtype=np.int64).astype(np.uint16)
+    return bits.reshape(tuple(tensor.dims)).astype(np.uint16)
+
+
+def bits_tensor(bits: np.ndarray, data_type: int, name: str) -> TensorProto:
+    """The inverse of :func:`tensor_bits`: uint16 bit patterns as a 16-bit float initializer."""
+    tensor = TensorProto(name=name, data_type=data_type, dims=list(bits.shape))
+    tensor.raw_data = np.ascontiguousarray(bits, dtype="<u2").tobytes()
+    return tensor
+
+
 def to_tensor(array: np.ndarray, dtype: str, name: str) -> TensorProto:
     """A float array as a float16 or bfloat16 (round to nearest even) initializer."""
     if dtype == "float16":
@@ -239,8 +258,15 @@ def _need(seg: Segment, slot: str) -> str:
 
 
 def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
-                 attention: AttentionBinding | None) -> EmittedSegment:
-    """Append the nodes of one segment to ``em`` (see the module contract)."""
+                 attention: AttentionBinding | None, *, packed_q: bool = False
+                 ) -> EmittedSegment:
+    """Append the nodes of one segment to ``em`` (see the module contract).
+
+    ``packed_q``: a block whose Q, K, V are one packed ``[B, S, 3*H*D]`` value
+    (``AttentionBlock.packed_qkv``, laid out Q | K | V) feeds it to
+    SparseAttention's ``q`` with ``k`` and ``v`` omitted (OPS.md, packed QKV)
+    instead of splitting it first.
+    """
     first = len(em.nodes)
     ops: list[str] = []
     note = ""
@@ -249,7 +275,10 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             raise PlanError(f"layer {seg.layer} has no attention binding",
                             hint="this is a stofc bug; report it")
         block = graph.layers[seg.layer].attention
-        if block.packed_qkv:
+        if block.packed_qkv and packed_q:
+            q, k, v = em.half(block.q_input), "", ""
+            note = "packed QKV read as SparseAttention's q (k, v omitted; [Q | K | V] of H*D each)"
+        elif block.packed_qkv:
             packed = em.half(block.q_input)
             q, k, v = (em.name(n) for n in ("q", "k", "v"))
             if em.opset >= 13:
@@ -265,7 +294,7 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             q, k, v = (em.half(x) for x in (block.q_input, block.k_input, block.v_input))
         inputs = [q, k, v, attention.key_padding_mask or "",
                   em.half(attention.bias) if attention.bias else ""]
-        while inputs[-1] == "":
+        while inputs[-1] == "" and len(inputs) > 3:
             inputs.pop()
         em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
                 stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,

@@ -18,6 +18,17 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
   (a ReLU activation, a bias or activation in a memory-bound segment, a
   residual add without a norm and without a GEMM) are emitted as standard ONNX
   ops computed in float32 between Casts, and recorded as such.
+* Q, K, V packing (``pack_qkv``, the default): when a layer's Q, K and V are
+  three FusedGemm nodes reading the same ``x`` with the same K, N = H*D each,
+  no activation and no residual, whose results only that layer's
+  SparseAttention reads (as q, k, v), they become ONE FusedGemm whose weight is
+  ``[K, 3N]`` = [Wq | Wk | Wv] and bias ``[3N]`` = [bq | bk | bv] (a missing
+  bias is zeros; none at all, no bias), its result fed to SparseAttention's
+  ``q`` with ``k`` and ``v`` given as ``""`` (OPS.md, packed QKV). A block the
+  frontend found packed already (one QKV GEMM) feeds its value the same way
+  instead of being split. The three segments' :class:`EmittedSegment` list the
+  packed node and say so in ``note``; so does the attention segment.
+  ``pack_qkv=False`` keeps three FusedGemm nodes (and the Split).
 * The result is topologically sorted, dead nodes and unused initializers are
   dropped, and the ``ai.stofc`` opset (version 1) is imported. A value left
   without a producer is a :class:`~stofc.errors.PlanError` (a stofc bug), never
@@ -26,6 +37,9 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -38,7 +52,9 @@ from stofc.package.emit import (
     AttentionBinding,
     EmittedSegment,
     Emitter,
+    bits_tensor,
     emit_segment,
+    tensor_bits,
 )
 from stofc.plan.plan import Plan
 
@@ -79,12 +95,13 @@ def attention_inputs(block: AttentionBlock, graph: ModelGraph) -> tuple[str | No
 
 
 def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], str],
-                  attention: dict[int, AttentionBinding]) -> tuple[onnx.ModelProto,
-                                                                     tuple[EmittedSegment, ...]]:
+                  attention: dict[int, AttentionBinding], *, pack_qkv: bool = True
+                  ) -> tuple[onnx.ModelProto, tuple[EmittedSegment, ...]]:
     """The package's model.onnx and how each segment was emitted (see the module doc).
 
     ``kernels[(layer, ordinal)]`` is the ``kernel`` attribute of the segment's
-    nodes; ``attention[layer]`` the SparseAttention node's other inputs.
+    nodes; ``attention[layer]`` the SparseAttention node's other inputs;
+    ``pack_qkv`` packs Q, K, V into one GEMM where it can (module doc).
     """
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
@@ -103,11 +120,13 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
         removed |= {n for op in layer.chain for n in op.nodes}
         for seg in layer_plan.segments:
             emitted.append(emit_segment(em, graph, seg, kernels.get((seg.layer, seg.ordinal), ""),
-                                        attention.get(seg.layer)))
+                                        attention.get(seg.layer), packed_q=pack_qkv))
     removed = _restore_needed(list(model.graph.node), removed, set(em.fused),
                               set(idx.graph_outputs))
     kept = [n for n in model.graph.node if n.name not in removed]
     needed = {i for n in kept for i in n.input if i} | set(idx.graph_outputs)
+    if pack_qkv:
+        emitted = _pack_qkv(em, emitted, needed)
     for value, twin in em.fused.items():
         if value in needed:
             em.node("Cast", [twin], [value], stem="cast_out",
@@ -129,6 +148,105 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     return model, tuple(emitted)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _qkv_gemms(em: Emitter, sa: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
+               readers: dict[str, int], read_outside: set[str]
+               ) -> tuple[onnx.NodeProto, ...] | None:
+    """The Q, K, V FusedGemm nodes of ``sa`` when they can be packed (module doc), else None."""
+    qkv = list(sa.input[:3])
+    if len(qkv) < 3 or "" in qkv or len(set(qkv)) < 3:
+        return None
+    width = int(_attr(sa, "num_heads", 0)) * int(_attr(sa, "head_dim", 0))
+    gemms = tuple(producer.get(v) for v in qkv)
+    shapes = set()
+    for node, value in zip(gemms, qkv, strict=True):
+        if node is None or node.domain != DOMAIN or node.op_type != "FusedGemm" \
+                or list(node.output) != [value] or readers.get(value) != 1 \
+                or value in read_outside or _text(_attr(node, "activation", "none")) != "none" \
+                or any(node.input[3:]) or node.input[0] != gemms[0].input[0]:
+            return None
+        w = em.inits.get(node.input[1])
+        b = em.inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if w is None or len(w.dims) != 2 or w.dims[1] != width or w.data_type != em.elem:
+            return None
+        if len(node.input) > 2 and node.input[2] and (
+                b is None or list(b.dims) != [width] or b.data_type != em.elem):
+            return None
+        shapes.add(tuple(w.dims))
+    return gemms if len(shapes) == 1 else None
+
+
+def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
+              ) -> list[EmittedSegment]:
+    """Replace each packable Q, K, V FusedGemm triple by one packed node (module doc).
+
+    ``needed`` holds the original values read outside the fused ops (unfused
+    nodes, graph outputs): a Q, K or V result among them is not packed.
+    """
+    producer = {o: n for n in em.nodes for o in n.output if o}
+    readers: dict[str, int] = {}
+    for node in em.nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    read_outside = {twin for value, twin in em.fused.items() if value in needed}
+    layer_of = {name: e.layer for e in emitted for name in e.nodes}
+    packed_as: dict[str, str] = {}   # old FusedGemm name -> packed node name
+    notes: dict[str, str] = {}       # node name -> the note of the segment holding it
+    for sa in [n for n in em.nodes if n.domain == DOMAIN and n.op_type == "SparseAttention"]:
+        gemms = _qkv_gemms(em, sa, producer, readers, read_outside)
+        if gemms is None:
+            continue
+        layer = layer_of[sa.name]
+        k_dim, n_dim = em.inits[gemms[0].input[1]].dims
+        weight = f"stofc/layer{layer}.qkv.weight::stofc_{em.tag}_kn"
+        em.inits[weight] = bits_tensor(np.concatenate(
+            [tensor_bits(em.inits[g.input[1]]) for g in gemms], axis=1), em.elem, weight)
+        inputs = [gemms[0].input[0], weight]
+        if any(len(g.input) > 2 and g.input[2] for g in gemms):
+            bias = f"stofc/layer{layer}.qkv.bias::stofc_{em.tag}"
+            em.inits[bias] = bits_tensor(np.concatenate(
+                [tensor_bits(em.inits[g.input[2]]) if len(g.input) > 2 and g.input[2]
+                 else np.zeros(n_dim, np.uint16) for g in gemms]), em.elem, bias)
+            inputs.append(bias)
+        name, out = em.name("FusedGemm_qkv"), f"stofc/layer{layer}.qkv::stofc_{em.tag}.out"
+        node = helper.make_node("FusedGemm", inputs, [out], name=name, domain=DOMAIN,
+                                activation="none", residual_after_activation=1,
+                                kernel=_text(_attr(gemms[0], "kernel", "")))
+        at = min(em.nodes.index(g) for g in gemms)
+        em.nodes[at:at] = [node]
+        for g in gemms:
+            em.nodes.remove(g)
+            packed_as[g.name] = name
+        for value in list(em.fused):
+            if em.fused[value] in sa.input[:3]:
+                del em.fused[value]
+        sa.input[0], sa.input[1], sa.input[2] = out, "", ""
+        gemm_segs = sorted({(layer_of[g.name], e.ordinal) for g in gemms for e in emitted
+                            if g.name in e.nodes})
+        notes[name] = (f"Q|K|V packed: {name} computes segments "
+                       f"{', '.join(str(o) for _, o in gemm_segs)} of layer {layer} as one "
+                       f"FusedGemm (w [{k_dim}, {3 * n_dim}] = [Wq | Wk | Wv])")
+        notes[sa.name] = f"q is {name}'s packed [Q | K | V] result; k, v omitted (OPS.md)"
+    out: list[EmittedSegment] = []
+    for e in emitted:
+        nodes = tuple(dict.fromkeys(packed_as.get(n, n) for n in e.nodes))
+        extra = [notes[n] for n in nodes if n in notes]
+        if nodes != e.nodes or extra:
+            e = replace(e, nodes=nodes, note="; ".join([e.note, *extra] if e.note else extra))
+        out.append(e)
+    return out
 
 
 def float_type(idx: GraphIndex) -> int:
