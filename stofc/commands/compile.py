@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from stofc.commands.tune import choose_reporter
 from stofc.errors import StofcError
 from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compile_model
 
@@ -30,13 +31,19 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
               help="Then tune the package on the GPU present (must be --gpu).")
 @click.option("--budget", type=float, default=None, metavar="SECONDS",
               help="With --tune: stop tuning after this many seconds.")
+@click.option("--seq-len", "seq_lens", type=int, multiple=True, metavar="L",
+              help="With --tune: a sequence-length bucket to tune (repeatable; default "
+                   "--max-seq-len). Shorter buckets become run-time attention variants.")
+@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="With --tune: the tuning database (default: the user cache directory's).")
 @click.option("--dump-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Also write every rendered CUDA source here.")
 @click.option("--ort-include", type=click.Path(path_type=Path, file_okay=False), default=None,
               envvar="STOFC_ORT_INCLUDE", help="ONNX Runtime C/C++ API headers to build against.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: int, batch: int,
-                    out_dir: Path | None, tune: bool, budget: float | None, dump_dir: Path | None,
+                    out_dir: Path | None, tune: bool, budget: float | None,
+                    seq_lens: tuple[int, ...], db: Path | None, dump_dir: Path | None,
                     ort_include: Path | None, quiet: bool) -> None:
     """Compile MODEL with the structured mask into an ONNX Runtime package directory."""
     if max_seq_len < 1:
@@ -47,10 +54,19 @@ def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: i
     if budget is not None and (budget <= 0 or not tune):
         raise StofcError(f"--budget {budget:g} needs --tune and a positive number of seconds",
                          hint="e.g. --tune --budget 60")
+    if (seq_lens or db is not None) and not tune:
+        raise StofcError("--seq-len and --db choose what --tune does, and --tune was not given",
+                         hint="add --tune, or drop them")
+    bad = [n for n in seq_lens if not 1 <= n <= max_seq_len]
+    if bad:
+        raise StofcError(f"--seq-len {bad[0]} is outside 1..{max_seq_len} (--max-seq-len)",
+                         hint="tune lengths up to the length the package is compiled for")
     ins = Instruments(progress=not quiet, dump_dir=dump_dir)
     path = compile_model(model, mask, gpu=gpu, dtype=dtype, max_seq_len=max_seq_len,
                          out_dir=out_dir, tune=tune, batch=batch, instruments=ins,
                          ort_include=ort_include,
-                         tune_options={"budget": budget, "batch": batch})
+                         tune_options={"budget": budget, "batch": batch,
+                                       "seq_lens": tuple(seq_lens), "db": db,
+                                       "reporter": choose_reporter(quiet, False)})
     total = sum(t for _, t in ins.timings)
     click.echo(f"wrote {path} ({total:.1f} s)")
