@@ -1,28 +1,44 @@
 """End to end on the GPU, in one run: stofc packages vs what a user could pick instead.
 
-Model: Hugging Face BERT-base (random weights from the config, eager attention so
-ONNX Runtime's optimizer can fuse it, max_position_embeddings 2048) exported with
-``torch.onnx.export`` (TorchScript, opset 17), exactly like
-``shared/bench/anchors_ort_bert.py``. For each mask (BigBird, Longformer, causal):
+Models (``bench/e2e_models.py``): Hugging Face BERT-base and GPT-2-small, random
+weights from the config, eager attention, 2048 positions, exported with
+``torch.onnx.export`` (TorchScript, opset 17; ``input_ids`` + ``attention_mask`` ->
+``last_hidden_state``). Masks: BigBird, Longformer, causal (GPT-2's packages AND them
+with the model's own causal mask). For each model, mask and (B, L):
 
-- stofc: ``compile_model`` -> package, ``verify_package`` on the CUDA EP, then timed
-  with IOBinding (``stofc.package.bench.time_session``);
-- ORT optimized: the same export through ``onnxruntime.transformers.optimizer``,
-  fp16, CUDA EP, IOBinding. A structured mask can only reach it as a dense bias, so
-  its time is the dense-attention cost whatever the mask (timed once per shape);
-- torch.compile + FlexAttention: the anchors' own 12-layer encoder
-  (``shared/bench/anchors_mha.py``'s ``Encoder``, mirrored here) with a block mask
-  built from stofc's own dense mask, so both compute the same function.
+- stofc: ``compile_model`` -> package (once per model and mask), ``verify_package`` on
+  the CUDA EP at (2, 512) before timing, then timed with IOBinding
+  (``stofc.package.bench.time_session``);
+- ORT optimized: the same export through ``onnxruntime.transformers.optimizer``
+  (``stofc.package.bench.optimized_baseline``: model type ``bert``, or ``gpt2`` for a
+  causal graph), fp16, CUDA EP, IOBinding. A structured mask can only reach it as a
+  dense bias, so its time is the dense-attention cost whatever the mask (timed once
+  per model and shape);
+- torch.compile + FlexAttention: the model's mirror (BERT: the anchors' post-LN
+  encoder; GPT-2: a pre-LN block stack with tanh-GELU) with a block mask built from
+  the package's own dense mask, so both compute the same masking.
 
-Median ms; results as JSON + a markdown table under ``--out``. A deadline guard
-skips what no longer fits and says so.
+CUDA-graph rows, same run: stofc and ORT optimized with provider option
+``enable_cuda_graph=1`` (one session per shape; inputs and outputs bound once at
+fixed device addresses; ORT's refusal message recorded if it refuses), each graph
+output checked against the plain session's; torch.compile(mode="reduce-overhead").
 
-Usage (device, with onnxruntime-gpu on PYTHONPATH): python3 bench/e2e.py --out DIR
+Median ms. Rows are appended to ``e2e.jsonl`` as they come and ``e2e-table.md`` is
+rewritten after each, so a run cut short still leaves its tables. A deadline guard
+skips (and records) what no longer fits.
+
+Usage (device; ORT with the CUDA EP on PYTHONPATH, or ``--ort-site DIR``):
+    python3 bench/e2e.py --out $OUT [--models bert,gpt2] [--masks bigbird,longformer,causal]
+        [--cases "1:128 8:512 4:2048"] [--parts plain,graph] [--deadline 510]
+Env defaults: E2E_MODELS, E2E_MASKS, E2E_CASES, E2E_PARTS, E2E_DEADLINE_S, STOFC_ORT_SITE.
+Tables from the JSONL of several calls: python3 bench/e2e.py --table-from A.jsonl B.jsonl --out DIR
+Self-check without a GPU: python3 bench/e2e.py --selftest [--work DIR with compiled packages]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -32,186 +48,315 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_tables import selftest, write_tables
 
 MASKS = {
     "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
     "longformer": "longformer:window=128,global=32",
     "causal": "causal",
 }
-CASES = {"bigbird": [(1, 128), (8, 512), (4, 2048)], "longformer": [(4, 2048)],
-         "causal": [(4, 2048)]}
+CASES = ((1, 128), (8, 512), (4, 2048))
+VERIFY_CASE = (2, 512)
+# Seconds a step may take on an H100/H200 (first compiles included); the guard skips a
+# step when less than this is left. From the 2026-11-22 H200 run plus a margin.
+COST = {"export": 60, "baseline": 50, "ort": 5, "ort_graph": 15, "package": 60, "stofc": 5,
+        "stofc_graph": 12, "flex": 30, "flex_graph": 40}
 T0 = time.time()
 
 
-def left(deadline: float) -> float:
-    return deadline - (time.time() - T0)
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    return [(int(b), int(s)) for b, s in (c.split(":") for c in text.split())]
 
 
-def export_bert(path: Path) -> None:
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(0)
-    cfg = tf.BertConfig(max_position_embeddings=2048)
-    cfg._attn_implementation = "eager"
-    model = tf.BertModel(cfg, add_pooling_layer=False).eval()
-
-    class Wrap(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    ids = torch.randint(0, 30000, (2, 128))
-    am = torch.ones(2, 128, dtype=torch.long)
-    torch.onnx.export(Wrap(model), (ids, am), str(path), input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"],
-                      dynamic_axes={"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"},
-                                    "last_hidden_state": {0: "b", 1: "s"}},
-                      opset_version=17, dynamo=False)
+def arguments(argv=None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=env("OUT", "bench/results"))
+    p.add_argument("--work", default="/tmp/stofc-e2e")
+    p.add_argument("--models", default=env("E2E_MODELS", "bert,gpt2"))
+    p.add_argument("--masks", default=env("E2E_MASKS", ",".join(MASKS)))
+    p.add_argument("--cases", default=env("E2E_CASES", " ".join(f"{b}:{s}" for b, s in CASES)))
+    p.add_argument("--parts", default=env("E2E_PARTS", "plain,graph"),
+                   help="plain (stofc/ORT/Flex), graph (CUDA graphs / reduce-overhead)")
+    p.add_argument("--deadline", type=float, default=float(env("E2E_DEADLINE_S", "510")),
+                   help="seconds from start after which nothing new starts")
+    p.add_argument("--ort-site", default=env("STOFC_ORT_SITE"),
+                   help="directory holding an onnxruntime with the CUDA EP (put first on sys.path)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--table-from", nargs="+", default=None, metavar="JSONL")
+    p.add_argument("--selftest", action="store_true")
+    return p.parse_args(argv)
 
 
-def flex_encoder():
-    """The anchors' encoder (shared/bench/anchors_mha.py), FlexAttention inside."""
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
+class Recorder:
+    """Appends rows to e2e.jsonl and rewrites the tables after each timing row."""
 
-    class Encoder(torch.nn.Module):
-        def __init__(self, layers=12, hidden=768, heads=12, ffn=3072):
-            super().__init__()
-            self.heads = heads
-            lin = torch.nn.Linear
-            self.qkv = torch.nn.ModuleList(lin(hidden, 3 * hidden) for _ in range(layers))
-            self.o = torch.nn.ModuleList(lin(hidden, hidden) for _ in range(layers))
-            self.f1 = torch.nn.ModuleList(lin(hidden, ffn) for _ in range(layers))
-            self.f2 = torch.nn.ModuleList(lin(ffn, hidden) for _ in range(layers))
-            self.ln1 = torch.nn.ModuleList(torch.nn.LayerNorm(hidden) for _ in range(layers))
-            self.ln2 = torch.nn.ModuleList(torch.nn.LayerNorm(hidden) for _ in range(layers))
+    def __init__(self, out: Path, deadline: float) -> None:
+        self.out, self.deadline, self.rows = out, deadline, []
+        out.mkdir(parents=True, exist_ok=True)
 
-        def forward(self, x, block_mask):
-            b, s, h = x.shape
-            for i in range(len(self.qkv)):
-                q, k, v = self.qkv[i](x).view(b, s, 3, self.heads, h // self.heads).permute(
-                    2, 0, 3, 1, 4)
-                a = flex_attention(q, k, v, block_mask=block_mask)
-                x = self.ln1[i](x + self.o[i](a.transpose(1, 2).reshape(b, s, h)))
-                x = self.ln2[i](x + self.f2[i](torch.nn.functional.gelu(self.f1[i](x))))
-            return x
+    def left(self) -> float:
+        return self.deadline - (time.time() - T0)
 
-    return Encoder
+    def fits(self, step: str, **where) -> bool:
+        """True if ``step`` fits before the deadline; else record the skip."""
+        if self.left() >= COST[step]:
+            return True
+        self.emit(kind="skip", step=step, why=f"deadline: {self.left():.0f} s left, "
+                  f"step needs ~{COST[step]} s", **where)
+        return False
 
-
-def time_flex(dense: np.ndarray, batch: int, seq: int) -> tuple[float, float]:
-    """(median ms, compile s) of torch.compile(Encoder with FlexAttention) on ``dense``."""
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask
-    from triton.testing import do_bench
-
-    torch._dynamo.reset()
-    allowed = torch.from_numpy(np.ascontiguousarray(dense[:seq, :seq])).cuda()
-
-    def mask_mod(b, h, q, k):
-        return allowed[q, k]
-
-    enc = flex_encoder()().cuda().half().eval()
-    comp = torch.compile(enc, dynamic=False)
-    bm = create_block_mask(mask_mod, None, None, seq, seq, device="cuda")
-    x = torch.randn(batch, seq, 768, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        t = time.time()
-        comp(x, bm)
-        torch.cuda.synchronize()
-        compile_s = time.time() - t
-        ms = do_bench(lambda: comp(x, bm), warmup=10, rep=50, return_mode="median")
-    return ms, compile_s
+    def emit(self, **row) -> dict:
+        row["t"] = round(time.time() - T0, 1)
+        self.rows.append(row)
+        print(json.dumps(row)[:2000], flush=True)
+        with (self.out / "e2e.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if row["kind"] in ("time", "refused", "skip", "verify"):
+            write_tables(self.rows, self.out)
+        return row
 
 
-def main() -> None:
+def one_line(err: BaseException, limit: int = 600) -> str:
+    text = " | ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    return f"{type(err).__name__}: {text}"[:limit]
+
+
+def rel_error(out: np.ndarray, ref: np.ndarray, real: np.ndarray) -> float:
+    """max |out - ref| / max |ref| over real (unpadded) token positions."""
+    out, ref = np.asarray(out, np.float64)[real], np.asarray(ref, np.float64)[real]
+    if not np.isfinite(out).all():
+        return float("inf")
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tuple],
+               *, warmup: int, repeat: int) -> tuple[float, float, float, dict[str, np.ndarray]]:
+    """``time_session`` for a CUDA-graph session: inputs and outputs at fixed device buffers.
+
+    ORT replays a captured graph on the addresses it captured, so outputs are bound to
+    preallocated OrtValues (not ORT-allocated each run), filled with NaN first. After
+    timing they are NaN-filled again and replayed once more: the outputs returned are
+    that replay's (the caller compares them with the plain session's). Returns median,
+    p10, p90 ms and those outputs.
+    """
+    import statistics
+
     import onnxruntime as ort
 
+    binding = session.io_binding()
+    keep = []
+    for name, value in feeds.items():
+        v = ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0)
+        keep.append(v)
+        binding.bind_ortvalue_input(name, v)
+    outs, poison = {}, {}
+    for o in session.get_outputs():
+        dtype = np.float16 if o.type == "tensor(float16)" else np.float32
+        poison[o.name] = np.full(out_shapes[o.name], np.nan, dtype)
+        outs[o.name] = ort.OrtValue.ortvalue_from_numpy(poison[o.name], "cuda", 0)
+        binding.bind_ortvalue_output(o.name, outs[o.name])
+    binding.synchronize_inputs()
+    for _ in range(warmup):
+        session.run_with_iobinding(binding)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        times.append((time.perf_counter() - start) * 1e3)
+    for name, value in outs.items():  # poison again: the checked output is one replay's
+        value.update_inplace(poison[name])
+    session.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    q = statistics.quantiles(times, n=10)
+    return statistics.median(times), q[0], q[-1], {k: v.numpy() for k, v in outs.items()}
+
+
+def graph_providers():
+    return [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+
+
+def run_model(case, args, rec: Recorder) -> None:
+    """Every row of one model: export, ORT baseline, then per mask package/stofc/Flex."""
+    import onnxruntime as ort
+    from e2e_models import fused_ops, mirror, package_dense_mask, time_flex
+
     from stofc.frontend import load_model
-    from stofc.masks import encode, parse_mask
     from stofc.package.bench import optimized_baseline, time_session
     from stofc.package.load import load
     from stofc.package.verify import make_inputs, verify_package
     from stofc.pipeline import Instruments, compile_model
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    parser.add_argument("--deadline", type=float, default=540.0)
-    parser.add_argument("--work", default="/tmp/stofc-e2e")
-    args = parser.parse_args()
-    out, work = Path(args.out), Path(args.work)
-    out.mkdir(parents=True, exist_ok=True)
+    m = case.name
+    parts = set(args.parts.split(","))
+    cases = parse_cases(args.cases)
+    work = Path(args.work) / m
     work.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-
-    def emit(**row):
-        row["t"] = round(time.time() - T0, 1)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        (out / "e2e.jsonl").open("a").write(json.dumps(row) + "\n")
-
-    src = work / "bert.onnx"
-    export_bert(src)
-    emit(step="export", model="bert-base (HF config, eager attention)")
-    graph = load_model(src)
-    rng = np.random.default_rng(0)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    base = ort.InferenceSession(str(optimized_baseline(graph, src, work)), providers=providers)
-    shapes = sorted({c for cs in CASES.values() for c in cs})
-    feeds = {c: make_inputs(graph, *c, rng)[0] for c in shapes}
-    for b, s in shapes:
-        med, _, _ = time_session(base, feeds[(b, s)], warmup=10, repeat=50)
-        emit(impl="ort_optimized_fp16_dense", B=b, S=s, ms=med)
-    for name, spec in MASKS.items():
-        if left(args.deadline) < 60:
-            emit(step="skip", mask=name, why="deadline")
+    src = work / f"{m}.onnx"
+    if not (work / "export.done").exists():
+        if not rec.fits("export", model=m):
+            return
+        start = time.time()
+        case.export(src)
+        (work / "export.done").write_text("ok")
+        rec.emit(kind="step", step="export", model=m, s=round(time.time() - start, 1))
+    graph = load_model(src)
+    feeds, real, outputs = {}, {}, {}
+    for b, s in cases:
+        feeds[(b, s)], real[(b, s)] = make_inputs(graph, b, s, np.random.default_rng(b * 7919 + s))
+
+    # ORT optimized, plain then one CUDA-graph session per shape.
+    if not rec.fits("baseline", model=m):
+        return
+    base_path = work / "baseline.onnx"
+    if not base_path.exists():
+        start = time.time()
+        optimized_baseline(graph, src, work)
+        rec.emit(kind="step", step="baseline", model=m, s=round(time.time() - start, 1),
+                 model_type="gpt2" if graph.layers[0].attention.causal_in_graph else "bert",
+                 expected_model_type=case.ort_model_type, fused=fused_ops(base_path))
+    base = ort.InferenceSession(str(base_path), providers=providers)
+    for b, s in cases:
+        if not rec.fits("ort", model=m, impl="ort", B=b, S=s):
             continue
-        pkg = compile_model(src, spec, gpu="auto", max_seq_len=2048, out_dir=work / f"pkg-{name}",
-                            instruments=Instruments(progress=False))
-        report = verify_package(pkg, model=src, provider="cuda", cases=[(2, 512)])
-        emit(step="verify", mask=name, passed=report.passed, report=report.to_dict())
-        session = load(pkg, providers=providers)
-        dense = None
-        for b, s in CASES[name]:
-            med, _, _ = time_session(session, feeds[(b, s)], warmup=10, repeat=50)
-            emit(impl="stofc", mask=name, B=b, S=s, ms=med)
-            if left(args.deadline) < 90:
-                emit(step="skip", impl="flex", mask=name, B=b, S=s, why="deadline")
+        med, p10, p90 = time_session(base, feeds[(b, s)], warmup=args.warmup, repeat=args.repeat)
+        outputs[("ort", b, s)] = base.run(None, feeds[(b, s)])[0]
+        rec.emit(kind="time", model=m, mask=None, impl="ort", graph=False, B=b, S=s, ms=med,
+                 p10=p10, p90=p90)
+    del base
+    if "graph" in parts:
+        for b, s in cases:
+            if ("ort", b, s) not in outputs or not rec.fits("ort_graph", model=m, impl="ort",
+                                                             B=b, S=s, graph=True):
                 continue
-            if dense is None:
-                dense = encode(parse_mask(spec), 2048, num_heads=12).to_dense(0)
-            try:
-                ms, compile_s = time_flex(dense, b, s)
-                emit(impl="torch_compile_flex", mask=name, B=b, S=s, ms=ms, compile_s=compile_s)
-            except Exception as err:  # report and go on: the other figures still count
-                emit(impl="torch_compile_flex", mask=name, B=b, S=s, err=repr(err)[:300])
-    write_table(rows, out)
-
-
-def write_table(rows: list[dict], out: Path) -> None:
-    ort_ms = {(r["B"], r["S"]): r["ms"] for r in rows if r.get("impl") == "ort_optimized_fp16_dense"}
-    flex = {(r["mask"], r["B"], r["S"]): r.get("ms") for r in rows
-            if r.get("impl") == "torch_compile_flex"}
-    lines = ["| mask | B | L | stofc ms | ORT optimized ms | torch.compile+Flex ms | vs ORT | vs Flex |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        if r.get("impl") != "stofc":
+            timed_graph(rec, m, None, "ort", b, s, lambda: ort.InferenceSession(
+                str(base_path), providers=graph_providers()), feeds[(b, s)],
+                outputs[("ort", b, s)], real[(b, s)], args)
+    module = None
+    for mask in args.masks.split(","):
+        if not rec.fits("package", model=m, mask=mask):
             continue
-        key = (r["B"], r["S"])
-        o, f = ort_ms.get(key), flex.get((r["mask"], *key))
-        ms = r["ms"]
-        flex_ms = f"{f:.3f}" if f else "-"
-        vs_flex = f"{f / ms:.2f}x" if f else "-"
-        lines.append(f"| {r['mask']} | {r['B']} | {r['S']} | {ms:.3f} | {o:.3f} | {flex_ms} | "
-                     f"{o / ms:.2f}x | {vs_flex} |")
-    text = "\n".join(lines)
-    print(text)
-    (out / "e2e-table.md").write_text(text + "\n")
-    (out / "e2e.json").write_text(json.dumps(rows, indent=1))
+        pkg = work / f"pkg-{mask}"
+        start = time.time()
+        if not (pkg / "manifest.json").exists():
+            compile_model(src, MASKS[mask], gpu="auto", max_seq_len=2048, out_dir=pkg,
+                          instruments=Instruments(progress=False))
+        compile_s = round(time.time() - start, 1)
+        report = verify_package(pkg, model=src, provider="cuda", cases=[VERIFY_CASE])
+        rec.emit(kind="verify", model=m, mask=mask, passed=report.passed, rel=report.worst.rel,
+                 mask_effect=report.worst.mask_effect, compile_s=compile_s,
+                 verify_s=round(time.time() - start - compile_s, 1), report=report.to_dict())
+        dense = package_dense_mask(pkg)
+        rec.emit(kind="step", step="mask", model=m, mask=mask,
+                 density_2048=float(dense.mean()), causal_subset=bool(
+                     not np.triu(dense, 1).any()))
+        session = load(pkg, providers=providers)
+        for b, s in cases:
+            if not rec.fits("stofc", model=m, mask=mask, impl="stofc", B=b, S=s):
+                continue
+            try:
+                med, p10, p90 = time_session(session, feeds[(b, s)], warmup=args.warmup,
+                                             repeat=args.repeat)
+                outputs[("stofc", mask, b, s)] = session.run(None, feeds[(b, s)])[0]
+                rec.emit(kind="time", model=m, mask=mask, impl="stofc", graph=False, B=b, S=s,
+                         ms=med, p10=p10, p90=p90)
+            except Exception as err:  # report and go on: the other figures still count
+                rec.emit(kind="error", model=m, mask=mask, impl="stofc", B=b, S=s,
+                         err=one_line(err))
+        del session
+        gc.collect()
+        for b, s in cases:
+            if "graph" in parts and ("stofc", mask, b, s) in outputs and rec.fits(
+                    "stofc_graph", model=m, mask=mask, impl="stofc", B=b, S=s, graph=True):
+                timed_graph(rec, m, mask, "stofc", b, s,
+                            lambda p=pkg: load(p, providers=graph_providers()), feeds[(b, s)],
+                            outputs[("stofc", mask, b, s)], real[(b, s)], args)
+            for graphed in (False, True):
+                if ("graph" if graphed else "plain") not in parts:
+                    continue
+                step = "flex_graph" if graphed else "flex"
+                if not rec.fits(step, model=m, mask=mask, impl="flex", B=b, S=s, graph=graphed):
+                    continue
+                if module is None:
+                    module = mirror(m)
+                try:
+                    ms, c_s = time_flex(module, dense, b, s,
+                                        mode="reduce-overhead" if graphed else None)
+                    rec.emit(kind="time", model=m, mask=mask, impl="flex", graph=graphed, B=b,
+                             S=s, ms=ms, compile_s=round(c_s, 1))
+                except Exception as err:  # report and go on
+                    rec.emit(kind="error", model=m, mask=mask, impl="flex", graph=graphed, B=b,
+                             S=s, err=one_line(err))
+    del module
+    gc.collect()
+
+
+def timed_graph(rec: Recorder, m: str, mask: str | None, impl: str, b: int, s: int, open_session,
+                feeds, plain_out: np.ndarray, real: np.ndarray, args) -> None:
+    """One CUDA-graph row: a fresh session for this shape, timed, checked against plain."""
+    try:
+        session = open_session()
+        med, p10, p90, outs = time_graph(session, feeds, {"last_hidden_state": plain_out.shape},
+                                         warmup=args.warmup, repeat=args.repeat)
+        rec.emit(kind="time", model=m, mask=mask, impl=impl, graph=True, B=b, S=s, ms=med,
+                 p10=p10, p90=p90, vs_plain_rel=rel_error(outs["last_hidden_state"], plain_out,
+                                                          real))
+    except Exception as err:  # ORT refuses capture with its own exception types
+        rec.emit(kind="refused", model=m, mask=mask, impl=impl, graph=True, B=b, S=s,
+                 err=one_line(err))
+    finally:
+        session = None
+        gc.collect()
+
+
+def environment() -> dict:
+    import onnxruntime as ort
+
+    env = {"kind": "env", "onnxruntime": ort.__version__, "ort_file": ort.__file__,
+           "providers": ort.get_available_providers()}
+    try:
+        import torch
+        import transformers
+
+        env.update(torch=torch.__version__, transformers=transformers.__version__,
+                   gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    except Exception as err:  # the table still says what it can
+        env["env_err"] = one_line(err)
+    return env
+
+
+def main(argv=None) -> None:
+    args = arguments(argv)
+    if args.ort_site:
+        sys.path.insert(0, args.ort_site)
+    out = Path(args.out)
+    if args.table_from:
+        rows = [json.loads(line) for f in args.table_from for line in Path(f).read_text().splitlines()
+                if line.strip()]
+        print(write_tables(rows, out))
+        return
+    if args.selftest:
+        selftest(Path(args.work))
+        return
+    from e2e_models import MODELS
+
+    rec = Recorder(out, args.deadline)
+    env = rec.emit(**environment())
+    if "CUDAExecutionProvider" not in env["providers"]:
+        rec.emit(kind="error", err="this onnxruntime has no CUDAExecutionProvider; "
+                 "pass --ort-site DIR (or STOFC_ORT_SITE) with onnxruntime-gpu")
+        sys.exit(2)
+    for name in args.models.split(","):
+        try:
+            run_model(MODELS[name], args, rec)
+        except Exception as err:  # one model failing leaves the other's rows
+            rec.emit(kind="error", model=name, err=one_line(err, 1500))
+    rec.emit(kind="done", left_s=round(rec.left(), 1))
+    print(write_tables(rec.rows, out))
 
 
 if __name__ == "__main__":

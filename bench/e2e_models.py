@@ -1,0 +1,210 @@
+"""The two models of the issue-7 end-to-end table and their torch.compile mirrors.
+
+- ``export_bert`` / ``export_gpt2``: Hugging Face BERT-base / GPT-2-small with random
+  weights from the config (2048 positions, eager attention so ONNX Runtime's optimizer
+  can fuse it), exported with ``torch.onnx.export`` (TorchScript, opset 17), inputs
+  ``input_ids`` + ``attention_mask``, output ``last_hidden_state``; ``b``/``s`` dynamic.
+- ``BertMirror``: the anchors' 12-layer post-LN encoder (``shared/bench/anchors_mha.py``'s
+  ``Encoder``) with FlexAttention inside; ``Gpt2Mirror``: the same sizes as a pre-LN
+  GPT-2 stack (``x + attn(ln1(x))``, ``x + mlp(ln2(x))`` with tanh-GELU, final LayerNorm).
+  Neither has the embeddings (a gather and an add: noise at these sizes), both take the
+  hidden states and a FlexAttention block mask.
+- ``package_dense_mask``: the bool ``[L_max, L_max]`` mask a compiled package applies,
+  read from its own mask files, so GPT-2's causal intersection is included and the
+  mirror computes the same masking as the package.
+- ``time_flex``: median ms of ``torch.compile(mirror)`` with that mask (default mode or
+  ``reduce-overhead`` = CUDA graphs), torch._dynamo reset per point, ``dynamic=False``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, HEADS, FFN, LAYERS, POSITIONS = 768, 12, 3072, 12, 2048
+
+
+def _export(model, path: Path, vocab: int) -> None:
+    import torch
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids = torch.randint(0, vocab, (2, 128))
+    am = torch.ones(2, 128, dtype=torch.long)
+    dyn = {"b": 0, "s": 1}
+    axes = {n: {i: a for a, i in dyn.items()}
+            for n in ("input_ids", "attention_mask", "last_hidden_state")}
+    with torch.no_grad():
+        torch.onnx.export(Wrap(model).eval(), (ids, am), str(path),
+                          input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state"], dynamic_axes=axes,
+                          opset_version=17, dynamo=False)
+
+
+def export_bert(path: Path) -> None:
+    """HF BERT-base, random weights, eager attention, 2048 positions -> ONNX at ``path``."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(max_position_embeddings=POSITIONS)
+    cfg._attn_implementation = "eager"
+    _export(tf.BertModel(cfg, add_pooling_layer=False).eval(), path, 30000)
+
+
+def export_gpt2(path: Path) -> None:
+    """HF GPT-2-small, random weights, eager attention, n_positions 2048 -> ONNX at ``path``."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_positions=POSITIONS, use_cache=False)
+    cfg._attn_implementation = "eager"
+    _export(tf.GPT2Model(cfg).eval(), path, cfg.vocab_size)
+
+
+def _mirror_classes():
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import flex_attention
+
+    lin, norm = torch.nn.Linear, torch.nn.LayerNorm
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.ModuleList(lin(HIDDEN, 3 * HIDDEN) for _ in range(LAYERS))
+            self.o = torch.nn.ModuleList(lin(HIDDEN, HIDDEN) for _ in range(LAYERS))
+            self.f1 = torch.nn.ModuleList(lin(HIDDEN, FFN) for _ in range(LAYERS))
+            self.f2 = torch.nn.ModuleList(lin(FFN, HIDDEN) for _ in range(LAYERS))
+            self.ln1 = torch.nn.ModuleList(norm(HIDDEN) for _ in range(LAYERS))
+            self.ln2 = torch.nn.ModuleList(norm(HIDDEN) for _ in range(LAYERS))
+
+        def attend(self, i, x, block_mask):
+            b, s, h = x.shape
+            q, k, v = self.qkv[i](x).view(b, s, 3, HEADS, h // HEADS).permute(2, 0, 3, 1, 4)
+            a = flex_attention(q, k, v, block_mask=block_mask)
+            return self.o[i](a.transpose(1, 2).reshape(b, s, h))
+
+    class BertMirror(Stack):
+        """Post-LN (BERT): x = LN(x + attn(x)); x = LN(x + FFN(x)), erf-GELU."""
+
+        def forward(self, x, block_mask):
+            for i in range(LAYERS):
+                x = self.ln1[i](x + self.attend(i, x, block_mask))
+                x = self.ln2[i](x + self.f2[i](F.gelu(self.f1[i](x))))
+            return x
+
+    class Gpt2Mirror(Stack):
+        """Pre-LN (GPT-2): x += attn(LN(x)); x += FFN(LN(x)), tanh-GELU; final LN."""
+
+        def __init__(self):
+            super().__init__()
+            self.ln_f = norm(HIDDEN)
+
+        def forward(self, x, block_mask):
+            for i in range(LAYERS):
+                x = x + self.attend(i, self.ln1[i](x), block_mask)
+                x = x + self.f2[i](F.gelu(self.f1[i](self.ln2[i](x)), approximate="tanh"))
+            return self.ln_f(x)
+
+    return {"bert": BertMirror, "gpt2": Gpt2Mirror}
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One model of the table: how to export it and its torch.compile mirror."""
+
+    name: str          # "bert" | "gpt2"
+    label: str         # as printed in the table
+    export: object     # callable(Path) -> None
+    ort_model_type: str  # what optimized_baseline should pick (checked, not forced)
+
+
+MODELS = {
+    "bert": ModelCase("bert", "BERT-base", export_bert, "bert"),
+    "gpt2": ModelCase("gpt2", "GPT-2-small", export_gpt2, "gpt2"),
+}
+
+
+def mirror(model: str):
+    """A fresh fp16 CUDA mirror of ``model`` (random weights), eval mode."""
+    return _mirror_classes()[model]().cuda().half().eval()
+
+
+def package_dense_mask(package: Path) -> np.ndarray:
+    """The bool ``[L_max, L_max]`` mask of ``package`` (its own mask files, head 0).
+
+    Raises ValueError if layers or heads use different masks: one block mask per
+    mirror would then not be the package's function.
+    """
+    from stofc.masks import load, to_dense
+
+    doc = json.loads((Path(package) / "plan.json").read_text())
+    entries = doc["mask"]["formats"]
+    if len(entries) != 1:
+        raise ValueError(f"{package}: {len(entries)} distinct layer masks; the mirror takes one")
+    fmt = load(Path(package) / entries[0]["npz"])
+    dense = to_dense(fmt, 0)
+    for h in range(1, fmt.num_heads):
+        if not np.array_equal(dense, to_dense(fmt, h)):
+            raise ValueError(f"{package}: head {h} has its own mask; the mirror takes one")
+    return dense
+
+
+def fused_ops(path: Path) -> dict[str, int]:
+    """Op-type counts of ORT's fused ops in an optimized model (what the optimizer did)."""
+    import onnx
+
+    names = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization",
+             "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "EmbedLayerNormalization",
+             "Softmax", "MatMul", "Gemm"}
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        if node.op_type in names:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def time_flex(module, dense: np.ndarray, batch: int, seq: int, *,
+              mode: str | None) -> tuple[float, float]:
+    """(median ms, compile s) of ``torch.compile(module, mode=mode)`` on mask ``dense[:seq, :seq]``.
+
+    ``mode="reduce-overhead"`` runs under CUDA graphs (inputs copied into static buffers
+    each call, as a user gets it); a few calls before timing so the graph is recorded.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+    from triton.testing import do_bench
+
+    torch._dynamo.reset()
+    allowed = torch.from_numpy(np.ascontiguousarray(dense[:seq, :seq])).cuda()
+
+    def mask_mod(b, h, q, k):
+        return allowed[q, k]
+
+    comp = torch.compile(module, dynamic=False, mode=mode)
+    bm = create_block_mask(mask_mod, None, None, seq, seq, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + seq)
+    x = torch.randn(batch, seq, HIDDEN, device="cuda", dtype=torch.float16, generator=gen)
+    with torch.no_grad():
+        start = time.time()
+        for _ in range(3 if mode == "reduce-overhead" else 1):
+            y = comp(x, bm)
+        torch.cuda.synchronize()
+        compile_s = time.time() - start
+        if not torch.isfinite(y).all():
+            raise RuntimeError("the mirror's output is not finite")
+        ms = do_bench(lambda: comp(x, bm), warmup=10, rep=50, return_mode="median")
+    torch._dynamo.reset()  # drops the compiled graphs (and CUDA graphs) of this point
+    return ms, compile_s
