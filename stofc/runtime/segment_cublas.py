@@ -5,11 +5,18 @@ allows them when the handle has its own workspace (``cublasSetWorkspace``),
 so this module drives ``cublasGemmEx`` directly: ``out[M, N] = x[M, K] @
 w[N, K]ᵀ`` (row-major), fp16 or bf16 operands, fp32 accumulation
 (``CUBLAS_COMPUTE_32F``). One handle and one 32 MiB workspace per device.
+
+:class:`CublasLt` is the vendor path the plans use: the same descriptors as the
+ORT library's ``FusedGemm`` (``w [K, N]``), an epilogue, and a choice among the
+heuristic's candidates (``algo_rank``, tuned per segment: ``lt_algo`` / ``lt_m``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
+from dataclasses import dataclass
 from typing import Any
 
 from stofc.errors import DeviceError
@@ -95,8 +102,18 @@ def handle() -> Cublas:
 # cuBLASLt: the GEMM with its bias (+ReLU) and residual (as C, beta = 1) folded in.
 _LT_TRANSA, _LT_TRANSB, _LT_EPILOGUE, _LT_BIAS_POINTER = 3, 4, 7, 8
 _LT_PREF_MAX_WORKSPACE = 1
+_CUDA_R_32F = 0
 _EPI_DEFAULT, _EPI_RELU, _EPI_BIAS, _EPI_RELU_BIAS = 1, 2, 4, 6
 _HEURISTIC_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo[64], size_t, int, float, int[4]
+
+# How many of the heuristic's candidates the tuner may choose from (ranks 0..7): the
+# heuristic orders them by its own estimate, so deeper ranks rarely win and each one
+# costs a measurement per candidate epilogue config (stofc.tune.spaces explains).
+LT_ALGO_RANKS = 8
+
+
+class LtRankUnavailable(DeviceError):
+    """cuBLASLt's heuristic returned fewer candidates than a requested rank needs."""
 
 
 def lt_split(bias: bool, act: str, residual: bool) -> tuple[int, bool]:
@@ -110,22 +127,97 @@ def lt_split(bias: bool, act: str, residual: bool) -> tuple[int, bool]:
     return (_EPI_BIAS if bias else _EPI_DEFAULT), act == "none"
 
 
-class CublasLt:
-    """A cuBLASLt handle, workspace and per-shape matmul plans (descriptors + algorithm)."""
+def chosen_result(rank: int, returned: int) -> int:
+    """The heuristic result used for ``rank``: number ``rank``, or the last one returned.
 
-    def __init__(self) -> None:
-        import cupy
+    The contract of the ORT twin (``FusedGemm``'s ``lt_algo_rank``): ask for
+    ``rank + 1`` results, use result ``rank`` (0-based), or the last when fewer came back.
+    """
+    if rank < 0:
+        raise ValueError(f"cuBLASLt algorithm rank {rank} is negative")
+    if returned < 1:
+        raise ValueError("the cuBLASLt heuristic returned no algorithm")
+    return min(rank, returned - 1)
+
+
+def _lt_library() -> ctypes.CDLL:
+    """cuBLASLt: ``$STOFC_CUBLASLT`` first (as the ORT library), then the CUDA wheels, then
+    the loader's search path. Tuner and ORT library should load the same file (ranks)."""
+    errors = []
+    env = os.environ.get("STOFC_CUBLASLT")
+    if env:
         try:
-            from cuda.pathfinder import load_nvidia_dynamic_lib
-            lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublasLt").abs_path)
-        except Exception:
-            lib = ctypes.CDLL("libcublasLt.so.13")
+            return ctypes.CDLL(env)
+        except OSError as err:
+            errors.append(str(err))
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+        return ctypes.CDLL(load_nvidia_dynamic_lib("cublasLt").abs_path)
+    except Exception as err:  # fall back to the loader's search path (as the ORT library)
+        errors.append(str(err).splitlines()[0])
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError as err:
+            errors.append(str(err))
+    raise DeviceError(f"cuBLASLt not found ({'; '.join(errors)})",
+                      hint="install nvidia-cublas (the CUDA 13 wheels) for the vendor path")
+
+
+@functools.cache
+def lt_version() -> int | None:
+    """``cublasLtGetVersion()`` of the library the vendor path loads (no GPU needed), or None.
+
+    A heuristic rank names an algorithm only for one cuBLASLt version, so the
+    tuner keys vendor measurements by it.
+    """
+    try:
+        lib = _lt_library()
+        lib.cublasLtGetVersion.restype = ctypes.c_size_t
+        lib.cublasLtGetVersion.argtypes = []
+        return int(lib.cublasLtGetVersion())
+    except Exception:
+        return None
+
+
+@dataclass
+class LtPlan:
+    """One shape's descriptors, the chosen heuristic result and how many came back."""
+
+    desc: Any
+    a: Any
+    b: Any
+    c: Any
+    heuristic: Any          # the chosen cublasLtMatmulHeuristicResult_t (96 bytes)
+    returned: int           # results the heuristic returned for rank + 1 requested
+    rank: int               # the rank asked for
+
+
+class CublasLt:
+    """A cuBLASLt handle, workspace and per-shape matmul plans (descriptors + algorithm).
+
+    The descriptors are exactly those of ``FusedGemm`` in
+    ``cuda/ort/cuda_gemm_norm.cc``, so heuristic rank r is the same algorithm
+    here and in the ORT library: compute ``CUBLAS_COMPUTE_32F`` with fp32
+    scale, ``opN``/``opN``, column-major views of the row-major operands
+    (``w [K, N]`` as A ``N x K`` ld N, ``x [M, K]`` as B ``K x M`` ld K,
+    ``out [M, N]`` as C and D ``N x M`` ld N), the epilogue, the bias pointer set
+    before the heuristic, and a 32 MiB workspace preference.
+
+    ``lib`` / ``workspace`` (a device pointer) let tests drive it with a fake
+    library and no GPU; by default the real library and a CuPy buffer.
+    """
+
+    def __init__(self, lib: Any = None, workspace: int | None = None) -> None:
+        if lib is None:
+            lib = _lt_library()
         vp = ctypes.c_void_p
         for fn in ("cublasLtCreate", "cublasLtMatmulDescCreate", "cublasLtMatmulDescSetAttribute",
                    "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate",
                    "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic",
                    "cublasLtMatmul"):
             getattr(lib, fn).restype = ctypes.c_int
+        lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int]
         lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, ctypes.c_int, vp, ctypes.c_size_t]
         lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int,
                                                    ctypes.c_uint64, ctypes.c_uint64,
@@ -139,8 +231,12 @@ class CublasLt:
         self.lib = lib
         self.handle = vp()
         Cublas._check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        self.workspace = cupy.empty(_WORKSPACE, dtype=cupy.uint8)
-        self._plans: dict[tuple, tuple] = {}
+        if workspace is None:
+            import cupy
+            self.workspace = cupy.empty(_WORKSPACE, dtype=cupy.uint8)
+            workspace = int(self.workspace.data.ptr)
+        self._workspace_ptr = workspace
+        self._plans: dict[tuple, LtPlan] = {}
         self._one = ctypes.c_float(1.0)
         self._zero = ctypes.c_float(0.0)
 
@@ -155,20 +251,26 @@ class CublasLt:
                                                           ld), "cublasLtMatrixLayoutCreate")
         return layout
 
-    def _plan(self, m: int, n: int, k: int, code: int, epilogue: int, bias_ptr: int):
-        key = (m, n, k, code, epilogue)
+    def plan(self, m: int, n: int, k: int, code: int, epilogue: int, bias_ptr: int,
+             rank: int = 0) -> LtPlan:
+        """The shape's descriptors and heuristic result ``chosen_result(rank, returned)``.
+
+        Created once per (shape, dtype, epilogue, rank); the heuristic is asked
+        for ``rank + 1`` results, as the ORT twin does.
+        """
+        key = (m, n, k, code, epilogue, rank)
         if key in self._plans:
             return self._plans[key]
         lib, vp = self.lib, ctypes.c_void_p
         desc = vp()
-        Cublas._check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, 0),
+        Cublas._check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F),
                       "cublasLtMatmulDescCreate")
-        self._set(desc, _LT_TRANSA, ctypes.c_int32(_OP_T))
+        self._set(desc, _LT_TRANSA, ctypes.c_int32(_OP_N))
         self._set(desc, _LT_TRANSB, ctypes.c_int32(_OP_N))
         self._set(desc, _LT_EPILOGUE, ctypes.c_uint32(epilogue))
-        if bias_ptr:
+        if bias_ptr:  # set before the heuristic, as the ORT twin does
             self._set(desc, _LT_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
-        a = self._layout(code, k, n, k)   # W [N, K] row-major = col-major K x N, op T
+        a = self._layout(code, n, k, n)   # w [K, N] row-major = col-major N x K, op N
         b = self._layout(code, k, m, k)   # x [M, K] row-major = col-major K x M
         c = self._layout(code, n, m, n)   # out [M, N] row-major = col-major N x M
         pref = vp()
@@ -176,37 +278,57 @@ class CublasLt:
                       "cublasLtMatmulPreferenceCreate")
         size = ctypes.c_uint64(_WORKSPACE)
         Cublas._check(lib.cublasLtMatmulPreferenceSetAttribute(
-            pref, _LT_PREF_MAX_WORKSPACE, vp(ctypes.addressof(size)), 8),
+            pref, _LT_PREF_MAX_WORKSPACE, vp(ctypes.addressof(size)), ctypes.sizeof(size)),
             "cublasLtMatmulPreferenceSetAttribute")
-        heuristic = (ctypes.c_ubyte * _HEURISTIC_BYTES)()
+        requested = rank + 1
+        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * requested))()
         count = ctypes.c_int(0)
         Cublas._check(lib.cublasLtMatmulAlgoGetHeuristic(
-            self.handle, desc, a, b, c, c, pref, 1, vp(ctypes.addressof(heuristic)),
+            self.handle, desc, a, b, c, c, pref, requested, vp(ctypes.addressof(results)),
             ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
         if count.value < 1:
             raise DeviceError(f"cuBLASLt has no algorithm for {m}x{n}x{k} epilogue {epilogue}",
                               hint="use the cuBLAS + epilogue kernel path")
-        self._plans[key] = (desc, a, b, c, heuristic)
+        returned = min(count.value, requested)
+        start = _HEURISTIC_BYTES * chosen_result(rank, returned)
+        heuristic = (ctypes.c_ubyte * _HEURISTIC_BYTES).from_buffer_copy(
+            bytes(results[start:start + _HEURISTIC_BYTES]))
+        self._plans[key] = LtPlan(desc, a, b, c, heuristic, returned, rank)
         return self._plans[key]
 
-    def matmul(self, x: Any, w_nk: Any, out: Any, dtype: str, stream_ptr: int, *,
-               bias: Any = None, epilogue: int = _EPI_DEFAULT, residual: Any = None) -> None:
-        """``out = lt_epilogue(x @ w_nkᵀ + residual + bias)`` on ``stream_ptr`` (capturable)."""
+    def matmul(self, x: Any, w_kn: Any, out: Any, dtype: str, stream_ptr: int, *,
+               bias: Any = None, epilogue: int = _EPI_DEFAULT, residual: Any = None,
+               algo_rank: int = 0, exact_rank: bool = False) -> None:
+        """``out = lt_epilogue(x @ w_kn + residual + bias)`` on ``stream_ptr`` (capturable).
+
+        ``w_kn``: the weight ``[K, N]`` row-major (the ONNX / ORT layout).
+        ``algo_rank``: the heuristic result to use (:func:`chosen_result`). With
+        ``exact_rank`` a rank the heuristic did not return raises
+        :class:`LtRankUnavailable` instead (the tuner: not a distinct candidate).
+        """
         m, k = x.shape
-        n = w_nk.shape[0]
+        if w_kn.shape[0] != k:
+            raise DeviceError(f"cuBLASLt weight is {list(w_kn.shape)}, expected [{k}, N] "
+                              f"for x {list(x.shape)}", hint="pass the weight as [K, N]")
+        n = w_kn.shape[1]
         code = _CUDA_R_16F if dtype == "float16" else _CUDA_R_16BF
         bias_ptr = bias.data.ptr if bias is not None else 0
-        desc, a, b, c, heuristic = self._plan(m, n, k, code, epilogue, bias_ptr)
+        plan = self.plan(m, n, k, code, epilogue, bias_ptr, algo_rank)
+        if exact_rank and plan.returned <= algo_rank:
+            raise LtRankUnavailable(
+                f"cuBLASLt's heuristic returned {plan.returned} algorithm(s) for {m}x{n}x{k} "
+                f"epilogue {epilogue}, so rank {algo_rank} is not a distinct candidate",
+                hint="choose a rank below the number the heuristic returns")
         if bias_ptr:
-            self._set(desc, _LT_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
+            self._set(plan.desc, _LT_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
         vp = ctypes.c_void_p
         beta = self._one if residual is not None else self._zero
         c_ptr = residual.data.ptr if residual is not None else out.data.ptr
         Cublas._check(self.lib.cublasLtMatmul(
-            self.handle, desc, vp(ctypes.addressof(self._one)), vp(w_nk.data.ptr), a,
-            vp(x.data.ptr), b, vp(ctypes.addressof(beta)), vp(c_ptr), c, vp(out.data.ptr), c,
-            vp(ctypes.addressof(heuristic)), vp(self.workspace.data.ptr), _WORKSPACE,
-            vp(stream_ptr)), "cublasLtMatmul")
+            self.handle, plan.desc, vp(ctypes.addressof(self._one)), vp(w_kn.data.ptr), plan.a,
+            vp(x.data.ptr), plan.b, vp(ctypes.addressof(beta)), vp(c_ptr), plan.c,
+            vp(out.data.ptr), plan.c, vp(ctypes.addressof(plan.heuristic)),
+            vp(self._workspace_ptr), _WORKSPACE, vp(stream_ptr)), "cublasLtMatmul")
 
 
 _LT_HANDLES: dict[int, CublasLt] = {}

@@ -3,8 +3,11 @@
 For tests, the tuner and benchmarks. :class:`SegmentRunner` takes a layer, its
 :class:`~stofc.plan.plan.LayerPlan` and the layer's parameters (ONNX layouts,
 any float dtype), puts the parameters on the GPU in the plan's dtype (GEMM
-weights transposed once to ``[N, K]``), renders and compiles every segment's
-kernel (NVRTC, cached) and loads the cubins. ``run_segment`` reads its inputs
+weights transposed once to ``[N, K]``; a cuBLASLt vendor segment also gets a
+``[K, N]`` copy of its weight when compiled, the layout the ORT library's
+``FusedGemm`` passes, so the same heuristic rank is the same algorithm there),
+renders and compiles every segment's kernel (NVRTC, cached) and loads the
+cubins. Parameters are read-only once the runner is built. ``run_segment`` reads its inputs
 from a ``{value name: cupy array}`` dict and writes its outputs into it.
 
 Activations are 2-D ``[tokens, features]`` arrays; a projection stored with
@@ -119,6 +122,9 @@ class SegmentRunner:
         self._dummy = cupy.zeros(8, dtype=self.storage)
         self.poison = False  # fill outputs with NaN before each launch (tests: unwritten = NaN)
         self.use_lt = use_lt  # vendor path through cuBLASLt epilogues when available
+        # tuner: a cuBLASLt rank the heuristic did not return raises LtRankUnavailable
+        self.lt_exact_rank = False
+        self._kn: dict[str, tuple[Any, Any]] = {}  # weight name -> ([N, K] source, [K, N] copy)
         self._modules: list[Any] = []
         self.kernels: dict[int, _Loaded] = {}
         for seg in plan.segments:
@@ -171,7 +177,12 @@ class SegmentRunner:
 
     def _compile_vendor(self, seg: Segment) -> _Loaded:
         """cuBLASLt with what its epilogue can fold (bias, ReLU, residual as C), then the
-        Add+Norm template for the rest; cuBLAS + the whole epilogue if Lt is unavailable."""
+        Add+Norm template for the rest; cuBLAS + the whole epilogue if Lt is unavailable.
+
+        The spec's ``lt_algo`` (heuristic rank, default 0) applies when the run's
+        M equals its ``lt_m`` (or when ``lt_m`` is absent); other M use rank 0,
+        as the ORT library's ``lt_algo_m`` / ``lt_algo_rank`` attributes.
+        """
         spec, ep = seg.kernel, seg.epilogues[-1]
         lt = None
         if self.use_lt and spec.param("lt", True):
@@ -198,8 +209,24 @@ class SegmentRunner:
                 norm_family.NormProblem(4096, seg.dim("n0"), self.dtype, rest), cfg)
             mod, fn = _load(src, self.arch, 0)
             self._modules.append(mod)
+        rank, lt_m = int(spec.param("lt_algo", 0) or 0), spec.param("lt_m")
+        if lt is not None:  # the [K, N] copy now: never during a graph capture
+            name = seg.binding("w0")
+            params = getattr(self, "params", {})
+            if name in params:
+                self._weight_kn(name, params[name])
         return _Loaded(fn, 0, cfg.tpr * cfg.rows,
-                       (cfg, lt, code, fold_residual, rest, gemm_is_pre), "vendor")
+                       (cfg, lt, code, fold_residual, rest, gemm_is_pre, rank, lt_m), "vendor")
+
+    def _weight_kn(self, name: str | None, w_nk: Any) -> Any:
+        """The ``[K, N]`` copy of the ``[N, K]`` weight ``w_nk`` (made once per array)."""
+        cache = self.__dict__.setdefault("_kn", {})
+        held = cache.get(name)
+        if held is not None and held[0] is w_nk:
+            return held[1]
+        kn = _cupy().ascontiguousarray(w_nk.T)
+        cache[name] = (w_nk, kn)
+        return kn
 
     # -- checks --------------------------------------------------------------------
     def _get(self, values: dict[str, Any], seg: Segment, slot: str, shape: tuple[int, ...]):
@@ -295,7 +322,7 @@ class SegmentRunner:
         self._store(values, seg, out, pre)
 
     def _run_vendor(self, loaded, seg, values, x, w, out, pre, m, n, stream) -> None:
-        cfg, lt, code, fold_residual, rest, gemm_is_pre = loaded.config
+        cfg, lt, code, fold_residual, rest, gemm_is_pre, rank, lt_m = loaded.config
         ep = seg.epilogues[-1]
         if rest.is_identity:
             gemm_out = out
@@ -307,8 +334,10 @@ class SegmentRunner:
             ptr = stream.ptr if stream is not None else _cupy().cuda.get_current_stream().ptr
             bias = self._get(values, seg, "b0", (n,)) if ep.bias else None
             residual = self._get(values, seg, "residual", (m, n)) if fold_residual else None
-            lt.matmul(x, w, gemm_out, self.dtype, ptr, bias=bias, epilogue=code,
-                      residual=residual)
+            lt.matmul(x, self._weight_kn(seg.binding("w0"), w), gemm_out, self.dtype, ptr,
+                      bias=bias, epilogue=code, residual=residual,
+                      algo_rank=rank if lt_m is None or int(lt_m) == m else 0,
+                      exact_rank=getattr(self, "lt_exact_rank", False))
         else:
             cublas_gemm(x, w, gemm_out, self.dtype, stream=stream)
         if rest.is_identity:

@@ -68,7 +68,8 @@ def candidate_segment(payload: SegmentPayload, config: Config) -> Segment:
     """The payload's segment with ``config``'s kernel spec."""
     seg = payload.segment
     width = dict(seg.dims).get("n", 0)
-    spec = spec_of(seg.family, config, dtype=payload.dtype, store=payload.store, width=width)
+    spec = spec_of(seg.family, config, dtype=payload.dtype, store=payload.store, width=width,
+                   tokens=payload.batch * payload.seq_len)
     return dataclasses.replace(seg, kernel=spec)
 
 
@@ -90,8 +91,9 @@ def _runner(payload: SegmentPayload) -> tuple[Any, dict[str, np.ndarray]]:
         weights = _rounded_weights(layer, payload.dtype)
         empty = LayerPlan(layer.index, layer.norm_order, FusionScheme.unfused(len(layer.chain)),
                           ())
-        _RUNNERS[key] = (SegmentRunner(layer, empty, weights, dtype=payload.dtype,
-                                       arch=payload.arch), weights)
+        runner = SegmentRunner(layer, empty, weights, dtype=payload.dtype, arch=payload.arch)
+        runner.lt_exact_rank = True        # a rank the heuristic lacks is rejected, not timed
+        _RUNNERS[key] = (runner, weights)
     return _RUNNERS[key]
 
 
@@ -155,7 +157,22 @@ def _prepare(task: MeasureTask) -> tuple[Any, Segment, _Inputs, SegmentPayload]:
 
 
 def run(task: MeasureTask) -> float | bool:
-    """The runner entry for one non-attention candidate (see the module doc)."""
+    """The runner entry for one non-attention candidate (see the module doc).
+
+    A cuBLASLt rank (``lt_algo``) the heuristic does not return for this shape
+    is rejected (:class:`~stofc.tune.measure.CandidateRejected`): it would only
+    repeat the last candidate returned.
+    """
+    from stofc.runtime.segment_cublas import LtRankUnavailable
+    from stofc.tune.measure import CandidateRejected
+
+    try:
+        return _run(task)
+    except LtRankUnavailable as err:
+        raise CandidateRejected(err.message) from None
+
+
+def _run(task: MeasureTask) -> float | bool:
     import cupy
 
     runner, seg, inputs, p = _prepare(task)

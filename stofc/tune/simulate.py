@@ -11,6 +11,15 @@ shows the plan and kernel modules what to implement:
   the plan module may reuse.
 * :class:`SimSegment`: a 320-point space (block_m, block_n, warps, stages)
   pruned by a shared-memory limit and a tiles-per-warp rule, with reasons.
+* Vendor GEMMs (``SimSegment(vendor=True)``, :class:`SimSchemeSpace` with
+  ``vendor=True``: segments whose only compute-intensive operator is a GEMM):
+  the space also holds ``{"impl": "cublas", "lt_algo", "rows"}`` configs,
+  cuBLASLt's heuristic rank 0..7 crossed with the epilogue kernel's rows per
+  block, and the default is the vendor path at rank 0 (as the real plans'). The
+  heuristic returns :func:`lt_returned` (3..8) candidates per problem; a rank
+  past them is rejected when measured. Each rank has a deterministic factor
+  (:func:`lt_factor`: rank 0 is 1, others 0.85..1.2), so some problem's best
+  rank is not 0 and tests can check the search finds it.
 * :class:`SimMeasurer`: time = base cost x fusion factor x config efficiency
   x seeded noise (+-0.5%); some configs fault, some give wrong results; each
   measurement advances a simulated clock (:class:`SimClock`).
@@ -39,12 +48,25 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "stages": (1, 2, 3, 4),
 }
 SMEM_LIMIT = 160 * 1024
+LT_RANKS = 8                  # cuBLASLt heuristic ranks in a vendor space (as the real one)
+VENDOR_ROWS = (1, 2, 4, 8)    # the vendor epilogue kernel's rows per block
+VENDOR_FACTOR = 0.9           # the vendor GEMM at rank 0 vs the template at its optimum
 
 
 def _unit(*parts: object) -> float:
     """A deterministic number in [0, 1) from ``parts``."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def lt_returned(problem: tuple) -> int:
+    """How many candidates the simulated cuBLASLt heuristic returns for ``problem`` (3..8)."""
+    return 3 + int(_unit("lt-returned", *problem) * 6)
+
+
+def lt_factor(problem: tuple, rank: int) -> float:
+    """The simulated cost factor of heuristic rank ``rank`` (rank 0: 1.0; others 0.85..1.2)."""
+    return 1.0 if rank == 0 else 0.85 + 0.35 * _unit("lt-rank", *problem, rank)
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,7 @@ class SimSegment:
     chain: SimChain = field(repr=False)
     ops: tuple[int, ...]
     compile_options: tuple[str, ...] = ("-arch=sim",)
+    vendor: bool = False     # a GEMM with the cuBLASLt vendor path (module doc)
 
     @property
     def family(self) -> str:
@@ -97,19 +120,28 @@ class SimSegment:
 
     @property
     def problem(self) -> tuple:
-        return (self.chain.tokens, "+".join(self.chain.ops[i].name for i in self.ops))
+        names = "+".join(self.chain.ops[i].name for i in self.ops)
+        return (self.chain.tokens, names, "cublasLt:sim") if self.vendor else \
+            (self.chain.tokens, names)
+
+    @property
+    def unordered(self) -> tuple[str, ...]:
+        """Parameters without a scale (stage 2: every value is a neighbour)."""
+        return ("lt_algo",) if self.vendor else ()
 
     @property
     def label(self) -> str:
         return f"ops {self.ops[0]}-{self.ops[-1]} {self.family}"
 
     def _prune(self) -> tuple[list[Config], dict[str, int]]:
-        return _pruned_space()
+        return _vendor_space() if self.vendor else _pruned_space()
 
     def configs(self) -> Sequence[Config]:
         return self._prune()[0]
 
     def default_config(self) -> Config:
+        if self.vendor:
+            return Config.of(impl="cublas", lt_algo=0, rows=2)
         return Config.of(block_m=64, block_n=64, warps=4, stages=2)
 
     def prune_reasons(self) -> Mapping[str, int]:
@@ -150,6 +182,19 @@ def _pruned_space() -> tuple[list[Config], dict[str, int]]:
     return kept, reasons
 
 
+@functools.cache
+def _vendor_space() -> tuple[list[Config], dict[str, int]]:
+    """A vendor GEMM's configs: the template's, then cuBLASLt rank x epilogue rows."""
+    kept, reasons = _pruned_space()
+    vendor = [Config.of(impl="cublas", lt_algo=rank, rows=rows)
+              for rows in VENDOR_ROWS for rank in range(LT_RANKS)]
+    return [*kept, *vendor], reasons
+
+
+def is_vendor(config: Config) -> bool:
+    return config.get("impl") == "cublas"
+
+
 class SimClock:
     """A clock the simulated measurer advances (seconds)."""
 
@@ -162,7 +207,12 @@ class SimClock:
 
 def faults(config: Config) -> bool:
     """The simulated illegal-address region: 8 warps with 4 stages."""
-    return config["warps"] == 8 and config["stages"] == 4
+    return config.get("warps") == 8 and config.get("stages") == 4
+
+
+def rank_missing(segment: SimSegment, config: Config) -> bool:
+    """A cuBLASLt rank the simulated heuristic does not return for ``segment``."""
+    return is_vendor(config) and int(config["lt_algo"]) >= lt_returned(segment.problem)
 
 
 class SimMeasurer:
@@ -190,18 +240,22 @@ class SimMeasurer:
         """The config the efficiency model centres on (feasible, not faulting)."""
         key = (segment.family, segment.problem)
         if key not in self._optima:
-            valid = [c for c in segment.configs() if not faults(c)]
+            valid = [c for c in segment.configs() if not faults(c) and not is_vendor(c)]
             self._optima[key] = valid[int(_unit("opt", *key) * len(valid))]
         return self._optima[key]
 
     def efficiency(self, segment: SimSegment, config: Config) -> float:
+        if is_vendor(config):   # the rank's factor, and the epilogue rows around 2 or 4
+            best_rows = 2 if _unit("rows", *segment.problem) < 0.5 else 4
+            rows = 1.0 + 0.02 * (math.log2(float(config["rows"])) - math.log2(best_rows)) ** 2
+            return VENDOR_FACTOR * lt_factor(segment.problem, int(config["lt_algo"])) * rows
         opt = self.optimum(segment)
         return 1.0 + 0.08 * sum((math.log2(float(config[p])) - math.log2(float(opt[p]))) ** 2
                                 for p in PARAMS)
 
     def time_ms(self, segment: SimSegment, config: Config) -> float | None:
         """The measured time (deterministic), or None for a faulting config."""
-        if faults(config):
+        if faults(config) or rank_missing(segment, config):
             return None
         jitter = 1.0 + self.noise * (2 * _unit(self.seed, segment.problem, config.key) - 1)
         return segment.base_ms() * self.efficiency(segment, config) * jitter
@@ -216,6 +270,9 @@ class SimMeasurer:
         self.calls += 1
         self.clock.now += self.seconds_per_measure
         t = self.time_ms(segment, config)
+        if t is None and rank_missing(segment, config):
+            return Measurement(None, f"rejected: cuBLASLt's heuristic returned "
+                               f"{lt_returned(segment.problem)} algorithm(s) (simulated)")
         if t is None:
             return Measurement(None, "CUDARuntimeError: cudaErrorIllegalAddress (simulated)")
         return Measurement(t)
@@ -285,11 +342,14 @@ class SimSchemeSpace:
 
     The initial scheme is one segment per operator. ``propose_illegal`` also
     proposes moves breaking the two-CI rule (to test the engine's guard).
+    ``vendor``: segments whose only CI operator is a GEMM have the vendor path.
     """
 
-    def __init__(self, chain: SimChain, *, propose_illegal: bool = False) -> None:
+    def __init__(self, chain: SimChain, *, propose_illegal: bool = False,
+                 vendor: bool = False) -> None:
         self.chain = chain
         self.propose_illegal = propose_illegal
+        self.vendor = vendor
         self.compute_intensive = frozenset(i for i, op in enumerate(chain.ops)
                                            if op.kind in CI_KINDS)
         self.fixed = frozenset(i for i, op in enumerate(chain.ops) if op.kind == "attention")
@@ -305,7 +365,12 @@ class SimSchemeSpace:
 
     def segments(self, scheme: Scheme) -> Sequence[SimSegment]:
         self.segment_calls += 1
-        return [SimSegment(self.chain, group) for group in scheme.segments()]
+        return [SimSegment(self.chain, group, vendor=self.vendor and self._one_gemm(group))
+                for group in scheme.segments()]
+
+    def _one_gemm(self, group: Sequence[int]) -> bool:
+        kinds = [self.chain.ops[i].kind for i in group if self.chain.ops[i].kind in CI_KINDS]
+        return kinds == ["gemm"]
 
 
 # ---- a simulated measurement runner (for :class:`~stofc.tune.measure.WorkerMeasurer`) ----

@@ -10,9 +10,11 @@ with the same template names and parameter order as
 
 Configs per family (flat JSON-scalar mappings):
 
-* ``gemm`` / ``gemm_norm``: ``{"impl": "cublas", "tpr", "rows"}`` (the vendor
-  path: cuBLAS, then the Add+Norm kernel as the epilogue pass, whose
-  threads-per-row and rows-per-block are tuned) or ``{"impl": "mma", "bm",
+* ``gemm`` / ``gemm_norm``: ``{"impl": "cublas", "lt", "tpr", "rows"}`` (the
+  vendor path: cuBLAS, then the Add+Norm kernel as the epilogue pass, whose
+  threads-per-row and rows-per-block are tuned; ``lt``: through cuBLASLt with
+  its epilogue, else plain cuBLAS), with ``"lt_algo"`` when ``lt`` (which of
+  cuBLASLt's heuristic candidates runs, see below), or ``{"impl": "mma", "bm",
   "bn", "bk", "warps_m", "warps_n", "stages"}`` (the hand-written template).
   The head-split QKV store has no vendor path.
 * ``gemm_gemm``: ``{"bm", "bh", "bk", "warps", "stages", "split"}``.
@@ -20,11 +22,27 @@ Configs per family (flat JSON-scalar mappings):
 * ``attention``: ``{"kind", "tile", "warp_m", "warps", "stages", "q_split",
   "gather"}`` over both kernels (``block`` and ``row``) for the mask's tile.
 
+The cuBLASLt algorithm (``lt_algo``): the rank of the heuristic result used
+(``cublasLtMatmulAlgoGetHeuristic`` asked for ``lt_algo + 1`` results; 0 is its
+first choice and the analytical default). Ranks 0..``LT_ALGO_RANKS - 1`` (8)
+are searched, crossed with the epilogue kernel's configs (the two launches are
+independent, but the best pair needs both axes). Pruning: the heuristic sorts
+its candidates by its own estimate, so ranks past 8 rarely win and each costs a
+measurement per epilogue config; the number actually returned is known only
+on the GPU, so a rank it does not return is rejected when measured (a fault,
+"rejected: ... returned N algorithm(s)"), never timed as a duplicate of the
+last. A tuned rank is valid for one M: the plan's KernelSpec carries
+``("lt_algo", rank), ("lt_m", tokens)`` (both only when the rank is not 0, so
+untuned specs are unchanged); at any other M the runtimes use rank 0. The
+ORT library takes them as ``FusedGemm``'s ``lt_algo_m`` / ``lt_algo_rank``.
+
 Problem keys hold everything that changes the best config and is not a
 parameter: the shapes (tokens = batch x length, widths), the dtype, the
 epilogue (its tag), the output layout, the GPU architecture, and for attention
-the mask format's hash, ``L_max`` and tile. The architecture is also the
-compile option (part of the database key).
+the mask format's hash, ``L_max`` and tile; for GEMMs with a vendor path the
+cuBLASLt version and operand layout (:func:`vendor_tag`: a rank names an
+algorithm only for one library version and one set of descriptors). The
+architecture is also the compile option (part of the database key).
 """
 
 from __future__ import annotations
@@ -49,6 +67,8 @@ from stofc.targets import GpuProfile
 from stofc.tune.interfaces import Config
 
 VENDOR = "vendor/cublas"
+LT_ALGO, LT_M = "lt_algo", "lt_m"          # the vendor KernelSpec's tuned-algorithm params
+LT_ALGO_RANKS = 8                         # heuristic ranks searched (module doc: pruning)
 GEMM_PARAMS = ("bm", "bn", "bk", "warps_m", "warps_n", "stages")
 GG_PARAMS = ("bm", "bh", "bk", "warps", "stages", "split")
 
@@ -98,7 +118,11 @@ class KernelSegment:
 
     ``candidates`` is computed lazily by ``build`` (a list of configs and the
     prune reasons); ``default`` must be one of them when any exist.
+    ``unordered``: parameters without a scale (stage 2 treats every other value
+    as a neighbour): the cuBLASLt rank.
     """
+
+    unordered = (LT_ALGO,)
 
     family: str
     problem: tuple
@@ -139,6 +163,12 @@ def _declared(space: Any, prefix: str = "", **extra: Any) -> tuple[list[Config],
     return configs, reasons
 
 
+def _with_ranks(part: tuple[list[Config], dict[str, int]]) -> tuple[list[Config], dict[str, int]]:
+    """Each cuBLASLt config once per heuristic rank 0..LT_ALGO_RANKS-1 (module doc)."""
+    configs, reasons = part
+    return [c.replace(**{LT_ALGO: r}) for c in configs for r in range(LT_ALGO_RANKS)], reasons
+
+
 def _merge(*parts: tuple[list[Config], dict[str, int]]) -> tuple[list[Config], dict[str, int]]:
     configs: list[Config] = []
     reasons: dict[str, int] = {}
@@ -149,11 +179,22 @@ def _merge(*parts: tuple[list[Config], dict[str, int]]) -> tuple[list[Config], d
     return configs, reasons
 
 
-def config_of_spec(spec: KernelSpec) -> Config:
-    """The tuner's config for a plan kernel spec (inverse of ``kernel_spec``)."""
+def config_of_spec(spec: KernelSpec, tokens: int | None = None) -> Config:
+    """The tuner's config for a plan kernel spec (inverse of ``kernel_spec``).
+
+    ``tokens``: the M the config is for; a vendor spec's ``lt_algo`` tuned at
+    another ``lt_m`` does not apply there (rank 0, as at run time).
+    """
     if spec.template == VENDOR:
-        return Config.of(impl="cublas", lt=bool(spec.param("lt", True)), tpr=spec.param("tpr"),
-                         rows=spec.param("rows"))
+        lt = bool(spec.param("lt", True))
+        config = Config.of(impl="cublas", lt=lt, tpr=spec.param("tpr"), rows=spec.param("rows"))
+        if not lt:
+            return config
+        rank = int(spec.param(LT_ALGO, 0) or 0)
+        lt_m = spec.param(LT_M)
+        if tokens is not None and lt_m is not None and int(lt_m) != tokens:
+            rank = 0
+        return config.replace(**{LT_ALGO: rank})
     if spec.family in ("gemm", "gemm_norm"):
         return Config.of({k: spec.param(k) for k in GEMM_PARAMS}, impl="mma")
     if spec.family == "gemm_gemm":
@@ -198,18 +239,26 @@ def _attention_space(fmt: Any, kind: str, head_dim: int, dtype: str,
 
 
 def spec_of(family: str, config: Config, *, dtype: str, store: str = "row",
-            width: int = 0) -> KernelSpec:
+            width: int = 0, tokens: int = 0) -> KernelSpec:
     """The plan's kernel spec of a non-attention ``config`` (inverse of :func:`config_of_spec`).
 
     Template names and parameter order as :func:`stofc.plan.build.kernel_spec`.
-    ``store``: the GEMM output layout; ``width``: the row width of ``add_norm``.
+    ``store``: the GEMM output layout; ``width``: the row width of ``add_norm``;
+    ``tokens``: M, recorded as ``lt_m`` beside a cuBLASLt rank other than 0.
     """
     common: tuple[tuple[str, Any], ...] = (("dtype", dtype),)
     if family in ("gemm", "gemm_norm"):
         common = (*common, ("store", store))
         if config["impl"] == "cublas":
-            return KernelSpec(family, VENDOR, (*common, ("lt", bool(config["lt"])),
-                                               ("tpr", config["tpr"]), ("rows", config["rows"])))
+            lt = bool(config["lt"])
+            params = (*common, ("lt", lt), ("tpr", config["tpr"]), ("rows", config["rows"]))
+            rank = int(config.get(LT_ALGO, 0)) if lt else 0
+            if rank:
+                if tokens < 1:
+                    raise PlanError(f"a cuBLASLt rank ({rank}) needs the M it was tuned at",
+                                    hint="this is a stofc bug; pass tokens to spec_of")
+                params = (*params, (LT_ALGO, rank), (LT_M, int(tokens)))
+            return KernelSpec(family, VENDOR, params)
         return KernelSpec(family, gemm_family.TEMPLATE,
                           (*common, *((p, config[p]) for p in GEMM_PARAMS)))
     if family == "gemm_gemm":
@@ -220,6 +269,13 @@ def spec_of(family: str, config: Config, *, dtype: str, store: str = "row",
                           (*common, ("n", width), ("tpr", config["tpr"]),
                            ("rows", config["rows"])))
     raise PlanError(f"no kernel family {family!r}", hint="this is a stofc bug; report it")
+
+
+def vendor_tag() -> str:
+    """The vendor path's identity in GEMM problem keys: cuBLASLt version and weight layout."""
+    from stofc.runtime.segment_cublas import lt_version
+
+    return f"cublasLt:{lt_version() or 'none'}:w_kn"
 
 
 def vendor_rest(ep: Epilogue, lt: bool) -> Epilogue:
@@ -323,7 +379,8 @@ class SpaceFactory:
     def _make(self, match: SegmentMatch, problem: tuple, to_spec: Any, build: Any,
               store: str) -> KernelSegment:
         spec0 = self._default_spec(match, store)
-        default = config_of_spec(spec0) if spec0 is not None else Config.of(impl="none")
+        default = (config_of_spec(spec0, self.tokens) if spec0 is not None
+                   else Config.of(impl="none"))
         seg = _segment(self.layer, match, spec0 or KernelSpec(match.family, "none"))
         payload = SegmentPayload(self.layer, seg, self.batch, self.seq_len, self.dtype,
                                  self.profile.arch, self.profile.l2_bytes, store)
@@ -348,17 +405,20 @@ class SpaceFactory:
                     rest = vendor_rest(ep, lt)
                     if rest.is_identity:   # nothing left for the epilogue kernel to do
                         cfg = norm_family.default_config(nproblem, profile)
-                        parts.append(([Config.of(impl="cublas", lt=lt, tpr=cfg.tpr,
-                                                 rows=cfg.rows)], {}))
+                        part = ([Config.of(impl="cublas", lt=lt, tpr=cfg.tpr, rows=cfg.rows)],
+                                {})
                     else:
                         rproblem = norm_family.NormProblem(self.tokens, n, dtype, rest)
-                        parts.append(_declared(norm_family.space(rproblem, profile),
-                                               f"cublas{'Lt' if lt else ''} epilogue: ",
-                                               impl="cublas", lt=lt))
+                        part = _declared(norm_family.space(rproblem, profile),
+                                         f"cublas{'Lt' if lt else ''} epilogue: ",
+                                         impl="cublas", lt=lt)
+                    parts.append(_with_ranks(part) if lt else part)
             return _merge(*parts)
 
-        to_spec = functools.partial(spec_of, family, dtype=dtype, store=store)
+        to_spec = functools.partial(spec_of, family, dtype=dtype, store=store, tokens=self.tokens)
         key = ("tokens", self.tokens, n, k, dtype, ep.tag, store)
+        if store == "row":   # the vendor path is in the space: its library and layout
+            key = (*key, vendor_tag())
         return self._make(match, key, to_spec, build, store)
 
     def gemm_gemm(self, match: SegmentMatch) -> KernelSegment:

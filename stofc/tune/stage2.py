@@ -8,6 +8,9 @@ each segment's best improved in the previous round (in ms of model time).
 Within a segment, half its share goes to the untried one-parameter neighbours
 of its best config (the next smaller / larger value of one parameter) and the
 rest to untried configs drawn at random: local refinement plus exploration.
+A parameter a space names in its optional ``unordered`` attribute has no
+scale (cuBLASLt's heuristic rank ``lt_algo``: rank 5 is not "near" rank 4), so
+every other value of it is a neighbour.
 Spaces are already pruned analytically (:meth:`SegmentSpace.configs`).
 
 Stops when every space is exhausted, at the deadline, or after ``patience``
@@ -80,19 +83,27 @@ def _distinct_values(configs: Sequence[Config]) -> dict[str, list]:
     return {name: sorted(vals, key=lambda v: (str(type(v)), v)) for name, vals in values.items()}
 
 
-def neighbours(best: Config, values: dict[str, list], config_set: set[Config]) -> list[Config]:
-    """The configs that differ from ``best`` by one parameter moved to an adjacent value."""
+def neighbours(best: Config, values: dict[str, list], config_set: set[Config],
+               unordered: Sequence[str] = ()) -> list[Config]:
+    """The configs that differ from ``best`` by one parameter moved to an adjacent value.
+
+    For a parameter in ``unordered`` every other value is adjacent.
+    """
     out = []
     for name in sorted(values):
         ordered = values[name]
         if name not in best or best[name] not in ordered:
             continue
         index = ordered.index(best[name])
-        for step in (-1, 1):
-            if 0 <= index + step < len(ordered):
-                candidate = best.replace(**{name: ordered[index + step]})
-                if candidate in config_set:
-                    out.append(candidate)
+        if name in unordered:
+            others = [v for i, v in enumerate(ordered) if i != index]
+        else:
+            others = [ordered[index + step] for step in (-1, 1)
+                      if 0 <= index + step < len(ordered)]
+        for value in others:
+            candidate = best.replace(**{name: value})
+            if candidate in config_set:
+                out.append(candidate)
     return out
 
 
@@ -133,7 +144,8 @@ def _pick(state: _State, evaluator: Evaluator, count: int) -> list[Config]:
         picked.append(default)
     best = evaluator.best_known(space)
     if best is not None:
-        for cand in neighbours(best[0], state.values, state.config_set):
+        for cand in neighbours(best[0], state.values, state.config_set,
+                               tuple(getattr(space, "unordered", ()))):
             if len(picked) >= max(1, (count + 1) // 2):
                 break
             if cand not in picked and cand.key not in memo:
