@@ -281,7 +281,8 @@ class CublasLt:
             pref, _LT_PREF_MAX_WORKSPACE, vp(ctypes.addressof(size)), ctypes.sizeof(size)),
             "cublasLtMatmulPreferenceSetAttribute")
         requested = rank + 1
-        results = (ctypes.c_ubyte * (_HEURISTIC_BYTES * requested))()
+        words = _HEURISTIC_BYTES // 8     # uint64 buffers: the algo struct is 8-byte aligned
+        results = (ctypes.c_uint64 * (words * requested))()
         count = ctypes.c_int(0)
         Cublas._check(lib.cublasLtMatmulAlgoGetHeuristic(
             self.handle, desc, a, b, c, c, pref, requested, vp(ctypes.addressof(results)),
@@ -290,9 +291,8 @@ class CublasLt:
             raise DeviceError(f"cuBLASLt has no algorithm for {m}x{n}x{k} epilogue {epilogue}",
                               hint="use the cuBLAS + epilogue kernel path")
         returned = min(count.value, requested)
-        start = _HEURISTIC_BYTES * chosen_result(rank, returned)
-        heuristic = (ctypes.c_ubyte * _HEURISTIC_BYTES).from_buffer_copy(
-            bytes(results[start:start + _HEURISTIC_BYTES]))
+        start = words * chosen_result(rank, returned)
+        heuristic = (ctypes.c_uint64 * words)(*results[start:start + words])
         self._plans[key] = LtPlan(desc, a, b, c, heuristic, returned, rank)
         return self._plans[key]
 

@@ -445,3 +445,18 @@ def test_runner_passes_kn_weights_and_applies_a_rank_at_its_m_only(monkeypatch):
         assert call["w_kn"].shape == (768, 2304) and call["w_kn"].flags.c_contiguous
         assert np.array_equal(call["w_kn"], w_nk.T)
     assert recorder.calls[0]["w_kn"] is recorder.calls[1]["w_kn"]   # one copy, made once
+
+
+def test_a_rank_candidate_compiles_without_a_gpu(bert):
+    """The compile pool's path (``compile_segment``) takes rank configs: the epilogue
+    kernel is the same for every rank, and no cuBLASLt call happens there."""
+    from stofc.tune.runner_segments import candidate_segment, compile_segment
+
+    _, _, _, _, spaces = bert
+    for space in spaces:
+        ranked = [c for c in space.configs() if c.get(LT_ALGO) == 5]
+        if not ranked:
+            continue
+        compile_segment(space.payload, ranked[0].key)
+        seg = candidate_segment(space.payload, ranked[0])
+        assert seg.kernel.param(LT_ALGO) == 5 and seg.kernel.param(LT_M) == 16 * 2048
