@@ -226,7 +226,8 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
 def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile: GpuProfile,
                         formats: dict[int, MaskFormat], attention: dict[int, AttentionKernel], *,
                         source_model: Path, mask_text: str, mask_canonical: str, causal: bool,
-                        tuned: bool) -> PackageContents:
+                        tuned: bool, buckets: tuple[tuple[int, Plan], ...] = ()
+                        ) -> PackageContents:
     """Render every kernel of ``plan``, compile each for the profile's targets; the contents."""
     segment_sources = ins.run("render kernels", _render_segments, plan)
     sources = [s for srcs in segment_sources.values() for s in srcs]
@@ -239,7 +240,7 @@ def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile
         graph=graph, plan=plan, profile=profile, mask_text=mask_text,
         mask_canonical=mask_canonical, mask_causal_from_model=causal, formats=formats,
         segment_sources=segment_sources, attention=attention, compiled=compiled,
-        targets=targets, source_model=source_model, tuned=tuned)
+        targets=targets, source_model=source_model, tuned=tuned, buckets=buckets)
 
 
 def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path | None = None,
@@ -280,7 +281,7 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
     contents = _render_and_compile(
         ins, graph, plan, profile, formats, attention, source_model=source,
         mask_text=mask["spec"], mask_canonical=_canonical(mask["effective"]),
-        causal=bool(mask["causal_from_model"]), tuned=tuned)
+        causal=bool(mask["causal_from_model"]), tuned=tuned, buckets=buckets)
     path = ins.run("write package", write_package, package_dir, contents,
                    ort_include=ort_include)
     ins.dump_package(path)

@@ -14,7 +14,9 @@ The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
   (:func:`split_fused_gemm`, the C++ twin's ``split_fused_gemm``);
   ``epilogue_kernel`` ``FILE:ENTRY`` (``""`` when nothing is left),
   ``epilogue`` (its :class:`~stofc.kernels.epilogue.Epilogue` tag),
-  ``epilogue_threads``, ``epilogue_rows``.
+  ``epilogue_threads``, ``epilogue_rows``; and, when the tuner chose a cuBLASLt
+  heuristic rank for the node's GEMM, ``lt_algo_m`` / ``lt_algo_rank``
+  (:func:`lt_algo_attributes`).
 * ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
   for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output). An
   RMSNorm with a shift has no CUDA kernel (the template shifts LayerNorm only):
@@ -116,6 +118,33 @@ def launch_attributes(source: Source, config: norm_family.NormConfig, ep: Epilog
             "epilogue_rows": config.rows}
 
 
+def lt_algo_attributes(seg, width: int, contents) -> dict:
+    """FusedGemm's ``lt_algo_m`` / ``lt_algo_rank`` (OPS.md) from the tuned vendor segments.
+
+    The tuner records ``lt_algo`` (a cuBLASLt heuristic rank, valid for one M)
+    with the M it was measured at (``lt_m``) on the segment's KernelSpec; the
+    package's plan and every tuned bucket's plan contribute one (M, rank) pair when
+    the node runs that segment's GEMM (same width: a packed Q|K|V node computes
+    3N where the segment tuned N, and gets none). ``{}`` when nothing was tuned.
+    """
+    pairs: dict[int, int] = {}
+    if seg is None:
+        return {}
+    for plan in (contents.plan, *(p for _, p in contents.buckets)):
+        twin = next((s for lp in plan.layers if lp.index == seg.layer for s in lp.segments
+                     if s.ordinal == seg.ordinal and s.ops == seg.ops), None)
+        spec = getattr(twin, "kernel", None)
+        if spec is None or spec.template != "vendor/cublas" or not spec.param("lt_algo"):
+            continue
+        if twin.dim("n0") != width or not spec.param("lt_m"):
+            continue
+        pairs.setdefault(int(spec.param("lt_m")), int(spec.param("lt_algo")))
+    if not pairs:
+        return {}
+    ms = sorted(pairs)
+    return {"lt_algo_m": ms, "lt_algo_rank": [pairs[m] for m in ms]}
+
+
 def _attention_plan(root: Path, fmt, cfg, mid: str) -> str:
     """The ``*.plan.bin`` of ``cfg`` on ``fmt`` (written once per kind/gather/permute)."""
     rel = (f"masks/{mid}.{cfg.kind}{'-gather' if cfg.gather else ''}"
@@ -166,6 +195,8 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
                                has_sum=len(node.output) > 1 and bool(node.output[1]))
         else:
             continue
+        if node.op_type == "FusedGemm":
+            _set(node, **lt_algo_attributes(seg, width, contents))
         if ep is None or not width:
             continue                      # no CUDA kernel: the twin says so at session creation
         if ep.is_identity:

@@ -69,6 +69,7 @@ class PackageContents:
     source_model: Path
     tuned: bool = False
     pack_qkv: bool = True   # one [K, 3N] Q|K|V FusedGemm per layer (rewrite_model)
+    buckets: tuple[tuple[int, Plan], ...] = ()       # tuned (length, plan): FusedGemm lt_algo
 
 
 def kernel_file(name: str, target: str) -> str:
