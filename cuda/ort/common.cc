@@ -37,6 +37,25 @@ bool try_attr(const OrtKernelInfo* info, const char* name, std::string& out) {
     return true;
 }
 
+bool try_attr(const OrtKernelInfo* info, const char* name, std::vector<int64_t>& out) {
+    size_t size = 0;
+    OrtStatus* st = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
+    if (st) {
+        Ort::GetApi().ReleaseStatus(st);
+        return false;
+    }
+    std::vector<int64_t> buf(size);
+    if (size > 0) {
+        st = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, buf.data(), &size);
+        if (st) {
+            Ort::GetApi().ReleaseStatus(st);
+            return false;
+        }
+    }
+    out = std::move(buf);
+    return true;
+}
+
 Input get_input(const Ort::KernelContext& ctx, size_t i) {
     Input in;
     if (i >= ctx.GetInputCount()) return in;

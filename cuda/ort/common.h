@@ -67,6 +67,7 @@ inline int64_t numel(const std::vector<int64_t>& s) {
 bool try_attr(const OrtKernelInfo* info, const char* name, int64_t& out);
 bool try_attr(const OrtKernelInfo* info, const char* name, float& out);
 bool try_attr(const OrtKernelInfo* info, const char* name, std::string& out);
+bool try_attr(const OrtKernelInfo* info, const char* name, std::vector<int64_t>& out);  // ints
 
 /// A required attribute; a clear error names it when absent.
 template <typename A>

@@ -11,6 +11,13 @@
 // key bits from ORT's allocator and fills them with the embedded key-prep kernel
 // (key_prep.cu) on the same stream. No device synchronisation; nothing allocated
 // per run but ORT scratch; no host-device copy inside a run after the first.
+//
+// Run-time variants (variant_* attributes): each is a launch like the base (its own
+// kernel, plan, threads, blocks per tile row, shared memory), checked the same way at
+// session creation; every run launches the first variant eligible for its B and S
+// (cuda_attrs.h, select_attention_variant), else the base. The first run in a context
+// loads every module and uploads every plan (plans shared by file). Packed QKV (k and
+// v omitted): k and v point into q's rows, all three with q's strides (OPS.md).
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -49,53 +56,119 @@ struct DevicePlan {
     size_t row_ptr = 0, col_idx = 0, part_idx = 0, bitmaps = 0, gather_keys = 0, q_perm = 0, orders = 0;
 };
 
+/// One `*.plan.bin` and its uploads (one per CUDA context); shared by the launches
+/// (base, variants) that name the same file.
+struct PlanSlot {
+    std::shared_ptr<const AttentionPlan> plan;
+    std::vector<DevicePlan> uploads;
+};
+
+/// One launch the node can make: the base (`kernel`, `launch_plan`, ...) or a run-time
+/// variant (`variant_*[i]`), with its plan and its module.
+struct LaunchUnit {
+    AttentionLaunch launch;
+    std::shared_ptr<PlanSlot> slot;
+    std::unique_ptr<CudaModule> module;
+};
+
+/// Runs `fn`; an OpError is prefixed with `attr` ("attribute 'variant_launch_plans[1]': ...")
+/// unless attr is empty (the base launch: its messages name their files already).
+template <typename Fn>
+void naming(const std::string& attr, Fn&& fn) {
+    if (attr.empty()) return fn();
+    try {
+        fn();
+    } catch (const OpError& e) {
+        throw OpError("attribute '" + attr + "': " + e.what(), e.code);
+    }
+}
+
+/// "name[index]" for variant `index`, "" for the base launch (index < 0).
+std::string variant_attr(const char* name, int index) {
+    return index < 0 ? std::string() : std::string(name) + "[" + std::to_string(index) + "]";
+}
+
 }  // namespace
 
 struct SparseAttentionCuda {
     AttentionAttrs attrs;
-    AttentionLaunch launch;
-    std::shared_ptr<const AttentionPlan> plan;
-    std::unique_ptr<CudaModule> module;
+    LaunchUnit base;
+    std::vector<LaunchUnit> variants;  // attribute order: the first eligible one runs
+    std::vector<AttentionLaunch> variant_launches;
     std::mutex mu;
-    std::vector<DevicePlan> uploads;  // one per CUDA context
+    std::vector<CUcontext> prepared;  // contexts where every module and plan is ready
 
-    SparseAttentionCuda(const OrtKernelInfo* info, const std::string& dir)
-        : attrs(info, dir), launch(checked_attrs([&] { return parse_attention_launch(OrtAttrSource(info)); })) {
-        plan = load_attention_plan(resolve_package_path(dir, launch.plan_file));
+    SparseAttentionCuda(const OrtKernelInfo* info, const std::string& dir) : attrs(info, dir) {
+        const OrtAttrSource src(info);
+        base.launch = checked_attrs([&] { return parse_attention_launch(src); });
+        variant_launches = checked_attrs([&] { return parse_attention_variants(src, base.launch); });
+        std::vector<std::pair<std::string, std::shared_ptr<PlanSlot>>> slots;  // by resolved path
+        const auto bind = [&](LaunchUnit& u, int index) {
+            naming(variant_attr("variant_launch_plans", index), [&] {
+                const std::string path = resolve_package_path(dir, u.launch.plan_file);
+                for (auto& s : slots)
+                    if (s.first == path) u.slot = s.second;
+                if (!u.slot) {
+                    u.slot = std::make_shared<PlanSlot>();
+                    u.slot->plan = load_attention_plan(path);
+                    slots.emplace_back(path, u.slot);
+                }
+                check_plan(u, index);
+            });
+            naming(variant_attr("variant_kernels", index),
+                   [&] { u.module = load_package_module(dir, u.launch.kernel); });
+        };
+        bind(base, -1);
+        variants.resize(variant_launches.size());
+        for (size_t i = 0; i < variants.size(); ++i) {
+            variants[i].launch = variant_launches[i];
+            bind(variants[i], static_cast<int>(i));
+        }
+    }
+
+    /// The plan must be built for the node's mask and the launch's kernel kind.
+    void check_plan(const LaunchUnit& u, int index) const {
         const MaskData& m = *attrs.mask;
-        const AttentionPlan& p = *plan;
+        const AttentionPlan& p = *u.slot->plan;
         if (p.tile != m.tile || p.seq_len != m.seq_len || p.tile_rows != m.tile_rows ||
             (p.fmt_head_stride == 0) != (m.num_heads == 1) || m.spec_hash.compare(0, 32, p.spec_hash) != 0)
             throw OpError("launch plan '" + p.path + "' was not built for mask file '" + m.path +
                               "'; rewrite the package with 'stofc compile'",
                           ORT_INVALID_GRAPH);
-        if (p.block != launch.variant.block)
-            throw OpError("launch plan '" + p.path + "' is for a " + (p.block ? "block" : "row") +
-                              "-wise kernel but 'kernel' names " + launch.kernel.entry,
+        if (p.block != u.launch.variant.block)
+            throw OpError("launch plan '" + p.path + "' is for a " + (p.block ? "block" : "row") + "-wise kernel but " +
+                              u.launch.label + " names " + u.launch.kernel.entry,
                           ORT_INVALID_GRAPH);
-        if (!p.block && p.tile % launch.blocks_per_tile_row)
-            throw OpError("attribute blocks_per_tile_row does not divide the tile; rewrite the package",
+        if (!p.block && p.tile % u.launch.blocks_per_tile_row)
+            throw OpError("attribute '" + (index < 0 ? std::string("blocks_per_tile_row")
+                                                     : variant_attr("variant_blocks_per_tile_row", index)) +
+                              "' = " + std::to_string(u.launch.blocks_per_tile_row) + " does not divide the tile " +
+                              std::to_string(p.tile) + "; rewrite the package",
                           ORT_INVALID_GRAPH);
-        module = load_package_module(dir, launch.kernel);
     }
 
     ~SparseAttentionCuda() {
-        if (uploads.empty()) return;
-        const Driver& drv = driver();
-        for (auto& u : uploads) {
-            ScopedContext scope(drv, u.ctx);
-            drv.MemFree(u.base);
-        }
+        const auto free_slot = [](PlanSlot& s) {
+            if (s.uploads.empty()) return;
+            const Driver& drv = driver();
+            for (auto& u : s.uploads) {
+                ScopedContext scope(drv, u.ctx);
+                drv.MemFree(u.base);
+            }
+            s.uploads.clear();
+        };
+        free_slot(*base.slot);
+        for (auto& v : variants) free_slot(*v.slot);  // a shared slot is freed once (cleared)
     }
 
-    /// The plan in `ctx`, uploaded on `stream` the first time (outside graph capture).
-    DevicePlan device_plan(CUcontext ctx, CUstream stream) {
-        std::lock_guard<std::mutex> lock(mu);
-        for (auto& u : uploads)
+    /// `slot`'s plan in `ctx`, uploaded on `stream` the first time (outside graph capture).
+    /// Called with `mu` held.
+    static DevicePlan device_plan(PlanSlot& slot, CUcontext ctx, CUstream stream) {
+        for (auto& u : slot.uploads)
             if (u.ctx == ctx) return u;
         require_not_capturing(stream, "uploading the attention launch plan");
         const Driver& drv = driver();
-        const AttentionPlan& p = *plan;
+        const AttentionPlan& p = *slot.plan;
         DevicePlan u;
         u.ctx = ctx;
         size_t off = 0;
@@ -123,8 +196,26 @@ struct SparseAttentionCuda {
         copy(u.gather_keys, p.gather_keys.data(), p.gather_keys.size() * 4);
         copy(u.q_perm, p.q_perm.data(), p.q_perm.size() * 4);
         copy(u.orders, p.row_orders.data(), p.row_orders.size() * 4);
-        uploads.push_back(u);
+        slot.uploads.push_back(u);
         return u;
+    }
+
+    /// The function and device plan of `unit` in `ctx`. The first run in a context loads
+    /// every launch's module and uploads every plan (not while capturing), so a later run
+    /// that picks another variant, e.g. under CUDA graph capture, needs no first-use work.
+    std::pair<CUfunction, DevicePlan> ready(LaunchUnit& unit, CUcontext ctx, CUstream stream) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (std::find(prepared.begin(), prepared.end(), ctx) == prepared.end()) {
+            const auto prepare = [&](LaunchUnit& u) {
+                u.module->function(ctx, stream, static_cast<int>(u.launch.smem_bytes));
+                device_plan(*u.slot, ctx, stream);
+            };
+            prepare(base);
+            for (auto& v : variants) prepare(v);
+            prepared.push_back(ctx);
+        }
+        return {unit.module->function(ctx, stream, static_cast<int>(unit.launch.smem_bytes)),
+                device_plan(*unit.slot, ctx, stream)};
     }
 
     void compute(OrtKernelContext* context) {
@@ -132,6 +223,9 @@ struct SparseAttentionCuda {
         const Input q = get_input(ctx, 0), k = get_input(ctx, 1), v = get_input(ctx, 2);
         const Input kpm = get_input(ctx, 3), bias = get_input(ctx, 4);
         const AttentionCall c = check_attention(attrs, q, k, v, kpm, bias);
+        const int pick = select_attention_variant(variant_launches, c.B, c.S, attrs.mask->tile);
+        LaunchUnit& unit = pick < 0 ? base : variants[static_cast<size_t>(pick)];
+        const AttentionLaunch& launch = unit.launch;
         const AttentionVariant& var = launch.variant;
         if ((q.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) != var.bf16)
             throw OpError("kernel " + launch.kernel.entry + " is compiled for " + (var.bf16 ? "bfloat16" : "float16") +
@@ -141,7 +235,7 @@ struct SparseAttentionCuda {
                           (var.has_key_bits ? "present" : "absent") + " and bias " +
                           (var.has_bias ? "present" : "absent") + ", the node's inputs differ; rewrite the package");
         auto out = ctx.GetOutput(0, c.out_shape());
-        const AttentionPlan& p = *plan;
+        const AttentionPlan& p = *unit.slot->plan;
         AttentionLaunchShape shape;
         shape.B = c.B;
         shape.S = c.S;
@@ -161,9 +255,8 @@ struct SparseAttentionCuda {
         const Driver& drv = driver();
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUcontext cuctx = CudaModule::context_of(stream);
-        CUfunction attn = module->function(cuctx, stream, static_cast<int>(launch.smem_bytes));
+        const auto [attn, dp] = ready(unit, cuctx, stream);
         CUfunction prep = key_prep_module().function(cuctx, stream);
-        const DevicePlan dp = device_plan(cuctx, stream);
 
         // Scratch: kv_len [B] int32, then the packed key bits [B, key_words] uint64.
         int key_words = sc.key_words;

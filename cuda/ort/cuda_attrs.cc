@@ -73,10 +73,46 @@ void require_cuda_abi(const AttrSource& a, const char* op) {
                         "; rebuild the package and its library with one stofc version");
 }
 
+namespace {
+
+/// The attribute a launch number comes from: `base` for the node's base launch
+/// (index < 0), `variant[index]` for a run-time variant.
+std::string attr_name(int index, const char* base, const char* variant) {
+    return index < 0 ? std::string(base) : std::string(variant) + "[" + std::to_string(index) + "]";
+}
+
+/// Range and consistency checks shared by the base launch and every variant.
+void check_launch_numbers(const AttentionLaunch& l, int index) {
+    const auto outside = [&](const char* base, const char* variant, int64_t v, int64_t lo, int64_t hi) {
+        if (v < lo || v > hi)
+            throw AttrError("attribute '" + attr_name(index, base, variant) + "' = " + std::to_string(v) +
+                            " is outside " + std::to_string(lo) + ".." + std::to_string(hi) +
+                            "; the package is damaged, rewrite it with 'stofc compile'");
+    };
+    outside("block_threads", "variant_block_threads", l.block_threads, 1, 1024);
+    if (l.block_threads % 32)
+        throw AttrError("attribute '" + attr_name(index, "block_threads", "variant_block_threads") + "' = " +
+                        std::to_string(l.block_threads) +
+                        " is not a whole number of warps; the package is damaged, rewrite it");
+    outside("blocks_per_tile_row", "variant_blocks_per_tile_row", l.blocks_per_tile_row, 1, 128);
+    if (l.variant.block && l.blocks_per_tile_row > 2)
+        throw AttrError("attribute '" + attr_name(index, "blocks_per_tile_row", "variant_blocks_per_tile_row") +
+                        "' = " + std::to_string(l.blocks_per_tile_row) +
+                        " but a block-wise kernel splits a tile row in 1 or 2 (q_split); rewrite the package");
+    outside("smem_bytes", "variant_smem_bytes", l.smem_bytes, 0, 256 * 1024);
+    if (l.variant.block && l.smem_bytes == 0)
+        throw AttrError("attribute '" + attr_name(index, "smem_bytes", "variant_smem_bytes") +
+                        "' is required (> 0) for a block-wise attention kernel; rewrite the package with "
+                        "'stofc compile'");
+}
+
+}  // namespace
+
 AttentionLaunch parse_attention_launch(const AttrSource& a) {
     const char* op = "SparseAttention";
     require_cuda_abi(a, op);
     AttentionLaunch l;
+    l.label = "'kernel'";
     std::string ref;
     if (!a.get_string("kernel", ref) || ref.empty())
         throw AttrError("attribute 'kernel' (FILE.cubin:ENTRY) is required to run SparseAttention on the CUDA "
@@ -87,21 +123,100 @@ AttentionLaunch parse_attention_launch(const AttrSource& a) {
         throw AttrError("attribute 'launch_plan' (the kernel's *.plan.bin) is required to run SparseAttention on "
                         "the CUDA execution provider; rewrite the package with 'stofc compile'");
     l.block_threads = get_positive(a, "block_threads", op, 1024);
-    if (l.block_threads % 32)
-        throw AttrError("attribute 'block_threads' = " + std::to_string(l.block_threads) +
-                        " is not a whole number of warps; the package is damaged, rewrite it");
     l.blocks_per_tile_row = get_positive(a, "blocks_per_tile_row", op, 128);
-    if (l.variant.block && l.blocks_per_tile_row > 2)
-        throw AttrError("attribute 'blocks_per_tile_row' = " + std::to_string(l.blocks_per_tile_row) +
-                        " but a block-wise kernel splits a tile row in 1 or 2 (q_split); rewrite the package");
     l.smem_bytes = 0;
     a.get_int("smem_bytes", l.smem_bytes);
-    if (l.smem_bytes < 0 || l.smem_bytes > 256 * 1024)
-        throw AttrError("attribute 'smem_bytes' = " + std::to_string(l.smem_bytes) + " is outside 0..262144");
-    if (l.variant.block && l.smem_bytes == 0)
-        throw AttrError("attribute 'smem_bytes' is required (> 0) for a block-wise attention kernel; rewrite the "
-                        "package with 'stofc compile'");
+    check_launch_numbers(l, -1);
     return l;
+}
+
+std::vector<AttentionLaunch> parse_attention_variants(const AttrSource& a, const AttentionLaunch& base) {
+    std::string kernels, plans;
+    a.get_string("variant_kernels", kernels);
+    a.get_string("variant_launch_plans", plans);
+    const std::vector<std::string> refs = kernels.empty() ? std::vector<std::string>{} : split(kernels, ';');
+    const size_t n = refs.size();
+    const auto count_error = [&](const char* name, size_t got) {
+        return AttrError("attribute '" + std::string(name) + "' has " + std::to_string(got) +
+                         " entries but 'variant_kernels' names " + std::to_string(n) +
+                         " variants; every variant_* attribute needs one entry per variant, rewrite the package");
+    };
+    const std::vector<std::string> plan_files = plans.empty() ? std::vector<std::string>{} : split(plans, ';');
+    if (plan_files.size() != n) throw count_error("variant_launch_plans", plan_files.size());
+    const char* int_names[] = {"variant_block_threads", "variant_blocks_per_tile_row", "variant_smem_bytes",
+                               "variant_max_seq_len", "variant_max_batch_rows"};
+    std::vector<int64_t> lists[5];
+    for (int j = 0; j < 5; ++j) {
+        a.get_ints(int_names[j], lists[j]);
+        if (lists[j].size() != n) throw count_error(int_names[j], lists[j].size());
+    }
+    std::vector<AttentionLaunch> out;
+    for (size_t i = 0; i < n; ++i) {
+        const int idx = static_cast<int>(i);
+        const std::string kname = attr_name(idx, "kernel", "variant_kernels");
+        AttentionLaunch l;
+        l.label = "'" + kname + "'";
+        if (refs[i].empty())
+            throw AttrError("attribute '" + kname + "' is empty; it must be 'FILE.cubin:ENTRY', rewrite the package");
+        l.kernel = parse_kernel_ref(refs[i], kname.c_str());
+        try {
+            l.variant = parse_attention_entry(l.kernel.entry);
+        } catch (const AttrError& e) {
+            throw AttrError("attribute '" + kname + "': " + e.what());
+        }
+        const AttentionVariant& v = l.variant;
+        if (v.bf16 != base.variant.bf16 || v.has_bias != base.variant.has_bias ||
+            v.has_key_bits != base.variant.has_key_bits)
+            throw AttrError("attribute '" + kname + "' names " + l.kernel.entry +
+                            ", compiled for other inputs or another dtype than 'kernel' (" + base.kernel.entry +
+                            "); every variant must be compiled for the node's dtype, bias and key_padding_mask");
+        l.plan_file = plan_files[i];
+        if (l.plan_file.empty())
+            throw AttrError("attribute '" + attr_name(idx, "launch_plan", "variant_launch_plans") +
+                            "' is empty; it must name the variant's *.plan.bin, rewrite the package");
+        l.block_threads = lists[0][i];
+        l.blocks_per_tile_row = lists[1][i];
+        l.smem_bytes = lists[2][i];
+        l.max_seq_len = lists[3][i];
+        l.max_batch_rows = lists[4][i];
+        check_launch_numbers(l, idx);
+        if (l.max_seq_len < 0 || l.max_batch_rows < 0)
+            throw AttrError("attribute '" +
+                            attr_name(idx, "", l.max_seq_len < 0 ? "variant_max_seq_len" : "variant_max_batch_rows") +
+                            "' = " + std::to_string(l.max_seq_len < 0 ? l.max_seq_len : l.max_batch_rows) +
+                            " is negative (0 = no limit); rewrite the package");
+        out.push_back(l);
+    }
+    return out;
+}
+
+int select_attention_variant(const std::vector<AttentionLaunch>& variants, int64_t B, int64_t S, int64_t tile) {
+    for (size_t i = 0; i < variants.size(); ++i)
+        if (variants[i].eligible(B, S, tile)) return static_cast<int>(i);
+    return -1;
+}
+
+LtAlgoChoice parse_lt_algo_choice(const AttrSource& a) {
+    LtAlgoChoice c;
+    a.get_ints("lt_algo_m", c.m);
+    a.get_ints("lt_algo_rank", c.rank);
+    if (c.m.size() != c.rank.size())
+        throw AttrError("attributes 'lt_algo_m' (" + std::to_string(c.m.size()) + " entries) and 'lt_algo_rank' (" +
+                        std::to_string(c.rank.size()) + " entries) must have one entry each; rewrite the package");
+    for (size_t i = 0; i < c.m.size(); ++i) {
+        const std::string at = "[" + std::to_string(i) + "]";
+        if (c.m[i] < 1)
+            throw AttrError("attribute 'lt_algo_m" + at + "' = " + std::to_string(c.m[i]) +
+                            " is not a row count >= 1; rewrite the package");
+        for (size_t j = 0; j < i; ++j)
+            if (c.m[j] == c.m[i])
+                throw AttrError("attribute 'lt_algo_m" + at + "' = " + std::to_string(c.m[i]) + " repeats lt_algo_m[" +
+                                std::to_string(j) + "]; give each M one rank, rewrite the package");
+        if (c.rank[i] < 0 || c.rank[i] > kLtMaxAlgoRank)
+            throw AttrError("attribute 'lt_algo_rank" + at + "' = " + std::to_string(c.rank[i]) + " is outside 0.." +
+                            std::to_string(kLtMaxAlgoRank) + "; rewrite the package");
+    }
+    return c;
 }
 
 std::string EpilogueTag::str() const {

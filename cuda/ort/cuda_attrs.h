@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace stofc_ort {
 
@@ -26,6 +27,7 @@ struct AttrSource {
     virtual ~AttrSource() = default;
     virtual bool get_int(const char* name, int64_t& out) const = 0;
     virtual bool get_string(const char* name, std::string& out) const = 0;
+    virtual bool get_ints(const char* name, std::vector<int64_t>& out) const = 0;
 };
 
 struct KernelRef {
@@ -46,14 +48,36 @@ struct AttentionVariant {
 AttentionVariant parse_attention_entry(const std::string& entry);
 
 /// SparseAttention's CUDA attributes (kernel, kernel_abi, launch_plan, block_threads,
-/// blocks_per_tile_row, smem_bytes), checked for range and consistency.
+/// blocks_per_tile_row, smem_bytes), checked for range and consistency; or one
+/// run-time variant (the i-th entry of the variant_* attributes, OPS.md).
 struct AttentionLaunch {
     KernelRef kernel;
     AttentionVariant variant;
     std::string plan_file;
     int64_t block_threads = 0, blocks_per_tile_row = 0, smem_bytes = 0;
+    /// Variants only: eligible when S <= max_seq_len and B * ceil(S / T) <= max_batch_rows
+    /// (0 = no limit on that); the base launch has both 0.
+    int64_t max_seq_len = 0, max_batch_rows = 0;
+    /// "'kernel'" for the base, "'variant_kernels[i]'" for variant i: names it in messages.
+    std::string label;
+    bool eligible(int64_t B, int64_t S, int64_t tile) const {
+        return (max_seq_len == 0 || S <= max_seq_len) &&
+               (max_batch_rows == 0 || B * ((S + tile - 1) / tile) <= max_batch_rows);
+    }
 };
 AttentionLaunch parse_attention_launch(const AttrSource& attrs);
+
+/// The run-time variants (variant_kernels, variant_launch_plans, variant_block_threads,
+/// variant_blocks_per_tile_row, variant_smem_bytes, variant_max_seq_len,
+/// variant_max_batch_rows), in attribute order; empty when the node has none. Every
+/// variant is checked like the base and must be compiled for the base's dtype and
+/// inputs (bias, key bits); the lists must have one entry each. Errors name the
+/// attribute and the variant index ("attribute 'variant_block_threads[1]' ...").
+std::vector<AttentionLaunch> parse_attention_variants(const AttrSource& attrs, const AttentionLaunch& base);
+
+/// The index of the first variant eligible for a run of batch B and length S (mask tile
+/// T), or -1: none is, the base launch runs.
+int select_attention_variant(const std::vector<AttentionLaunch>& variants, int64_t B, int64_t S, int64_t tile);
 
 /// An Epilogue tag (stofc.kernels.epilogue.Epilogue.tag): "plain" or parts joined by
 /// '-' from: b, an activation (gelu_erf, gelu_tanh, relu), r, ln | rms, ns, s.
@@ -98,6 +122,21 @@ EpilogueTag add_layer_norm_epilogue(bool has_residual, bool rms, bool has_beta, 
 
 /// Checks that `launch` fits the epilogue `want` (creation-time and run-time check).
 void check_epilogue_matches(const EpilogueLaunch& launch, const EpilogueTag& want, const char* op);
+
+/// FusedGemm's cuBLASLt algorithm choice (attributes lt_algo_m, lt_algo_rank; OPS.md):
+/// a run with M rows uses the heuristic's result number rank_for(M), 0 (its best) for
+/// an M that is not listed.
+struct LtAlgoChoice {
+    std::vector<int64_t> m, rank;
+    int64_t rank_for(int64_t M) const {
+        for (size_t i = 0; i < m.size(); ++i)
+            if (m[i] == M) return rank[i];
+        return 0;
+    }
+};
+/// The largest lt_algo_rank accepted (cuBLASLt's heuristics return far fewer).
+constexpr int64_t kLtMaxAlgoRank = 255;
+LtAlgoChoice parse_lt_algo_choice(const AttrSource& attrs);
 
 /// Requires kernel_abi == kCudaLaunchAbi.
 void require_cuda_abi(const AttrSource& attrs, const char* op);

@@ -15,6 +15,8 @@
 // Both: ORT's compute stream, scratch and cuBLASLt workspace from ORT's allocator,
 // no device synchronisation; the cuBLASLt handle (one per context) and each
 // shape's descriptors and algorithm are created at the first run of that shape.
+// The algorithm is the heuristic's best (result 0), or for an M listed in
+// lt_algo_m its result number lt_algo_rank (the tuner's choice; OPS.md).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -70,7 +72,9 @@ struct LtPlan {
 struct LtContext {
     CUcontext ctx = nullptr;
     LtHandle handle = nullptr;
-    std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, std::unique_ptr<LtPlan>> plans;
+    /// (M, N, K, dtype, Lt epilogue, heuristic rank) -> plan. The rank follows from M
+    /// (lt_algo_m / lt_algo_rank), so each M's plan holds its own algorithm.
+    std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int64_t>, std::unique_ptr<LtPlan>> plans;
 };
 
 }  // namespace
@@ -78,12 +82,15 @@ struct LtContext {
 struct FusedGemmCuda {
     GemmAttrs attrs;
     EpilogueLaunch epi;
+    LtAlgoChoice algo;  // lt_algo_m / lt_algo_rank: which heuristic result each M uses
     std::unique_ptr<CudaModule> module;
     std::mutex mu;
     std::vector<std::unique_ptr<LtContext>> lts;
 
     FusedGemmCuda(const OrtKernelInfo* info, const std::string& dir)
-        : attrs(info), epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "FusedGemm"); })) {
+        : attrs(info),
+          epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "FusedGemm"); })),
+          algo(checked_attrs([&] { return parse_lt_algo_choice(OrtAttrSource(info)); })) {
         const std::string act = act_name(attrs.activation);
         if (epi.present ? epi.tag.act != act : act != "none")
             throw OpError("attribute epilogue='" + (epi.present ? epi.tag.str() : std::string("")) +
@@ -92,8 +99,12 @@ struct FusedGemmCuda {
         if (epi.present) module = load_package_module(dir, epi.kernel);
     }
 
+    /// The descriptors and algorithm of one shape: cuBLASLt's heuristic asked for rank + 1
+    /// results (rank = lt_algo_rank of this M, else 0), result `rank` taken, or the last
+    /// one returned when there are fewer.
     LtPlan& plan(LtContext& lt, int64_t M, int64_t N, int64_t K, int dtype, int epilogue, const void* bias) {
-        auto& slot = lt.plans[{M, N, K, dtype, epilogue}];
+        const int64_t rank = algo.rank_for(M);
+        auto& slot = lt.plans[{M, N, K, dtype, epilogue, rank}];
         if (slot) return *slot;
         const CublasLt& L = cublas_lt();
         auto p = std::make_unique<LtPlan>();
@@ -115,13 +126,19 @@ struct FusedGemmCuda {
         const uint64_t max_ws = kLtMaxWorkspace;
         L.check(L.MatmulPreferenceSetAttribute(pref, kLtPrefMaxWorkspace, &max_ws, sizeof max_ws),
                 "cublasLtMatmulPreferenceSetAttribute");
+        const int requested = static_cast<int>(rank) + 1;
+        std::vector<uint64_t> results(kLtHeuristicBytes / 8 * static_cast<size_t>(requested));  // 8-aligned
         int count = 0;
-        L.check(L.MatmulAlgoGetHeuristic(lt.handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, p->heuristic, &count),
+        L.check(L.MatmulAlgoGetHeuristic(lt.handle, p->desc, p->a, p->b, p->c, p->c, pref, requested, results.data(),
+                                         &count),
                 "cublasLtMatmulAlgoGetHeuristic");
         if (count < 1)
             throw OpError("cuBLASLt has no algorithm for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                               std::to_string(K) + " epilogue " + std::to_string(epilogue),
                           ORT_FAIL);
+        const int chosen = std::min(requested, count) - 1;
+        std::memcpy(p->heuristic, reinterpret_cast<const unsigned char*>(results.data()) + chosen * kLtHeuristicBytes,
+                    kLtHeuristicBytes);
         std::memcpy(&p->workspace, p->heuristic + kLtHeuristicWorkspaceOffset, sizeof(size_t));
         slot = std::move(p);
         return *slot;

@@ -79,6 +79,7 @@ struct OrtAttrSource : AttrSource {
     explicit OrtAttrSource(const OrtKernelInfo* i) : info(i) {}
     bool get_int(const char* name, int64_t& out) const override { return try_attr(info, name, out); }
     bool get_string(const char* name, std::string& out) const override { return try_attr(info, name, out); }
+    bool get_ints(const char* name, std::vector<int64_t>& out) const override { return try_attr(info, name, out); }
 };
 
 /// Runs `fn`, turning an AttrError into an OpError (a session-creation error).

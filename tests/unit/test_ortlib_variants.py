@@ -11,7 +11,9 @@ The CUDA twins' side of A, B and C is tested against the recording fake driver i
 
 from __future__ import annotations
 
+import itertools
 import math
+import subprocess
 
 import numpy as np
 import pytest
@@ -165,3 +167,294 @@ def test_cpu_fused_gemm_accepts_and_ignores_lt_algo_attributes(lib):  # noqa: F8
         outs.append(run_node(lib, node, inputs, feeds)[0])
     assert np.array_equal(outs[0], outs[1])
 
+
+
+# ---------------------------------------------------------------- attribute parsing (no ORT)
+
+from tests.unit.test_ortlib_cuda import ATTN_OK, ask, driver  # noqa: E402, F401
+
+ROW_ENTRY = "stofc_attn_row_f16_d64_t64_w4_m2_s1_q1_o1_b0_k1"
+BLOCK_ENTRY = "stofc_attn_block_f16_d64_t64_w2_m16_s2_q2_o1_b0_k1"
+TWO_VARIANTS = {
+    "variant_kernels": f"v0.cubin:{ROW_ENTRY};v1.cubin:{BLOCK_ENTRY}",
+    "variant_launch_plans": "r.plan.bin;a.plan.bin",
+    "variant_block_threads": [128, 64], "variant_blocks_per_tile_row": [32, 2],
+    "variant_smem_bytes": [0, 30000], "variant_max_seq_len": [128, 0],
+    "variant_max_batch_rows": [0, 4]}
+
+
+def ask_variants(driver, attrs: dict, **run) -> str:  # noqa: F811
+    fields = {k: v for k, v in {**ATTN_OK, **attrs, **run}.items() if v is not None}
+    lines = ["|".join(["variants", *(f"{k}=l:{','.join(map(str, v))}" if isinstance(v, list)
+                                     else f"{k}=i:{v}" if isinstance(v, int) else f"{k}=s:{v}"
+                                     for k, v in fields.items())])]
+    res = subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True,
+                         text=True, check=True)
+    (line,) = res.stdout.splitlines()
+    return line
+
+
+def test_variant_attributes_parse_in_order(driver):  # noqa: F811
+    line = ask_variants(driver, TWO_VARIANTS)
+    assert line == (
+        f"OK n=2 ['variant_kernels[0]' file=v0.cubin entry={ROW_ENTRY} plan=r.plan.bin block=0 "
+        "threads=128 per_row=32 smem=0 max_seq=128 max_rows=0] "
+        f"['variant_kernels[1]' file=v1.cubin entry={BLOCK_ENTRY} plan=a.plan.bin block=1 "
+        "threads=64 per_row=2 smem=30000 max_seq=0 max_rows=4]")
+    assert ask_variants(driver, {}) == "OK n=0"                       # absent: no variants
+
+
+@pytest.mark.parametrize("B,S,pick", [
+    (1, 1, 0), (5, 128, 0),            # S <= 128: the first variant, whatever B
+    (1, 129, 1), (2, 128 + 1, -1),     # B * ceil(S/64) = 3 <= 4, then 6 > 4: the base
+    (1, 256, 1), (2, 256, -1), (4, 192, -1)])
+def test_first_eligible_variant_is_selected(driver, B, S, pick):  # noqa: F811
+    line = ask_variants(driver, TWO_VARIANTS, B=B, S=S, tile=64)
+    assert line.endswith(f" pick={pick}"), line
+
+
+BAD_VARIANTS = [
+    ({"variant_block_threads": [128]},
+     "attribute 'variant_block_threads' has 1 entries but 'variant_kernels' names 2 variants"),
+    ({"variant_launch_plans": "r.plan.bin"},
+     "attribute 'variant_launch_plans' has 1 entries but 'variant_kernels' names 2 variants"),
+    ({"variant_kernels": None},
+     "attribute 'variant_launch_plans' has 2 entries but 'variant_kernels' names 0 variants"),
+    ({"variant_max_batch_rows": None},
+     "attribute 'variant_max_batch_rows' has 0 entries but 'variant_kernels' names 2"),
+    ({"variant_block_threads": [128, 48]},
+     "attribute 'variant_block_threads[1]' = 48 is not a whole number of warps"),
+    ({"variant_block_threads": [2048, 64]},
+     "attribute 'variant_block_threads[0]' = 2048 is outside 1..1024"),
+    ({"variant_blocks_per_tile_row": [32, 3]},
+     "attribute 'variant_blocks_per_tile_row[1]' = 3 but a block-wise kernel splits"),
+    ({"variant_smem_bytes": [0, 0]},
+     "attribute 'variant_smem_bytes[1]' is required (> 0) for a block-wise"),
+    ({"variant_max_seq_len": [-1, 0]}, "attribute 'variant_max_seq_len[0]' = -1 is negative"),
+    ({"variant_max_batch_rows": [0, -2]}, "attribute 'variant_max_batch_rows[1]' = -2 is negative"),
+    ({"variant_kernels": f"v0.cubin:{ROW_ENTRY};nocolon"},
+     "attribute 'variant_kernels[1]' must be 'FILE.cubin:ENTRY'"),
+    ({"variant_kernels": f"v0.cubin:my_kernel;v1.cubin:{BLOCK_ENTRY}"},
+     "attribute 'variant_kernels[0]': attention kernel entry 'my_kernel' is not a stofc"),
+    ({"variant_kernels": f"v0.cubin:{ROW_ENTRY[:-1]}0;v1.cubin:{BLOCK_ENTRY}"},
+     "attribute 'variant_kernels[0]' names stofc_attn_row_f16_d64_t64_w4_m2_s1_q1_o1_b0_k0, "
+     "compiled for other inputs or another dtype than 'kernel'"),
+    ({"variant_kernels": f"v0.cubin:{ROW_ENTRY.replace('f16', 'bf16')};v1.cubin:{BLOCK_ENTRY}"},
+     "compiled for other inputs or another dtype"),
+    ({"variant_launch_plans": "r.plan.bin;"}, "attribute 'variant_launch_plans[1]' is empty"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_VARIANTS, ids=[m[:40] for _, m in BAD_VARIANTS])
+def test_bad_variant_attributes_fail_with_one_line_naming_them(driver, change, message):  # noqa: F811
+    line = ask_variants(driver, {**TWO_VARIANTS, **change})
+    assert line.startswith("ERR ") and message in line, line
+
+
+@pytest.mark.parametrize("attrs,M,answer", [
+    ({}, 7, "OK n=0 rank=0"),
+    ({"lt_algo_m": [33, 7], "lt_algo_rank": [2, 11]}, 7, "OK n=2 rank=11"),
+    ({"lt_algo_m": [33, 7], "lt_algo_rank": [2, 11]}, 33, "OK n=2 rank=2"),
+    ({"lt_algo_m": [33, 7], "lt_algo_rank": [2, 11]}, 8, "OK n=2 rank=0"),
+    ({"lt_algo_m": [33, 7], "lt_algo_rank": [2]},
+     8, "ERR attributes 'lt_algo_m' (2 entries) and 'lt_algo_rank' (1 entries) must have one"),
+    ({"lt_algo_m": [33]}, 8, "ERR attributes 'lt_algo_m' (1 entries) and 'lt_algo_rank' (0"),
+    ({"lt_algo_m": [33, 0], "lt_algo_rank": [1, 1]}, 8, "ERR attribute 'lt_algo_m[1]' = 0 is not"),
+    ({"lt_algo_m": [33, 33], "lt_algo_rank": [1, 2]}, 8,
+     "ERR attribute 'lt_algo_m[1]' = 33 repeats lt_algo_m[0]"),
+    ({"lt_algo_m": [33], "lt_algo_rank": [-1]}, 8,
+     "ERR attribute 'lt_algo_rank[0]' = -1 is outside 0..255"),
+])
+def test_lt_algo_attributes(driver, attrs, M, answer):  # noqa: F811
+    fields = [f"{k}=l:{','.join(map(str, v))}" for k, v in attrs.items()] + [f"M=i:{M}"]
+    res = subprocess.run([str(driver)], input="|".join(["lt_algo", *fields]) + "\n",
+                         capture_output=True, text=True, check=True)
+    assert res.stdout.startswith(answer), res.stdout
+
+
+# ---------------------------------------------------------------- CUDA twins on the fake driver
+
+from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes  # noqa: E402
+from stofc.masks import encode  # noqa: E402
+from stofc.package.maskbin import attention_launch_data, write_attention_plan  # noqa: E402
+from tests.unit.test_ortlib_abi import abi_table, cpu_runtime  # noqa: E402, F401
+from tests.unit.test_ortlib_fake_gpu import (  # noqa: E402, F401
+    attention_package,
+    device_array,
+    fake,
+    feeds_for,
+    make_model,
+    run,
+)
+
+SPEC, L_MAX = "bigbird:block=16,window=3,global=1,random=1,seed=0", 256
+BASE = AttentionConfig("block", 64, 16, 4, 2, 1)
+FAKE_H, FAKE_D = 2, 64     # test_ortlib_fake_gpu's H, D
+# (config, plan file, max_seq_len, max_batch_rows); v0 shares the base's plan file
+VARIANTS = [
+    (AttentionConfig("block", 64, 16, 2, 2, 2), "a.plan.bin", 64, 0),
+    (AttentionConfig("row", 64, 2, 4), "r.plan.bin", 128, 0),
+    (AttentionConfig("block", 64, 16, 4, 3, 1, gather=True), "g.plan.bin", 0, 4),
+]
+
+
+def per_row(config) -> int:
+    return config.q_split if config.kind == "block" else config.tile // config.rows_per_block
+
+
+def variant_package(pkg, *, kpm: bool, variants=VARIANTS, **override):
+    """The fake-GPU test package of test_ortlib_fake_gpu plus run-time variants."""
+    fmt = encode(SPEC, L_MAX)
+    refs, plans = [], []
+    for i, (config, plan, _, _) in enumerate(variants):
+        write_attention_plan(attention_launch_data(fmt, config), pkg / plan)
+        (pkg / f"v{i}.cubin").write_bytes(b"fake variant cubin\0")
+        refs.append(f"v{i}.cubin:{KernelSpec(config, 'float16', FAKE_D, has_key_bits=kpm).name}")
+        plans.append(plan)
+    attrs = dict(
+        variant_kernels=";".join(refs), variant_launch_plans=";".join(plans),
+        variant_block_threads=[c.threads for c, *_ in variants],
+        variant_blocks_per_tile_row=[per_row(c) for c, *_ in variants],
+        variant_smem_bytes=[smem_bytes(c, FAKE_D) if c.kind == "block" else 0
+                            for c, *_ in variants],
+        variant_max_seq_len=[v[2] for v in variants], variant_max_batch_rows=[v[3] for v in variants])
+    attrs.update(override)
+    return attention_package(pkg, SPEC, L_MAX, BASE, kpm=kpm, bias=False, **attrs)
+
+
+def launches_per_run(records):
+    runs = [i for i, r in enumerate(records) if r["call"] == "run"] + [len(records)]
+    return [records[a:b] for a, b in itertools.pairwise(runs)]
+
+
+def check_launch(records, attn, fmt, config, q, k, v, kpm):
+    """``attn`` (a logged launch) is what AttentionOp(config).bind(q, k, v) launches."""
+    import stofc.runtime.attention as rt
+    from stofc.targets import get_profile
+
+    op = rt.AttentionOp(fmt, config, "float16", FAKE_D, profile=get_profile("h100"))
+    op._kernel = lambda has_bias, has_key_bits: None
+    kw = {"scale": 0.125, **({"key_mask": kpm} if kpm is not None else {})}
+    want = op.bind(q, k, v, **kw)
+    names = dict(abi_table())
+    w = dict(zip(names, want.args, strict=True))
+    a = attn["args"]
+    assert attn["fn"] == KernelSpec(config, "float16", FAKE_D, has_key_bits=kpm is not None).name
+    assert attn["grid"] == [want.grid, 1, 1] and attn["block"] == [want.block, 1, 1]
+    assert attn["smem"] == (smem_bytes(config, FAKE_D) if config.kind == "block" else 0)
+    for name, kind in names.items():
+        if kind != "ptr":
+            assert float(a[name]) == pytest.approx(float(w[name]), rel=1e-6), name
+    for name, dtype in {"tile_row_ptr": np.int32, "tile_key": np.int32, "tile_part": np.int32,
+                        "bitmaps": np.uint64, "gather_keys": np.int32, "q_perm": np.int32,
+                        "row_order": np.int32}.items():
+        expect = np.asarray(w[name]).ravel()
+        assert np.array_equal(device_array(records, a[name], dtype, expect.size), expect), name
+    assert a["kv_len_values"] == np.asarray(w["kv_len"]).tolist()
+    if kpm is not None:
+        assert [int(x) for x in a["key_bits_values"]] == np.asarray(w["key_bits"]).ravel().tolist()
+    return a, w
+
+
+# (B, S) -> the launch that must run: 0..2 = VARIANTS[i], None = the base
+SELECTIONS = [((3, 64), 0),      # every variant is eligible: the first one
+              ((1, 100), 1),     # S > 64: v0 out; v1 (S <= 128) before v2 (1 * 2 rows <= 4)
+              ((2, 128), 1),     # boundary S == 128
+              ((1, 200), 2),     # S > 128; 1 * 4 tile rows <= 4
+              ((1, 256), 2),
+              ((2, 129), None),  # 2 * 3 rows > 4: the base
+              ((2, 256), None)]
+
+
+def test_launch_uses_the_first_eligible_variant_else_the_base(fake, cpu_runtime, tmp_path):  # noqa: F811
+    fmt, model = variant_package(tmp_path, kpm=True)
+    rng = np.random.default_rng(0)
+    feeds = [feeds_for(rng, B, S, True, False) for (B, S), _ in SELECTIONS]
+    code, out, records = run(fake, tmp_path, model, feeds)
+    assert code == 0, out
+    per_run = launches_per_run(records)
+    assert len(per_run) == len(SELECTIONS)
+    first = per_run[0]
+    # the first run loads every launch's module (+ key_prep) and uploads each plan file once
+    assert [r["call"] for r in first].count("module_load") == 1 + 1 + len(VARIANTS)
+    assert [r["call"] for r in first].count("mem_alloc") == 3       # a, r, g (a shared)
+    for recs in per_run[1:]:
+        assert not [r for r in recs if r["call"] in ("mem_alloc", "htod", "module_load")]
+    for ((B, S), pick), f, recs in zip(SELECTIONS, feeds, per_run, strict=True):
+        config = BASE if pick is None else VARIANTS[pick][0]
+        prep, attn = [r for r in recs if r["call"] == "launch"]
+        assert prep["fn"] == "stofc_key_prep" and prep["grid"] == [B, 1, 1]
+        split = {n: f[n].reshape(B, S, FAKE_H, FAKE_D) for n in "qkv"}
+        check_launch(records, attn, fmt, config, split["q"], split["k"], split["v"], f["kpm"])
+
+
+def test_packed_qkv_launch_points_into_q(fake, cpu_runtime, tmp_path):  # noqa: F811
+    fmt, model = variant_package(tmp_path, kpm=True)
+    node = model.graph.node[0]
+    node.input[:] = ["qkv", "", "", "kpm"]
+    HD = FAKE_H * FAKE_D
+    del model.graph.input[:3]
+    model.graph.input.insert(0, helper.make_tensor_value_info("qkv", F16, ["B", "S", 3 * HD]))
+    rng = np.random.default_rng(1)
+    shapes = [(1, 100), (2, 256)]                    # a variant (row-wise), then the base
+    feeds = []
+    for B, S in shapes:
+        f = feeds_for(rng, B, S, True, False)
+        feeds.append({"qkv": np.concatenate([f["q"], f["k"], f["v"]], axis=-1), "kpm": f["kpm"]})
+    code, out, records = run(fake, tmp_path, model, feeds)
+    assert code == 0, out
+    for (B, S), f, recs, config in zip(shapes, feeds, launches_per_run(records),
+                                       (VARIANTS[1][0], BASE), strict=True):
+        (attn,) = [r for r in recs if r["call"] == "launch" and r["fn"] != "stofc_key_prep"]
+        a = attn["args"]
+        assert a["k"] - a["q"] == HD * 2 and a["v"] - a["q"] == 2 * HD * 2     # elements * 2 B
+        for t in "qkv":
+            assert (a[f"{t}_sb"], a[f"{t}_ss"], a[f"{t}_sh"]) == (S * 3 * HD, 3 * HD, FAKE_D)
+        assert (a["o_sb"], a["o_ss"], a["o_sh"]) == (S * HD, HD, FAKE_D)
+        assert a["o"] not in (a["q"], a["k"], a["v"])
+        # = AttentionOp.bind on strided views of the packed tensor
+        qkv = f["qkv"]
+        views = [qkv[..., i * HD:(i + 1) * HD].reshape(B, S, FAKE_H, FAKE_D) for i in range(3)]
+        assert not views[0].flags.c_contiguous
+        _, w = check_launch(records, attn, fmt, config, *views, f["kpm"])
+        ptr = lambda x: x.data.ptr  # noqa: E731
+        assert ptr(w["k"]) - ptr(w["q"]) == a["k"] - a["q"]
+        assert ptr(w["v"]) - ptr(w["q"]) == a["v"] - a["q"]
+
+
+def fake_error(fake, tmp_path, model) -> str:  # noqa: F811
+    code, out, records = run(fake, tmp_path, model, [])
+    assert code == 3 and not [r for r in records if r["call"] == "run"], out
+    (line,) = [x for x in out.splitlines() if x.startswith("ERROR ")]
+    return line
+
+
+FAKE_BAD = [
+    ({"variant_smem_bytes": [1]}, "attribute 'variant_smem_bytes' has 1 entries but "
+                                  "'variant_kernels' names 3 variants"),
+    ({"variant_block_threads": [64, 128, 100]},
+     "attribute 'variant_block_threads[2]' = 100 is not a whole number of warps"),
+    ({"variant_launch_plans": "a.plan.bin;r.plan.bin;missing.plan.bin"},
+     "attribute 'variant_launch_plans[2]': attention launch plan"),
+    ({"variant_kernels": "v0.cubin:stofc_attn_block_f16_d64_t64_w2_m16_s2_q2_o1_b0_k0;"
+                         "gone.cubin:stofc_attn_row_f16_d64_t64_w4_m2_s1_q1_o1_b0_k0;"
+                         "v2.cubin:stofc_attn_block_f16_d64_t64_w4_m16_s3_q1_o1_b0_k0"},
+     "attribute 'variant_kernels[1]': kernel file"),
+    ({"variant_launch_plans": "a.plan.bin;causal.plan.bin;g.plan.bin"},
+     "attribute 'variant_launch_plans[1]': launch plan"),
+    ({"variant_launch_plans": "a.plan.bin;a.plan.bin;g.plan.bin"},
+     "attribute 'variant_launch_plans[1]': launch plan"),
+]
+
+
+@pytest.mark.parametrize("override,message", FAKE_BAD, ids=[m[:40] for _, m in FAKE_BAD])
+def test_bad_variants_fail_session_creation(fake, tmp_path, override, message):  # noqa: F811
+    write_attention_plan(attention_launch_data(encode("causal", L_MAX), VARIANTS[1][0]),
+                         tmp_path / "causal.plan.bin")
+    _, model = variant_package(tmp_path, kpm=False, **override)
+    line = fake_error(fake, tmp_path, model)
+    assert "stofc SparseAttention" in line and message in line, line
+    if "causal" in str(override):
+        assert "was not built for mask file" in line
+    if override.get("variant_launch_plans") == "a.plan.bin;a.plan.bin;g.plan.bin":
+        assert "is for a block-wise kernel but 'variant_kernels[1]' names" in line

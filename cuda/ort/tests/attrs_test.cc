@@ -3,17 +3,19 @@
 // Built with g++ by tests/unit/test_ortlib_cuda.py from this file and
 // ../cuda_attrs.cc and ../launch_plan.cc (no ONNX Runtime library, no CUDA, no GPU). Protocol:
 //   argv[1] == "registrations": one line per kRegistrations row: "<op> <ep> <onnx elem type>".
-//   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|..." and the
+//   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|name=l:1,2|..." and the
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
 //   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed: the
-//   attention launch's scalars).
+//   attention launch's scalars), variants (the base's attributes + variant_*, optional
+//   B, S, tile: the selected variant), lt_algo (lt_algo_m, lt_algo_rank, M).
 #include <cstdint>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cuda_attrs.h"
 #include "launch_plan.h"
@@ -26,6 +28,13 @@ namespace {
 struct MapSource : AttrSource {
     std::map<std::string, int64_t> ints;
     std::map<std::string, std::string> strings;
+    std::map<std::string, std::vector<int64_t>> lists;
+    bool get_ints(const char* n, std::vector<int64_t>& out) const override {
+        auto it = lists.find(n);
+        if (it == lists.end()) return false;
+        out = it->second;
+        return true;
+    }
     bool get_int(const char* n, int64_t& out) const override {
         auto it = ints.find(n);
         if (it == ints.end()) return false;
@@ -58,6 +67,18 @@ std::string run(const std::string& parser, const MapSource& a) {
             << " block=" << l.variant.block << " bf16=" << l.variant.bf16 << " bias=" << l.variant.has_bias
             << " keybits=" << l.variant.has_key_bits << " threads=" << l.block_threads
             << " per_row=" << l.blocks_per_tile_row << " smem=" << l.smem_bytes;
+    } else if (parser == "variants") {  // the base's attributes plus variant_*; then B, S, tile: the pick
+        const AttentionLaunch base = parse_attention_launch(a);
+        const auto vs = parse_attention_variants(a, base);
+        out << "n=" << vs.size();
+        for (const auto& l : vs)
+            out << " [" << l.label << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " plan=" << l.plan_file
+                << " block=" << l.variant.block << " threads=" << l.block_threads << " per_row=" << l.blocks_per_tile_row
+                << " smem=" << l.smem_bytes << " max_seq=" << l.max_seq_len << " max_rows=" << l.max_batch_rows << "]";
+        if (a.ints.count("S")) out << " pick=" << select_attention_variant(vs, a.i("B"), a.i("S"), a.i("tile"));
+    } else if (parser == "lt_algo") {  // lt_algo_m, lt_algo_rank; then M: its rank
+        const LtAlgoChoice c = parse_lt_algo_choice(a);
+        out << "n=" << c.m.size() << " rank=" << c.rank_for(a.i("M"));
     } else if (parser.rfind("epilogue:", 0) == 0) {
         const EpilogueLaunch l = parse_epilogue_launch(a, parser.substr(9).c_str());
         out << "present=" << l.present;
@@ -133,8 +154,17 @@ int main(int argc, char** argv) {
         while (std::getline(fields, field, '|')) {
             const auto eq = field.find('=');
             const std::string name = field.substr(0, eq), value = field.substr(eq + 3);
-            if (field.compare(eq + 1, 2, "i:") == 0) a.ints[name] = std::stoll(value);
-            else a.strings[name] = value;
+            if (field.compare(eq + 1, 2, "i:") == 0) {
+                a.ints[name] = std::stoll(value);
+            } else if (field.compare(eq + 1, 2, "l:") == 0) {  // a list of ints: l:1,2,3 (l: = empty)
+                auto& list = a.lists[name];
+                std::istringstream items(value);
+                std::string item;
+                while (std::getline(items, item, ','))
+                    if (!item.empty()) list.push_back(std::stoll(item));
+            } else {
+                a.strings[name] = value;
+            }
         }
         try {
             const std::string answer = run(parser, a);

@@ -9,8 +9,9 @@
 //   stofc_attn_*     arguments by the ABI table (attention_abi.h), plus the kv_len and
 //                    key-bit words it points at;
 //   stofc_add_norm_* (x, bias, residual, gamma, beta, out, pre_norm, M, N, eps);
-// host-to-device copies with their bytes (hex), cuBLASLt descriptors, layouts and
-// matmuls. Nothing here computes attention or a GEMM: the tests compare launches.
+// host-to-device copies with their bytes (hex), cuBLASLt descriptors, layouts,
+// heuristic requests and matmuls (with the algorithm id of the heuristic result used).
+// Nothing here computes attention or a GEMM: the tests compare launches.
 #include <cuda.h>
 
 #include <algorithm>
@@ -243,16 +244,30 @@ int cublasLtMatmulPreferenceSetAttribute(void*, int attr, const void* buf, size_
          "\"}");
     return 0;
 }
-int cublasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int, void* results, int* count) {
-    std::memset(results, 0, 96);
-    const size_t ws = 4096;
-    std::memcpy(static_cast<char*>(results) + 64, &ws, sizeof ws);
-    *count = 1;
+// Result i of the heuristic: algorithm id i + 1 in the first word of its algo, workspace
+// 4096 * (i + 1). It offers $STOFC_FAKE_LT_RESULTS results (default 8) at most.
+int cublasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int requested, void* results,
+                                   int* count) {
+    const char* env = std::getenv("STOFC_FAKE_LT_RESULTS");
+    const int offered = env ? std::atoi(env) : 8;
+    *count = std::min(requested, offered);
+    for (int i = 0; i < *count; ++i) {
+        char* r = static_cast<char*>(results) + 96 * i;
+        std::memset(r, 0, 96);
+        const uint64_t id = static_cast<uint64_t>(i) + 1;
+        const size_t ws = 4096 * (static_cast<size_t>(i) + 1);
+        std::memcpy(r, &id, sizeof id);
+        std::memcpy(r + 64, &ws, sizeof ws);
+    }
+    emit("{\"call\": \"lt_heuristic\", \"requested\": " + std::to_string(requested) +
+         ", \"returned\": " + std::to_string(*count) + "}");
     return 0;
 }
 int cublasLtMatmul(void*, void* desc, const void* alpha, const void* A, void* a, const void* B, void* b,
-                   const void* beta, const void* C, void* c, void* D, void* d, const void*, void* ws, size_t ws_size,
-                   void*) {
+                   const void* beta, const void* C, void* c, void* D, void* d, const void* algo, void* ws,
+                   size_t ws_size, void*) {
+    uint64_t algo_id = 0;
+    std::memcpy(&algo_id, algo, sizeof algo_id);
     std::ostringstream s;
     s << "{\"call\": \"lt_matmul\", \"desc\": " << reinterpret_cast<uintptr_t>(desc)
       << ", \"alpha\": " << *static_cast<const float*>(alpha) << ", \"beta\": " << *static_cast<const float*>(beta)
@@ -260,7 +275,8 @@ int cublasLtMatmul(void*, void* desc, const void* alpha, const void* A, void* a,
       << ", \"C\": " << reinterpret_cast<uintptr_t>(C) << ", \"D\": " << reinterpret_cast<uintptr_t>(D)
       << ", \"a\": " << reinterpret_cast<uintptr_t>(a) << ", \"b\": " << reinterpret_cast<uintptr_t>(b)
       << ", \"c\": " << reinterpret_cast<uintptr_t>(c) << ", \"d\": " << reinterpret_cast<uintptr_t>(d)
-      << ", \"ws\": " << reinterpret_cast<uintptr_t>(ws) << ", \"ws_size\": " << ws_size << "}";
+      << ", \"ws\": " << reinterpret_cast<uintptr_t>(ws) << ", \"ws_size\": " << ws_size
+      << ", \"algo\": " << algo_id << "}";
     emit(s.str());
     return 0;
 }
