@@ -17,7 +17,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from stofc.package.maskbin import write_mask_binary
 from tests.unit.test_ortlib import (  # noqa: F401
@@ -276,6 +276,7 @@ def test_lt_algo_attributes(driver, attrs, M, answer):  # noqa: F811
 
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes  # noqa: E402
 from stofc.masks import encode  # noqa: E402
+from stofc.package.cuda_launch import KERNEL_ABI  # noqa: E402
 from stofc.package.maskbin import attention_launch_data, write_attention_plan  # noqa: E402
 from tests.unit.test_ortlib_abi import abi_table, cpu_runtime  # noqa: E402, F401
 from tests.unit.test_ortlib_fake_gpu import (  # noqa: E402, F401
@@ -458,3 +459,51 @@ def test_bad_variants_fail_session_creation(fake, tmp_path, override, message): 
         assert "was not built for mask file" in line
     if override.get("variant_launch_plans") == "a.plan.bin;a.plan.bin;g.plan.bin":
         assert "is for a block-wise kernel but 'variant_kernels[1]' names" in line
+
+
+# ---------------------------------------------------------------- FusedGemm: lt_algo_m / lt_algo_rank
+
+GK, GN = 64, 128
+
+
+def gemm_model(**attrs):
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((GK, GN)).astype(np.float16), "w")
+    node = helper.make_node("FusedGemm", ["x", "w"], ["y"], domain="ai.stofc", kernel_abi=KERNEL_ABI,
+                            epilogue_kernel="", **attrs)
+    return make_model(node, [helper.make_tensor_value_info("x", F16, ["M", GK])],
+                      [helper.make_tensor_value_info("y", F16, ["M", GN])], [w])
+
+
+def test_fused_gemm_uses_the_listed_heuristic_rank(fake, tmp_path):  # noqa: F811
+    """The fake heuristic offers 5 results, result i = algorithm i + 1 with 4096 * (i + 1) bytes."""
+    model = gemm_model(lt_algo_m=[33, 7, 12], lt_algo_rank=[2, 11, 0])
+    Ms = [33, 33, 7, 12, 5, 7]
+    code, out, records = run(fake, tmp_path, model,
+                             [{"x": np.ones((M, GK), np.float16)} for M in Ms],
+                             STOFC_FAKE_LT_RESULTS="5")
+    assert code == 0, out
+    # one heuristic call per M (the plan is cached per shape): rank + 1 results asked for
+    heur = [(r["requested"], r["returned"]) for r in records if r["call"] == "lt_heuristic"]
+    assert heur == [(3, 3), (12, 5), (1, 1), (1, 1)]
+    assert len([r for r in records if r["call"] == "lt_desc"]) == 4
+    mm = [r for r in records if r["call"] == "lt_matmul"]
+    # result 2 for M=33; rank 11 for M=7 but only 5 returned: the last (4); result 0 otherwise
+    want = {33: 3, 7: 5, 12: 1, 5: 1}
+    assert [m["algo"] for m in mm] == [want[M] for M in Ms]
+    assert [m["ws_size"] for m in mm] == [4096 * want[M] for M in Ms]
+    layouts = [(r["rows"], r["cols"]) for r in records if r["call"] == "lt_layout"]
+    assert layouts[1::3] == [(GK, M) for M in (33, 7, 12, 5)]     # x's layout per planned M
+
+
+def test_fused_gemm_without_lt_algo_takes_result_zero(fake, tmp_path):  # noqa: F811
+    code, out, records = run(fake, tmp_path, gemm_model(),
+                             [{"x": np.ones((M, GK), np.float16)} for M in (33, 7)])
+    assert code == 0, out
+    assert [r["requested"] for r in records if r["call"] == "lt_heuristic"] == [1, 1]
+    assert [m["algo"] for m in records if m["call"] == "lt_matmul"] == [1, 1]
+
+
+def test_bad_lt_algo_fails_session_creation(fake, tmp_path):  # noqa: F811
+    line = fake_error(fake, tmp_path, gemm_model(lt_algo_m=[33, 7], lt_algo_rank=[1, -3]))
+    assert "stofc FusedGemm" in line and "attribute 'lt_algo_rank[1]' = -3 is outside 0..255" in line
