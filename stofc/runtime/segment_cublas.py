@@ -106,11 +106,6 @@ _CUDA_R_32F = 0
 _EPI_DEFAULT, _EPI_RELU, _EPI_BIAS, _EPI_RELU_BIAS = 1, 2, 4, 6
 _HEURISTIC_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo[64], size_t, int, float, int[4]
 
-# How many of the heuristic's candidates the tuner may choose from (ranks 0..7): the
-# heuristic orders them by its own estimate, so deeper ranks rarely win and each one
-# costs a measurement per candidate epilogue config (stofc.tune.spaces explains).
-LT_ALGO_RANKS = 8
-
 
 class LtRankUnavailable(DeviceError):
     """cuBLASLt's heuristic returned fewer candidates than a requested rank needs."""
