@@ -14,4 +14,8 @@ export STOFC_CACHE_DIR=${STOFC_CACHE_DIR:-/tmp/stofc-cache}
 [ -d "$PWD/.ortinc" ] && export STOFC_ORT_INCLUDE=$PWD/.ortinc
 LD_LIBRARY_PATH=$(find /opt/torch/.venv/lib/python3.12/site-packages/nvidia -name lib -type d | tr '\n' :)
 export LD_LIBRARY_PATH
+# one cuBLASLt for the tuner (Python) and the ORT library, so a tuned heuristic rank
+# names the same algorithm in both (stofc/tune/spaces.py "lt_algo")
+STOFC_CUBLASLT=$(find /opt/torch/.venv/lib/python3.12/site-packages/nvidia -name 'libcublasLt.so.1[0-9]' | head -1)
+export STOFC_CUBLASLT
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
