@@ -12,6 +12,7 @@ The CUDA twins' side of A, B and C is tested against the recording fake driver i
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import subprocess
 
@@ -424,10 +425,20 @@ def test_packed_qkv_launch_points_into_q(fake, cpu_runtime, tmp_path):  # noqa: 
 
 
 def fake_error(fake, tmp_path, model) -> str:  # noqa: F811
-    code, out, records = run(fake, tmp_path, model, [])
+    """The whole session-creation error (the runner prints it JSON-encoded); one line."""
+    import tests.unit.test_ortlib_fake_gpu as fake_gpu
+
+    first_line = 'print("ERROR", str(err).strip().splitlines()[0])'
+    assert first_line in fake_gpu.RUNNER
+    runner = fake_gpu.RUNNER.replace(first_line, 'print("ERROR", json.dumps(str(err).strip()))')
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fake_gpu, "RUNNER", runner)
+        code, out, records = run(fake, tmp_path, model, [])
     assert code == 3 and not [r for r in records if r["call"] == "run"], out
     (line,) = [x for x in out.splitlines() if x.startswith("ERROR ")]
-    return line
+    message = json.loads(line.removeprefix("ERROR "))
+    assert "\n" not in message, message
+    return message
 
 
 FAKE_BAD = [
