@@ -1,12 +1,17 @@
-"""Session-2 contracts of the custom-op library (cuda/ort/OPS.md), CPU twins in ONNX Runtime.
+"""Session-2 contracts of the custom-op library (cuda/ort/OPS.md), without a GPU.
 
 B. Packed QKV: SparseAttention with both k and v omitted reads q as
-   ``[B, S, 3*H*D] = [Q | K | V]``; it must give exactly the output of the same node
-   with separate q, k, v, and the float64 numpy reference; one of k / v alone fails the run.
-A. / C. The CPU twins accept the CUDA-only tuning attributes (SparseAttention's
-   ``variant_*``, FusedGemm's ``lt_algo_*``) and compute the same result without them.
-The CUDA twins' side of A, B and C is tested against the recording fake driver in
-``test_ortlib_fake_gpu.py``.
+   ``[B, S, 3*H*D] = [Q | K | V]``. CPU twin: bit-equal to the same node with separate
+   q, k, v and close to the float64 numpy reference; one of k / v alone fails the run.
+   CUDA twin (fake driver): k, v point H*D and 2*H*D elements into q, sequence stride
+   3*H*D, out strides H*D = AttentionOp.bind on strided views of the packed tensor.
+A. Run-time variants: the attribute parser (tests/attrs_test.cc) and, on the fake
+   driver, the launch of the first eligible variant (else the base) for several (B, S),
+   each equal to AttentionOp.bind for that variant's config; bad variant attributes fail
+   session creation with one line naming attribute and index.
+C. FusedGemm ``lt_algo_m`` / ``lt_algo_rank``: rank + 1 heuristic results requested,
+   result ``rank`` (or the last returned) used for listed M, result 0 otherwise.
+The CPU twins accept the CUDA-only attributes and compute the same result.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from stofc.package.maskbin import write_mask_binary
+from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
+from stofc.masks import encode
+from stofc.package.cuda_launch import KERNEL_ABI
+from stofc.package.maskbin import attention_launch_data, write_attention_plan, write_mask_binary
 from tests.unit.test_ortlib import (  # noqa: F401
     F16,
     F32,
@@ -32,6 +40,16 @@ from tests.unit.test_ortlib import (  # noqa: F401
     masks,
     run_node,
     vi,
+)
+from tests.unit.test_ortlib_abi import abi_table, cpu_runtime  # noqa: F401
+from tests.unit.test_ortlib_cuda import ATTN_OK, driver  # noqa: F401
+from tests.unit.test_ortlib_fake_gpu import (  # noqa: F401
+    attention_package,
+    device_array,
+    fake,
+    feeds_for,
+    make_model,
+    run,
 )
 
 VARIANT_ATTRS = dict(
@@ -172,8 +190,6 @@ def test_cpu_fused_gemm_accepts_and_ignores_lt_algo_attributes(lib):  # noqa: F8
 
 # ---------------------------------------------------------------- attribute parsing (no ORT)
 
-from tests.unit.test_ortlib_cuda import ATTN_OK, ask, driver  # noqa: E402, F401
-
 ROW_ENTRY = "stofc_attn_row_f16_d64_t64_w4_m2_s1_q1_o1_b0_k1"
 BLOCK_ENTRY = "stofc_attn_block_f16_d64_t64_w2_m16_s2_q2_o1_b0_k1"
 TWO_VARIANTS = {
@@ -274,20 +290,6 @@ def test_lt_algo_attributes(driver, attrs, M, answer):  # noqa: F811
 
 
 # ---------------------------------------------------------------- CUDA twins on the fake driver
-
-from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes  # noqa: E402
-from stofc.masks import encode  # noqa: E402
-from stofc.package.cuda_launch import KERNEL_ABI  # noqa: E402
-from stofc.package.maskbin import attention_launch_data, write_attention_plan  # noqa: E402
-from tests.unit.test_ortlib_abi import abi_table, cpu_runtime  # noqa: E402, F401
-from tests.unit.test_ortlib_fake_gpu import (  # noqa: E402, F401
-    attention_package,
-    device_array,
-    fake,
-    feeds_for,
-    make_model,
-    run,
-)
 
 SPEC, L_MAX = "bigbird:block=16,window=3,global=1,random=1,seed=0", 256
 BASE = AttentionConfig("block", 64, 16, 4, 2, 1)
