@@ -182,13 +182,11 @@ def graph_providers():
 def run_model(case, args, rec: Recorder) -> None:
     """Every row of one model: export, ORT baseline, then per mask package/stofc/Flex."""
     import onnxruntime as ort
-    from e2e_models import fused_ops, mirror, package_dense_mask, time_flex
+    from e2e_models import fused_ops
 
     from stofc.frontend import load_model
     from stofc.package.bench import optimized_baseline, time_session
-    from stofc.package.load import load
-    from stofc.package.verify import make_inputs, verify_package
-    from stofc.pipeline import Instruments, compile_model
+    from stofc.package.verify import make_inputs
 
     m = case.name
     parts = set(args.parts.split(","))
@@ -213,12 +211,14 @@ def run_model(case, args, rec: Recorder) -> None:
     if not rec.fits("baseline", model=m):
         return
     base_path = work / "baseline.onnx"
-    if not base_path.exists():
+    if not (work / "baseline.done").exists():
         start = time.time()
         optimized_baseline(graph, src, work)
-        rec.emit(kind="step", step="baseline", model=m, s=round(time.time() - start, 1),
-                 model_type="gpt2" if graph.layers[0].attention.causal_in_graph else "bert",
-                 expected_model_type=case.ort_model_type, fused=fused_ops(base_path))
+        (work / "baseline.done").write_text("ok")
+        rec.emit(kind="step", step="baseline", model=m, s=round(time.time() - start, 1))
+    rec.emit(kind="step", step="baseline_ops", model=m,
+             model_type="gpt2" if graph.layers[0].attention.causal_in_graph else "bert",
+             expected_model_type=case.ort_model_type, ops=fused_ops(base_path))
     base = ort.InferenceSession(str(base_path), providers=providers)
     for b, s in cases:
         if not rec.fits("ort", model=m, impl="ort", B=b, S=s):
@@ -236,63 +236,79 @@ def run_model(case, args, rec: Recorder) -> None:
             timed_graph(rec, m, None, "ort", b, s, lambda: ort.InferenceSession(
                 str(base_path), providers=graph_providers()), feeds[(b, s)],
                 outputs[("ort", b, s)], real[(b, s)], args)
-    module = None
+    mirror_cache: dict[str, object] = {}
     for mask in args.masks.split(","):
         if not rec.fits("package", model=m, mask=mask):
             continue
-        pkg = work / f"pkg-{mask}"
-        start = time.time()
-        if not (pkg / "manifest.json").exists():
-            compile_model(src, MASKS[mask], gpu="auto", max_seq_len=2048, out_dir=pkg,
-                          instruments=Instruments(progress=False))
-        compile_s = round(time.time() - start, 1)
-        report = verify_package(pkg, model=src, provider="cuda", cases=[VERIFY_CASE])
-        rec.emit(kind="verify", model=m, mask=mask, passed=report.passed, rel=report.worst.rel,
-                 mask_effect=report.worst.mask_effect, compile_s=compile_s,
-                 verify_s=round(time.time() - start - compile_s, 1), report=report.to_dict())
-        dense = package_dense_mask(pkg)
-        rec.emit(kind="step", step="mask", model=m, mask=mask,
-                 density_2048=float(dense.mean()), causal_subset=bool(
-                     not np.triu(dense, 1).any()))
-        session = load(pkg, providers=providers)
-        for b, s in cases:
-            if not rec.fits("stofc", model=m, mask=mask, impl="stofc", B=b, S=s):
-                continue
-            try:
-                med, p10, p90 = time_session(session, feeds[(b, s)], warmup=args.warmup,
-                                             repeat=args.repeat)
-                outputs[("stofc", mask, b, s)] = session.run(None, feeds[(b, s)])[0]
-                rec.emit(kind="time", model=m, mask=mask, impl="stofc", graph=False, B=b, S=s,
-                         ms=med, p10=p10, p90=p90)
-            except Exception as err:  # report and go on: the other figures still count
-                rec.emit(kind="error", model=m, mask=mask, impl="stofc", B=b, S=s,
-                         err=one_line(err))
-        del session
-        gc.collect()
-        for b, s in cases:
-            if "graph" in parts and ("stofc", mask, b, s) in outputs and rec.fits(
-                    "stofc_graph", model=m, mask=mask, impl="stofc", B=b, S=s, graph=True):
-                timed_graph(rec, m, mask, "stofc", b, s,
-                            lambda p=pkg: load(p, providers=graph_providers()), feeds[(b, s)],
-                            outputs[("stofc", mask, b, s)], real[(b, s)], args)
-            for graphed in (False, True):
-                if ("graph" if graphed else "plain") not in parts:
-                    continue
-                step = "flex_graph" if graphed else "flex"
-                if not rec.fits(step, model=m, mask=mask, impl="flex", B=b, S=s, graph=graphed):
-                    continue
-                if module is None:
-                    module = mirror(m)
-                try:
-                    ms, c_s = time_flex(module, dense, b, s,
-                                        mode="reduce-overhead" if graphed else None)
-                    rec.emit(kind="time", model=m, mask=mask, impl="flex", graph=graphed, B=b,
-                             S=s, ms=ms, compile_s=round(c_s, 1))
-                except Exception as err:  # report and go on
-                    rec.emit(kind="error", model=m, mask=mask, impl="flex", graph=graphed, B=b,
-                             S=s, err=one_line(err))
-    del module
+        try:
+            run_mask(case, mask, src, work, feeds, real, outputs, mirror_cache, args, rec)
+        except Exception as err:  # one mask failing leaves the others' rows
+            rec.emit(kind="error", step="mask", model=m, mask=mask, err=one_line(err, 1500))
+    mirror_cache.clear()
     gc.collect()
+
+
+def run_mask(case, mask: str, src: Path, work: Path, feeds: dict, real: dict, outputs: dict,
+             mirror_cache: dict, args, rec: Recorder) -> None:
+    """One mask of one model: package (compiled once), verify, stofc / graph / Flex rows."""
+    from e2e_models import mirror, package_dense_mask, time_flex
+
+    from stofc.package.bench import time_session
+    from stofc.package.load import load
+    from stofc.package.verify import verify_package
+    from stofc.pipeline import Instruments, compile_model
+
+    m, parts, cases = case.name, set(args.parts.split(",")), parse_cases(args.cases)
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    pkg = work / f"pkg-{mask}"
+    start = time.time()
+    if not (pkg / "manifest.json").exists():  # compile_model writes atomically
+        compile_model(src, MASKS[mask], gpu="auto", max_seq_len=2048, out_dir=pkg,
+                      instruments=Instruments(progress=False))
+    compile_s = round(time.time() - start, 1)
+    report = verify_package(pkg, model=src, provider="cuda", cases=[VERIFY_CASE])
+    rec.emit(kind="verify", model=m, mask=mask, passed=report.passed, rel=report.worst.rel,
+             mask_effect=report.worst.mask_effect, compile_s=compile_s,
+             verify_s=round(time.time() - start - compile_s, 1), report=report.to_dict())
+    dense = package_dense_mask(pkg)
+    rec.emit(kind="step", step="mask", model=m, mask=mask, density_2048=float(dense.mean()),
+             causal_subset=bool(not np.triu(dense, 1).any()))
+    session = load(pkg, providers=providers)
+    for b, s in cases:
+        if not rec.fits("stofc", model=m, mask=mask, impl="stofc", B=b, S=s):
+            continue
+        try:
+            med, p10, p90 = time_session(session, feeds[(b, s)], warmup=args.warmup,
+                                         repeat=args.repeat)
+            outputs[("stofc", mask, b, s)] = session.run(None, feeds[(b, s)])[0]
+            rec.emit(kind="time", model=m, mask=mask, impl="stofc", graph=False, B=b, S=s,
+                     ms=med, p10=p10, p90=p90)
+        except Exception as err:  # report and go on: the other figures still count
+            rec.emit(kind="error", model=m, mask=mask, impl="stofc", B=b, S=s, err=one_line(err))
+    session = None
+    gc.collect()
+    for b, s in cases:
+        if "graph" in parts and ("stofc", mask, b, s) in outputs and rec.fits(
+                "stofc_graph", model=m, mask=mask, impl="stofc", B=b, S=s, graph=True):
+            timed_graph(rec, m, mask, "stofc", b, s,
+                        lambda: load(pkg, providers=graph_providers()), feeds[(b, s)],
+                        outputs[("stofc", mask, b, s)], real[(b, s)], args)
+        for graphed in (False, True):
+            if ("graph" if graphed else "plain") not in parts:
+                continue
+            step = "flex_graph" if graphed else "flex"
+            if not rec.fits(step, model=m, mask=mask, impl="flex", B=b, S=s, graph=graphed):
+                continue
+            if m not in mirror_cache:
+                mirror_cache[m] = mirror(m)
+            try:
+                ms, c_s = time_flex(mirror_cache[m], dense, b, s,
+                                    mode="reduce-overhead" if graphed else None)
+                rec.emit(kind="time", model=m, mask=mask, impl="flex", graph=graphed, B=b, S=s,
+                         ms=ms, compile_s=round(c_s, 1))
+            except Exception as err:  # report and go on
+                rec.emit(kind="error", model=m, mask=mask, impl="flex", graph=graphed, B=b,
+                         S=s, err=one_line(err))
 
 
 def timed_graph(rec: Recorder, m: str, mask: str | None, impl: str, b: int, s: int, open_session,

@@ -83,6 +83,11 @@ class _Cells:
         return None, "-"
 
 
+def _cases(verify_row: dict) -> str:
+    errors = verify_row.get("report", {}).get("errors", [])
+    return " ".join(sorted({f"({e['batch']}, {e['seq_len']})" for e in errors})) or "-"
+
+
 def _header(names: tuple[str, ...]) -> list[str]:
     return ["| model | mask | B | L | " + " | ".join(names) + f" | target >= {TARGET}x |",
             "|" + " --- |" * (len(names) + 5)]
@@ -147,11 +152,13 @@ def write_tables(rows: list[dict], out: Path) -> str:
 
     verify = [r for r in rows if r.get("kind") == "verify"]
     if verify:
-        lines += ["## verify_package (CUDA EP, batch 2, length 512, bound 1e-2)", "",
-                  "| model | mask | passed | rel. error | mask effect | compile s |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['model']} | {r['mask']} | {r['passed']} | {r['rel']:.2e} | "
-                  f"{r['mask_effect']:.2e} | {r.get('compile_s')} |" for r in verify]
+        lines += ["## verify_package (vs the fp32 original with the same mask injected, "
+                  "bound 1e-2)", "",
+                  "| model | mask | provider | cases | passed | rel. error | mask effect | "
+                  "compile s |", "|" + " --- |" * 8]
+        lines += [f"| {r['model']} | {r['mask']} | {r.get('report', {}).get('provider')} | "
+                  f"{_cases(r)} | {r['passed']} | {r['rel']:.2e} | {r['mask_effect']:.2e} | "
+                  f"{r.get('compile_s')} |" for r in verify]
         lines.append("")
     graph_checks = [r for r in rows if r.get("kind") == "time" and "vs_plain_rel" in r]
     if graph_checks:
@@ -190,7 +197,8 @@ def _synthetic_rows() -> list[dict]:
         dict(kind="skip", model="bert", impl="flex", mask="causal", graph=False, B=1, S=128,
              why="deadline: 3 s left"),
         dict(kind="verify", model="bert", mask="bigbird", passed=True, rel=2e-3,
-             mask_effect=0.02, compile_s=9.0),
+             mask_effect=0.02, compile_s=9.0, report=dict(provider="cuda", errors=[
+                 dict(batch=2, seq_len=512)])),
         dict(kind="skip", step="package", model="gpt2", mask="longformer",
              why="deadline: 40 s left, step needs ~60 s"),
     ]
@@ -219,7 +227,7 @@ def _check_tables() -> None:
     assert any("graph capture needs every node on the CUDA EP" in ln for ln in lines)
     assert any("deadline: 3 s left" in ln for ln in lines)
     assert "- skip package gpt2 longformer: deadline: 40 s left, step needs ~60 s" in lines
-    assert "| bert | bigbird | True | 2.00e-03 | 2.00e-02 | 9.0 |" in lines
+    assert "| bert | bigbird | cuda | (2, 512) | True | 2.00e-03 | 2.00e-02 | 9.0 |" in lines
     assert verdict(1.0, {"ORT": 1.49, "Flex": 9.0}) == "MISSED (vs ORT)"
     assert verdict(1.0, {"ORT": 1.5, "Flex": 1.5}) == "met"
     print("tables: ok")
@@ -244,7 +252,7 @@ def _check_masks(work: Path) -> None:
             want = want & (q >= k)
         assert dense.shape == (n, n) and dense.dtype == bool
         assert np.array_equal(dense, want), f"{pkg}: {int((dense != want).sum())} cells differ"
-        print(f"masks: {pkg.name}: L={n} density {dense.mean():.4f} causal_from_model="
+        print(f"masks: {pkg.parent.name}/{pkg.name}: L={n} density {dense.mean():.4f} causal_from_model="
               f"{doc['mask']['causal_from_model']} upper-triangle cells "
               f"{int(np.triu(dense, 1).sum())}: ok")
 
