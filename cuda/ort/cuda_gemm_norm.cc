@@ -66,7 +66,7 @@ std::string dtype_mismatch(const EpilogueLaunch& e) {
 struct LtPlan {
     LtDesc desc = nullptr;
     LtLayout a = nullptr, b = nullptr, c = nullptr;
-    unsigned char heuristic[kLtHeuristicBytes] = {};
+    alignas(8) unsigned char heuristic[kLtHeuristicBytes] = {};  // its algo is uint64_t[8]
     size_t workspace = 0;
 };
 struct LtContext {
