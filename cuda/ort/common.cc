@@ -124,8 +124,23 @@ void expect_same(const Input& in, const std::vector<int64_t>& want, const char* 
 }
 }  // namespace
 
+int check_key_padding_mask(const Input& kpm, const char* name) {
+    if (kpm.shape.size() != 2)
+        throw OpError(std::string("input ") + name + " has shape " + shape_str(kpm.shape) + ", expected [B, S]");
+    switch (kpm.type) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
+            return 1;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
+            return 2;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
+            return 3;
+        default:
+            throw OpError(std::string("input ") + name + " must be int64, int32 or bool");
+    }
+}
+
 AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const Input& k, const Input& v,
-                              const Input& kpm, const Input& bias) {
+                              const Input& kpm, const Input& bias, const Input& key_state) {
     AttentionCall c;
     c.H = attrs.num_heads;
     c.D = attrs.head_dim;
@@ -157,9 +172,19 @@ AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const
     c.has_kpm = kpm.present();
     if (c.has_kpm) {
         expect_same(kpm, {c.B, c.S}, "key_padding_mask");
-        if (kpm.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 && kpm.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
-            kpm.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL)
-            throw OpError("input key_padding_mask must be int64, int32 or bool");
+        check_key_padding_mask(kpm);
+    }
+    c.has_key_state = key_state.present();
+    if (c.has_key_state) {
+        if (!c.has_kpm)
+            throw OpError("input key_state is given without key_padding_mask; key_state is KeyPrep's output for "
+                          "the node's key_padding_mask, give both or neither");
+        const KeyStateLayout l = key_state_layout(c.B, c.S);
+        if (key_state.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || key_state.shape != std::vector<int64_t>{l.bytes})
+            throw OpError("input key_state must be uint8 [" + std::to_string(l.bytes) + "] (KeyPrep's output for B=" +
+                          std::to_string(c.B) + ", S=" + std::to_string(c.S) + "), got " +
+                          (key_state.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 ? "uint8 " : "another type, ") +
+                          shape_str(key_state.shape) + "; feed it from KeyPrep of this node's key_padding_mask");
     }
     c.has_bias = bias.present();
     if (c.has_bias) {

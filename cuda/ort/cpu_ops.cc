@@ -61,7 +61,8 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
         Ort::KernelContext ctx(context);
         const Input q = get_input(ctx, 0), k = get_input(ctx, 1), v = get_input(ctx, 2);
         const Input kpm = get_input(ctx, 3), bias = get_input(ctx, 4);
-        const AttentionCall c = check_attention(attrs, q, k, v, kpm, bias);
+        // key_state (input 5) is checked but not read: the mask itself is at hand here.
+        const AttentionCall c = check_attention(attrs, q, k, v, kpm, bias, get_input(ctx, 5));
         const int64_t B = c.B, S = c.S, H = c.H, D = c.D, bias_sb = c.bias_sb, bias_sh = c.bias_sh;
         const MaskData& m = *attrs.mask;
         const std::vector<uint8_t> valid = key_valid(kpm, B, S);
@@ -207,6 +208,32 @@ OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
             }
         };
         parallel_for(ctx, static_cast<size_t>(M), one_row);
+    });
+}
+
+OrtStatusPtr KeyPrepCpu::ComputeV2(OrtKernelContext* context) {
+    return guarded("KeyPrep", [&] {
+        Ort::KernelContext ctx(context);
+        const Input kpm = get_input(ctx, 0);
+        if (!kpm.present()) throw OpError("input key_padding_mask is required");
+        check_key_padding_mask(kpm);
+        const KeyStateLayout l = key_state_layout(kpm.shape[0], kpm.shape[1]);
+        auto out = ctx.GetOutput(0, {l.bytes});
+        uint8_t* bytes = out.GetTensorMutableData<uint8_t>();
+        std::memset(bytes, 0, static_cast<size_t>(l.bytes));  // the padding before the words too
+        const std::vector<uint8_t> valid = key_valid(kpm, l.B, l.S);
+        for (int64_t b = 0; b < l.B; ++b) {
+            int32_t last = 0;  // 1 + the last real key, 0 when none (key_prep.cu)
+            std::vector<uint64_t> words(static_cast<size_t>(l.words), 0);
+            for (int64_t key = 0; key < l.S; ++key) {
+                if (!valid[static_cast<size_t>(b * l.S + key)]) continue;
+                words[static_cast<size_t>(key / 64)] |= uint64_t{1} << (key % 64);
+                last = static_cast<int32_t>(key + 1);
+            }
+            std::memcpy(bytes + 4 * b, &last, 4);  // little-endian hosts only, like the CUDA twin
+            if (l.words)
+                std::memcpy(bytes + l.words_at + 8 * b * l.words, words.data(), static_cast<size_t>(8 * l.words));
+        }
     });
 }
 

@@ -73,6 +73,13 @@ class Scratch {
 
 inline size_t align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
 
+/// Launches the embedded key-prep kernel (key_prep.cu) on `stream`: grid B, 128 threads,
+/// kv_len int32 [B] and the key bits uint64 [B, key_words] from key_padding_mask `kpm`
+/// (kpm_type 0 none, 1 int64, 2 int32, 3 bool). Loads its module in `ctx` on first use
+/// (refused under CUDA graph capture). cuda_key_prep.cc.
+void launch_key_prep(CUcontext ctx, CUstream stream, const void* kpm, int kpm_type, int B, int S, int key_words,
+                     CUdeviceptr kv_len, CUdeviceptr words);
+
 /// Node attributes through ORT's kernel info.
 struct OrtAttrSource : AttrSource {
     const OrtKernelInfo* info;

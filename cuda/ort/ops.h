@@ -39,16 +39,45 @@ struct AttentionCall {
     /// stride in_row (3*H*D packed, else H*D; k and v are their own tensors then).
     bool packed = false;
     int64_t in_row = 0, k_offset = 0, v_offset = 0;
+    /// key_state (input 5, from KeyPrep) given: its size is checked against (B, S).
+    bool has_key_state = false;
     /// out is always [B, S, H*D].
     std::vector<int64_t> out_shape() const { return {B, S, H * D}; }
 };
 
-/// Validates q, k, v, key_padding_mask and bias against the node and its mask;
-/// throws OpError naming the input, its shape and the expected one. k and v are
+/// Validates q, k, v, key_padding_mask, bias and key_state against the node and its
+/// mask; throws OpError naming the input, its shape and the expected one. k and v are
 /// both given ([B, S, H*D] like q) or both omitted (q packed [B, S, 3*H*D]); one
-/// of them alone is an error.
+/// of them alone is an error. key_state needs key_padding_mask and must be uint8
+/// [key_state_layout(B, S).bytes].
 AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const Input& k, const Input& v,
-                              const Input& kpm, const Input& bias);
+                              const Input& kpm, const Input& bias, const Input& key_state = Input());
+
+/// KeyPrep's output (OPS.md): int32 kv_len [B] at byte 0, then (256-aligned) the
+/// uint64 key bits [B, words] at byte `words_at`; `bytes` in all. The same layout as
+/// the CUDA twin of SparseAttention's own scratch.
+struct KeyStateLayout {
+    int64_t B = 0, S = 0, words = 0, words_at = 0, bytes = 0;
+};
+inline KeyStateLayout key_state_layout(int64_t B, int64_t S) {
+    KeyStateLayout l;
+    l.B = B;
+    l.S = S;
+    l.words = (S + 63) / 64;
+    l.words_at = (4 * B + 255) / 256 * 256;
+    l.bytes = l.words_at + 8 * B * l.words;
+    return l;
+}
+
+/// Checks a key_padding_mask [B, S] (int64, int32 or bool) given to `op`'s input
+/// `name`; returns the key-prep kernel's kpm_type (1 int64, 2 int32, 3 bool).
+int check_key_padding_mask(const Input& kpm, const char* name = "key_padding_mask");
+
+/// KeyPrep(key_padding_mask) -> key_state, the CPU twin: the documented bytes on the host.
+struct KeyPrepCpu {
+    explicit KeyPrepCpu(const OrtKernelInfo*) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
 
 template <typename T>
 struct SparseAttentionCpu {
@@ -92,7 +121,11 @@ struct AddLayerNormCpu {
 struct SparseAttentionCuda;
 struct FusedGemmCuda;
 struct AddLayerNormCuda;
+struct KeyPrepCuda;
 SparseAttentionCuda* make_sparse_attention_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+KeyPrepCuda* make_key_prep_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+OrtStatusPtr compute(KeyPrepCuda* k, OrtKernelContext* context);
+void destroy(KeyPrepCuda* k);
 FusedGemmCuda* make_fused_gemm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
 AddLayerNormCuda* make_add_layer_norm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
 OrtStatusPtr compute(SparseAttentionCuda* k, OrtKernelContext* context);
@@ -128,7 +161,13 @@ struct OpSignature {
 };
 
 // k and v (inputs 1, 2) are optional: both omitted = packed QKV in q (OPS.md).
-constexpr OpSignature kSparseAttentionSig{"SparseAttention", 5, 3, (1u << 1) | (1u << 2), 1u << 3, 1, 0u};
+// Input 5 is key_state (uint8, from KeyPrep), typed "any" and checked in Compute like
+// key_padding_mask (input 3), so the element type T stays the op's one constraint.
+constexpr OpSignature kSparseAttentionSig{"SparseAttention", 6, 3, (1u << 1) | (1u << 2), (1u << 3) | (1u << 5),
+                                          1, 0u};
+// KeyPrep(key_padding_mask) -> key_state: registered once per provider with elem = uint8
+// (its output type); the mask's type (int64, int32, bool) is checked in Compute.
+constexpr OpSignature kKeyPrepSig{"KeyPrep", 1, 1, 0u, 1u << 0, 1, 0u};
 constexpr OpSignature kFusedGemmSig{"FusedGemm", 4, 2, 0u, 0u, 1, 0u};
 constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 3), 0u, 2, 1u << 1};
 
@@ -142,11 +181,13 @@ struct Registration {
 constexpr ONNXTensorElementDataType kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr ONNXTensorElementDataType kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 constexpr ONNXTensorElementDataType kBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+constexpr ONNXTensorElementDataType kU8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 constexpr Registration kRegistrations[] = {
     {&kSparseAttentionSig, kF32, false}, {&kFusedGemmSig, kF32, false}, {&kAddLayerNormSig, kF32, false},
     {&kSparseAttentionSig, kF16, false}, {&kFusedGemmSig, kF16, false}, {&kAddLayerNormSig, kF16, false},
     {&kSparseAttentionSig, kF16, true},  {&kFusedGemmSig, kF16, true},  {&kAddLayerNormSig, kF16, true},
     {&kSparseAttentionSig, kBF16, true}, {&kFusedGemmSig, kBF16, true}, {&kAddLayerNormSig, kBF16, true},
+    {&kKeyPrepSig, kU8, false},          {&kKeyPrepSig, kU8, true},
 };
 
 /// One registered op: a signature, an element type, an execution provider and a

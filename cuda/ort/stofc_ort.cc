@@ -2,7 +2,8 @@
 //
 // Loaded with SessionOptions.register_custom_ops_library(".../libstofc_ort.so").
 // Each call creates the ai.stofc domain with every op twice (CPU twin for float
-// and float16, CUDA twin for float16 and bfloat16) bound to the package directory:
+// and float16, CUDA twin for float16 and bfloat16; KeyPrep once per provider, its
+// output being uint8) bound to the package directory:
 //   1. the session config entry "stofc.package_dir" when it is set (set it
 //      BEFORE register_custom_ops_library), else
 //   2. the directory holding this library file (a package ships its own copy,
@@ -70,12 +71,16 @@ K* make_cpu(const OrtKernelInfo* info, const std::string& dir) {
 using AttnCuda = CudaKernelHandle<SparseAttentionCuda>;
 using GemmCuda = CudaKernelHandle<FusedGemmCuda>;
 using NormCuda = CudaKernelHandle<AddLayerNormCuda>;
+using KeyPrepCudaK = CudaKernelHandle<KeyPrepCuda>;
 AttnCuda* make_attn_cuda(const OrtKernelInfo* i, const std::string& d) {
     return new AttnCuda(make_sparse_attention_cuda(i, d));
 }
 GemmCuda* make_gemm_cuda(const OrtKernelInfo* i, const std::string& d) { return new GemmCuda(make_fused_gemm_cuda(i, d)); }
 NormCuda* make_norm_cuda(const OrtKernelInfo* i, const std::string& d) {
     return new NormCuda(make_add_layer_norm_cuda(i, d));
+}
+KeyPrepCudaK* make_key_prep_cuda_k(const OrtKernelInfo* i, const std::string& d) {
+    return new KeyPrepCudaK(make_key_prep_cuda(i, d));
 }
 
 template <typename T>
@@ -98,7 +103,10 @@ void add_registration(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::Custo
     if (!r.cuda) return;
     const char* kCudaEp = nullptr;
 #endif
-    if (r.cuda) {
+    if (r.sig == &kKeyPrepSig) {  // one registration per provider; output uint8, any mask type
+        if (r.cuda) add<KeyPrepCudaK>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_key_prep_cuda_k);
+        else add<KeyPrepCpu>(ops, domain, *r.sig, r.elem, nullptr, dir, &make_cpu<KeyPrepCpu>);
+    } else if (r.cuda) {
         if (r.sig == &kSparseAttentionSig) add<AttnCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_attn_cuda);
         else if (r.sig == &kFusedGemmSig) add<GemmCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_gemm_cuda);
         else add<NormCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_norm_cuda);

@@ -61,11 +61,12 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
     lines = res.stdout.splitlines()
     assert lines[-1] == f"abi {KERNEL_ABI}"
     regs = {tuple(line.split()) for line in lines[:-1]}
-    assert len(regs) == len(lines) - 1 == 12
+    assert len(regs) == len(lines) - 1 == 14
     ops = ("SparseAttention", "FusedGemm", "AddLayerNorm")
-    f32, f16, bf16 = "1", "10", "16"            # ONNX TensorProto element types
+    f32, f16, bf16, u8 = "1", "10", "16", "2"   # ONNX TensorProto element types
     assert regs == {(op, "CUDAExecutionProvider", t) for op in ops for t in (f16, bf16)} | \
-                  {(op, "CPUExecutionProvider", t) for op in ops for t in (f32, f16)}
+                  {(op, "CPUExecutionProvider", t) for op in ops for t in (f32, f16)} | \
+                  {("KeyPrep", ep, u8) for ep in ("CUDAExecutionProvider", "CPUExecutionProvider")}
 
 
 def test_valid_attention_attributes_parse(driver):
