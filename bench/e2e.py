@@ -23,6 +23,14 @@ CUDA-graph rows, same run: stofc and ORT optimized with provider option
 fixed device addresses; ORT's refusal message recorded if it refuses), each graph
 output checked against the plain session's; torch.compile(mode="reduce-overhead").
 
+Timing: the ORT sessions (stofc's and ORT's) are timed as ``stofc bench`` does
+(``perf_counter`` around ``run_with_iobinding``, which returns after ORT synchronised);
+torch.compile with ``triton.testing.do_bench`` (CUDA events). The mirrors have no
+embeddings and no padding (a gather and an add, noise at these sizes); the ORT feeds
+are right-padded as in ``stofc verify``. Which ops ORT's optimizer fused is recorded
+(``baseline_ops``): on a transformers 5.x GPT-2 eager export it fused no attention
+(checked on CPU), so GPT-2's ORT figure is unfused attention.
+
 Median ms. Rows are appended to ``e2e.jsonl`` as they come and ``e2e-table.md`` is
 rewritten after each, so a run cut short still leaves its tables. A deadline guard
 skips (and records) what no longer fits.
@@ -224,9 +232,9 @@ def run_model(case, args, rec: Recorder) -> None:
         if not rec.fits("ort", model=m, impl="ort", B=b, S=s):
             continue
         med, p10, p90 = time_session(base, feeds[(b, s)], warmup=args.warmup, repeat=args.repeat)
-        outputs[("ort", b, s)] = base.run(None, feeds[(b, s)])[0]
+        out = outputs[("ort", b, s)] = base.run(None, feeds[(b, s)])[0]
         rec.emit(kind="time", model=m, mask=None, impl="ort", graph=False, B=b, S=s, ms=med,
-                 p10=p10, p90=p90)
+                 p10=p10, p90=p90, finite=bool(np.isfinite(out[real[(b, s)]]).all()))
     del base
     if "graph" in parts:
         for b, s in cases:
@@ -280,9 +288,9 @@ def run_mask(case, mask: str, src: Path, work: Path, feeds: dict, real: dict, ou
         try:
             med, p10, p90 = time_session(session, feeds[(b, s)], warmup=args.warmup,
                                          repeat=args.repeat)
-            outputs[("stofc", mask, b, s)] = session.run(None, feeds[(b, s)])[0]
+            out = outputs[("stofc", mask, b, s)] = session.run(None, feeds[(b, s)])[0]
             rec.emit(kind="time", model=m, mask=mask, impl="stofc", graph=False, B=b, S=s,
-                     ms=med, p10=p10, p90=p90)
+                     ms=med, p10=p10, p90=p90, finite=bool(np.isfinite(out[real[(b, s)]]).all()))
         except Exception as err:  # report and go on: the other figures still count
             rec.emit(kind="error", model=m, mask=mask, impl="stofc", B=b, S=s, err=one_line(err))
     session = None
@@ -302,10 +310,10 @@ def run_mask(case, mask: str, src: Path, work: Path, feeds: dict, real: dict, ou
             if m not in mirror_cache:
                 mirror_cache[m] = mirror(m)
             try:
-                ms, c_s = time_flex(mirror_cache[m], dense, b, s,
-                                    mode="reduce-overhead" if graphed else None)
+                ms, c_s, skips = time_flex(mirror_cache[m], dense, b, s,
+                                           mode="reduce-overhead" if graphed else None)
                 rec.emit(kind="time", model=m, mask=mask, impl="flex", graph=graphed, B=b, S=s,
-                         ms=ms, compile_s=round(c_s, 1))
+                         ms=ms, compile_s=round(c_s, 1), cudagraph_skips=skips)
             except Exception as err:  # report and go on
                 rec.emit(kind="error", model=m, mask=mask, impl="flex", graph=graphed, B=b,
                          S=s, err=one_line(err))

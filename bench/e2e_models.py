@@ -177,13 +177,17 @@ def fused_ops(path: Path) -> dict[str, int]:
 
 
 def time_flex(module, dense: np.ndarray, batch: int, seq: int, *,
-              mode: str | None) -> tuple[float, float]:
-    """(median ms, compile s) of ``torch.compile(module, mode=mode)`` on mask ``dense[:seq, :seq]``.
+              mode: str | None) -> tuple[float, float, int]:
+    """(median ms, compile s, CUDA-graph skips) of ``torch.compile(module, mode=mode)``.
 
-    ``mode="reduce-overhead"`` runs under CUDA graphs (inputs copied into static buffers
-    each call, as a user gets it); a few calls before timing so the graph is recorded.
+    The mask is ``dense[:seq, :seq]``. ``mode="reduce-overhead"`` runs under CUDA graphs
+    (inputs copied into static buffers each call, as a user gets it); a few calls before
+    timing so the graph is recorded. The third value is how many times inductor said it
+    skipped CUDA graphs (its ``cudagraph_skips`` counter): non-zero means the
+    reduce-overhead figure ran without them.
     """
     import torch
+    from torch._dynamo.utils import counters
     from torch.nn.attention.flex_attention import create_block_mask
     from triton.testing import do_bench
 
@@ -197,6 +201,7 @@ def time_flex(module, dense: np.ndarray, batch: int, seq: int, *,
     bm = create_block_mask(mask_mod, None, None, seq, seq, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + seq)
     x = torch.randn(batch, seq, HIDDEN, device="cuda", dtype=torch.float16, generator=gen)
+    skips = counters["inductor"]["cudagraph_skips"]
     with torch.no_grad():
         start = time.time()
         for _ in range(3 if mode == "reduce-overhead" else 1):
@@ -206,5 +211,6 @@ def time_flex(module, dense: np.ndarray, batch: int, seq: int, *,
         if not torch.isfinite(y).all():
             raise RuntimeError("the mirror's output is not finite")
         ms = do_bench(lambda: comp(x, bm), warmup=10, rep=50, return_mode="median")
+    skips = counters["inductor"]["cudagraph_skips"] - skips
     torch._dynamo.reset()  # drops the compiled graphs (and CUDA graphs) of this point
-    return ms, compile_s
+    return ms, compile_s, skips

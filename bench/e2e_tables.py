@@ -62,6 +62,9 @@ class _Cells:
             key = (r["impl"], bool(r.get("graph")), r["model"], r.get("mask"), r["B"], r["S"])
             if r["kind"] == "time":
                 self.times[key] = r["ms"]
+                if r.get("cudagraph_skips"):
+                    self.notes[key] = (f"ran without CUDA graphs: inductor skipped them "
+                                       f"{r['cudagraph_skips']} time(s)")
             else:
                 self.notes.setdefault(key, f"{r['kind']}: {r.get('err') or r.get('why', '')}")
             point = (r["model"], r.get("mask"), r["B"], r["S"])
@@ -74,12 +77,14 @@ class _Cells:
 
     def get(self, impl, graph, model, mask, b, s) -> tuple[float | None, str]:
         key = (impl, graph, model, mask, b, s)
-        if key in self.times:
-            return self.times[key], _fmt(self.times[key])
         if key in self.notes:
             text = f"{impl}{' (CUDA graph)' if graph else ''}: {self.notes[key]}"
             n = self.footnotes.setdefault(text, len(self.footnotes) + 1)
+            if key in self.times:  # measured, with a caveat
+                return self.times[key], f"{_fmt(self.times[key])} [{n}]"
             return None, f"{self.notes[key].split(':')[0]} [{n}]"
+        if key in self.times:
+            return self.times[key], _fmt(self.times[key])
         return None, "-"
 
 
@@ -192,7 +197,7 @@ def _synthetic_rows() -> list[dict]:
         dict(t, impl="stofc", mask="bigbird", graph=False, B=1, S=128, ms=1.0),
         dict(t, impl="flex", mask="bigbird", graph=False, B=1, S=128, ms=2.0),
         dict(t, impl="stofc", mask="bigbird", graph=True, B=1, S=128, ms=0.5, vs_plain_rel=1e-4),
-        dict(t, impl="flex", mask="bigbird", graph=True, B=1, S=128, ms=0.6),
+        dict(t, impl="flex", mask="bigbird", graph=True, B=1, S=128, ms=0.6, cudagraph_skips=1),
         dict(t, impl="stofc", mask="causal", graph=False, B=1, S=128, ms=1.2),
         dict(kind="skip", model="bert", impl="flex", mask="causal", graph=False, B=1, S=128,
              why="deadline: 3 s left"),
@@ -220,7 +225,8 @@ def _check_tables() -> None:
         row.endswith("| 2.50x | - | open (no Flex) |"), row
     row = lines[graph + 4]
     assert row.startswith("| bert | bigbird | 1 | 128 | 0.500 | refused [") and \
-        row.endswith("| 0.600 | 6.00x (ORT plain) | 1.20x | MISSED (vs Flex) |"), row
+        row.endswith("| 0.600 [3] | 6.00x (ORT plain) | 1.20x | MISSED (vs Flex) |"), row
+    assert "3. flex (CUDA graph): ran without CUDA graphs: inductor skipped them 1 time(s)" in lines
     row = lines[best + 4]
     assert row == ("| bert | bigbird | 1 | 128 | 0.500 (graph) | 3.000 (plain) | 0.600 (graph) | "
                    "6.00x | 1.20x | MISSED (vs Flex) |"), row
