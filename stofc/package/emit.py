@@ -69,6 +69,7 @@ class Emitter:
         self.inits: dict[str, TensorProto] = {}
         self.fused: dict[str, str] = {}    # original value -> its dtype twin, made by a fused op
         self.casts: dict[str, str] = {}    # unfused value -> its dtype twin (Cast)
+        self.key_states: dict[str, str] = {}   # key_padding_mask -> its KeyPrep's key_state
         self.count = 0
 
     def name(self, stem: str) -> str:
@@ -107,6 +108,16 @@ class Emitter:
             self.count += 1
         self.fused[value] = twin
         return twin
+
+    def key_state(self, mask: str) -> tuple[str, onnx.NodeProto | None]:
+        """``mask``'s key_state and the KeyPrep node emitted for it now (None when an
+        earlier SparseAttention on the same mask emitted it: one KeyPrep per mask value)."""
+        if mask in self.key_states:
+            return self.key_states[mask], None
+        state = f"{mask}::stofc_key_state"
+        node = self.node("KeyPrep", [mask], [state], domain=DOMAIN, stem="KeyPrep")
+        self.key_states[mask] = state
+        return state, node
 
     def fp32(self, value_dt: str) -> str:
         out = f"{value_dt}::f32_{self.count + 1}"
@@ -292,8 +303,16 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             note = "packed QKV split into Q, K, V (layout [3, H, D] on the last axis)"
         else:
             q, k, v = (em.half(x) for x in (block.q_input, block.k_input, block.v_input))
+        key_state = ""
+        if attention.key_padding_mask:
+            key_state, prep = em.key_state(attention.key_padding_mask)
+            if prep is not None:
+                ops.append("ai.stofc:KeyPrep")
+                note = "; ".join(filter(None, [note, (
+                    f"{prep.name}: KeyPrep of key_padding_mask {attention.key_padding_mask!r}, "
+                    "its key_state read by every SparseAttention on that mask (OPS.md)")]))
         inputs = [q, k, v, attention.key_padding_mask or "",
-                  em.half(attention.bias) if attention.bias else ""]
+                  em.half(attention.bias) if attention.bias else "", key_state]
         while inputs[-1] == "" and len(inputs) > 3:
             inputs.pop()
         em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,

@@ -29,6 +29,13 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
   instead of being split. The three segments' :class:`EmittedSegment` list the
   packed node and say so in ``note``; so does the attention segment.
   ``pack_qkv=False`` keeps three FusedGemm nodes (and the Split).
+* Key padding is prepared once per mask value: the first SparseAttention that
+  reads a ``key_padding_mask`` value gets one ``KeyPrep`` node (OPS.md) before
+  it, and every SparseAttention reading that value takes KeyPrep's result as
+  its input 5 ``key_state`` (bias slot ``""`` when absent), so the CUDA twin
+  launches the key-prep kernel once per run instead of once per layer. That
+  first attention segment lists the KeyPrep node and ``ai.stofc:KeyPrep`` in
+  its :class:`EmittedSegment` and says so in ``note``.
 * The result is topologically sorted, dead nodes and unused initializers are
   dropped, and the ``ai.stofc`` opset (version 1) is imported. A value left
   without a producer is a :class:`~stofc.errors.PlanError` (a stofc bug), never
