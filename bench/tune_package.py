@@ -73,7 +73,7 @@ def time_pair(sessions: dict, feeds: dict, rounds: int = 7, per_round: int = 10)
 
 
 def main() -> None:
-    import e2e
+    import e2e_models as e2e
     import numpy as np
 
     parser = argparse.ArgumentParser()
