@@ -47,8 +47,18 @@ def sources_dir() -> Path:
     return cuda_dir() / "ort"
 
 
-def _sources() -> tuple[list[Path], list[Path]]:
-    root = sources_dir()
+def _snapshot(dest: Path) -> Path:
+    """Copies the library's sources (``cuda/ort`` without its tests) into ``dest``.
+
+    A build hashes and compiles this one copy, so the cache key always names the
+    sources that were compiled, even while ``cuda/ort`` is being edited.
+    """
+    shutil.copytree(sources_dir(), dest, ignore=shutil.ignore_patterns("tests", "*.md"))
+    return dest
+
+
+def _sources(root: Path | None = None) -> tuple[list[Path], list[Path]]:
+    root = root or sources_dir()
     units = sorted(root.glob("*.cc"))
     if not units:
         raise StofcError(f"no custom-op library sources in {root}",
@@ -84,7 +94,7 @@ def cuda_include_dir() -> Path:
 KEY_PREP_SOURCE = "key_prep.cu"
 
 
-def key_prep_ptx() -> bytes:
+def key_prep_ptx(root: Path | None = None) -> bytes:
     """PTX of ``cuda/ort/key_prep.cu`` (compute_80, NVRTC), or b"" when NVRTC is missing.
 
     Embedded in the library for the CUDA twin of SparseAttention; without it the
@@ -93,7 +103,7 @@ def key_prep_ptx() -> bytes:
     from stofc.codegen import Source
     from stofc.compile import compile_source
 
-    code = (sources_dir() / KEY_PREP_SOURCE).read_text()
+    code = ((root or sources_dir()) / KEY_PREP_SOURCE).read_text()
     source = Source(name="stofc_key_prep", code=code, template=f"cuda/ort/{KEY_PREP_SOURCE}",
                     entry_points=("stofc_key_prep",))
     try:
@@ -124,9 +134,11 @@ def _hash_files(h: hashlib._Hash, files: list[Path], root: Path | None = None) -
         h.update(b"\0")
 
 
-def library_key(headers: OrtHeaders, compiler_ident: str, ptx: bytes = b"") -> str:
-    """The cache key of the library for these headers, this compiler and the embedded PTX."""
-    units, deps = _sources()
+def library_key(headers: OrtHeaders, compiler_ident: str, ptx: bytes = b"",
+                root: Path | None = None) -> str:
+    """The cache key of the library for these headers, this compiler and the embedded PTX
+    (sources from ``root``, default :func:`sources_dir`; only file names and contents count)."""
+    units, deps = _sources(root)
     h = hashlib.sha256(ptx)
     h.update(json.dumps({
         "stofc": __version__, "compiler": compiler_ident, "cxxflags": CXXFLAGS,
@@ -138,9 +150,10 @@ def library_key(headers: OrtHeaders, compiler_ident: str, ptx: bytes = b"") -> s
     return h.hexdigest()
 
 
-def _compile_all(cxx: str, units: list[Path], headers: OrtHeaders, work: Path, ptx: bytes,
+def _compile_all(cxx: str, root: Path, headers: OrtHeaders, work: Path, ptx: bytes,
                  defines: tuple[str, ...] = ()) -> Path:
-    incs = ["-I", str(sources_dir()), "-I", str(headers.include_dir), "-I", str(cuda_include_dir())]
+    units, _ = _sources(root)
+    incs = ["-I", str(root), "-I", str(headers.include_dir), "-I", str(cuda_include_dir())]
 
     def one(unit: Path) -> Path:
         obj = work / (unit.stem + ".o")
@@ -157,7 +170,7 @@ def _compile_all(cxx: str, units: list[Path], headers: OrtHeaders, work: Path, p
         objects = list(pool.map(one, units))
     lib = work / LIBRARY_NAME
     cmd = [cxx, *(str(o) for o in objects), "-o", str(lib), *LDFLAGS,
-           f"-Wl,--version-script={sources_dir() / EXPORTS_MAP}"]
+           f"-Wl,--version-script={root / EXPORTS_MAP}"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
     if res.returncode != 0:
         raise CompileError(f"{Path(cxx).name} failed to link {LIBRARY_NAME}", log=res.stderr)
@@ -183,10 +196,11 @@ def build_test_library(out_dir: str | Path, defines: tuple[str, ...]) -> Path:
     ``STOFC_CUDA_TWINS_ON_CPU``); never what a package ships."""
     headers = find_ort_headers(None)
     cxx, _ = _compiler(None)
-    units, _ = _sources()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _compile_all(cxx, units, headers, out_dir, key_prep_ptx(), defines)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".src-") as tmp:
+        src = _snapshot(Path(tmp) / "ort")
+        return _compile_all(cxx, src, headers, out_dir, key_prep_ptx(src), defines)
 
 
 def build_library(out_dir: str | Path, *, ort_include: str | Path | None = None,
@@ -199,14 +213,17 @@ def build_library(out_dir: str | Path, *, ort_include: str | Path | None = None,
     """
     headers = find_ort_headers(ort_include)
     cxx, ident = _compiler(compiler)
-    ptx = key_prep_ptx()
-    key = library_key(headers, ident, ptx)
-    cached = cache_dir() / "ortlib" / key[:24] / LIBRARY_NAME
-    if not cached.is_file():
-        units, _ = _sources()
-        cached.parent.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cached.parent.parent, prefix=".build-") as tmp:
-            lib = _compile_all(cxx, units, headers, Path(tmp), ptx)
+    root = cache_dir() / "ortlib"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
+        src = _snapshot(Path(tmp) / "ort")
+        ptx = key_prep_ptx(src)
+        key = library_key(headers, ident, ptx, src)
+        cached = root / key[:24] / LIBRARY_NAME
+        if not cached.is_file():
+            work = Path(tmp) / "build"
+            work.mkdir()
+            lib = _compile_all(cxx, src, headers, work, ptx)
             _install(lib, cached)
             (cached.parent / "key.json").write_text(json.dumps({
                 "key": key, "compiler": ident, "ort_headers": str(headers.include_dir),
