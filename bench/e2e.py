@@ -31,6 +31,10 @@ are right-padded as in ``stofc verify``. Which ops ORT's optimizer fused is reco
 (``baseline_ops``): on a transformers 5.x GPT-2 eager export it fused no attention
 (checked on CPU), so GPT-2's ORT figure is unfused attention.
 
+Order: the plain rows of every model first (export, ORT, then per mask: package, verify,
+stofc, Flex), then the CUDA-graph rows of every model, so the main table is complete
+before any graph capture is tried (a capture that crashes the process costs only those).
+
 Median ms. Rows are appended to ``e2e.jsonl`` as they come and ``e2e-table.md`` is
 rewritten after each, so a run cut short still leaves its tables. A deadline guard
 skips (and records) what no longer fits.
@@ -51,6 +55,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -183,12 +188,28 @@ def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tupl
     return statistics.median(times), q[0], q[-1], {k: v.numpy() for k, v in outs.items()}
 
 
+PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
 def graph_providers():
     return [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
 
 
-def run_model(case, args, rec: Recorder) -> None:
-    """Every row of one model: export, ORT baseline, then per mask package/stofc/Flex."""
+@dataclass
+class ModelRun:
+    """What the plain phase of one model leaves for the graph phase."""
+
+    case: object
+    work: Path
+    feeds: dict = field(default_factory=dict)      # (B, S) -> ORT feeds
+    real: dict = field(default_factory=dict)       # (B, S) -> [B, S] bool, real tokens
+    outputs: dict = field(default_factory=dict)    # ("ort", B, S) / ("stofc", mask, B, S)
+    packages: dict = field(default_factory=dict)   # mask -> (package dir, dense mask)
+    mirror: object = None                          # the torch.compile mirror, made once
+
+
+def run_plain(case, args, rec: Recorder) -> ModelRun | None:
+    """Export, ORT optimized, then per mask: package, verify, stofc and Flex (plain)."""
     import onnxruntime as ort
     from e2e_models import fused_ops
 
@@ -197,27 +218,23 @@ def run_model(case, args, rec: Recorder) -> None:
     from stofc.package.verify import make_inputs
 
     m = case.name
-    parts = set(args.parts.split(","))
-    cases = parse_cases(args.cases)
     work = Path(args.work) / m
     work.mkdir(parents=True, exist_ok=True)
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     src = work / f"{m}.onnx"
     if not (work / "export.done").exists():
         if not rec.fits("export", model=m):
-            return
+            return None
         start = time.time()
         case.export(src)
         (work / "export.done").write_text("ok")
         rec.emit(kind="step", step="export", model=m, s=round(time.time() - start, 1))
     graph = load_model(src)
-    feeds, real, outputs = {}, {}, {}
-    for b, s in cases:
-        feeds[(b, s)], real[(b, s)] = make_inputs(graph, b, s, np.random.default_rng(b * 7919 + s))
-
-    # ORT optimized, plain then one CUDA-graph session per shape.
+    run = ModelRun(case, work)
+    for b, s in parse_cases(args.cases):
+        run.feeds[(b, s)], run.real[(b, s)] = make_inputs(graph, b, s,
+                                                          np.random.default_rng(b * 7919 + s))
     if not rec.fits("baseline", model=m):
-        return
+        return None
     base_path = work / "baseline.onnx"
     if not (work / "baseline.done").exists():
         start = time.time()
@@ -227,48 +244,37 @@ def run_model(case, args, rec: Recorder) -> None:
     rec.emit(kind="step", step="baseline_ops", model=m,
              model_type="gpt2" if graph.layers[0].attention.causal_in_graph else "bert",
              expected_model_type=case.ort_model_type, ops=fused_ops(base_path))
-    base = ort.InferenceSession(str(base_path), providers=providers)
-    for b, s in cases:
+    base = ort.InferenceSession(str(base_path), providers=PROVIDERS)
+    for (b, s), feeds in run.feeds.items():
         if not rec.fits("ort", model=m, impl="ort", B=b, S=s):
             continue
-        med, p10, p90 = time_session(base, feeds[(b, s)], warmup=args.warmup, repeat=args.repeat)
-        out = outputs[("ort", b, s)] = base.run(None, feeds[(b, s)])[0]
+        med, p10, p90 = time_session(base, feeds, warmup=args.warmup, repeat=args.repeat)
+        out = run.outputs[("ort", b, s)] = base.run(None, feeds)[0]
         rec.emit(kind="time", model=m, mask=None, impl="ort", graph=False, B=b, S=s, ms=med,
-                 p10=p10, p90=p90, finite=bool(np.isfinite(out[real[(b, s)]]).all()))
-    del base
-    if "graph" in parts:
-        for b, s in cases:
-            if ("ort", b, s) not in outputs or not rec.fits("ort_graph", model=m, impl="ort",
-                                                             B=b, S=s, graph=True):
-                continue
-            timed_graph(rec, m, None, "ort", b, s, lambda: ort.InferenceSession(
-                str(base_path), providers=graph_providers()), feeds[(b, s)],
-                outputs[("ort", b, s)], real[(b, s)], args)
-    mirror_cache: dict[str, object] = {}
+                 p10=p10, p90=p90, finite=bool(np.isfinite(out[run.real[(b, s)]]).all()))
+    base = None
+    gc.collect()
     for mask in args.masks.split(","):
         if not rec.fits("package", model=m, mask=mask):
             continue
         try:
-            run_mask(case, mask, src, work, feeds, real, outputs, mirror_cache, args, rec)
+            plain_mask(run, mask, src, args, rec)
         except Exception as err:  # one mask failing leaves the others' rows
             rec.emit(kind="error", step="mask", model=m, mask=mask, err=one_line(err, 1500))
-    mirror_cache.clear()
-    gc.collect()
+    return run
 
 
-def run_mask(case, mask: str, src: Path, work: Path, feeds: dict, real: dict, outputs: dict,
-             mirror_cache: dict, args, rec: Recorder) -> None:
-    """One mask of one model: package (compiled once), verify, stofc / graph / Flex rows."""
-    from e2e_models import mirror, package_dense_mask, time_flex
+def plain_mask(run: ModelRun, mask: str, src: Path, args, rec: Recorder) -> None:
+    """One mask of one model: package (compiled once), verify, stofc and Flex rows."""
+    from e2e_models import package_dense_mask
 
     from stofc.package.bench import time_session
     from stofc.package.load import load
     from stofc.package.verify import verify_package
     from stofc.pipeline import Instruments, compile_model
 
-    m, parts, cases = case.name, set(args.parts.split(",")), parse_cases(args.cases)
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    pkg = work / f"pkg-{mask}"
+    m = run.case.name
+    pkg = run.work / f"pkg-{mask}"
     start = time.time()
     if not (pkg / "manifest.json").exists():  # compile_model writes atomically
         compile_model(src, MASKS[mask], gpu="auto", max_seq_len=2048, out_dir=pkg,
@@ -279,44 +285,70 @@ def run_mask(case, mask: str, src: Path, work: Path, feeds: dict, real: dict, ou
              mask_effect=report.worst.mask_effect, compile_s=compile_s,
              verify_s=round(time.time() - start - compile_s, 1), report=report.to_dict())
     dense = package_dense_mask(pkg)
+    run.packages[mask] = (pkg, dense)
     rec.emit(kind="step", step="mask", model=m, mask=mask, density_2048=float(dense.mean()),
              causal_subset=bool(not np.triu(dense, 1).any()))
-    session = load(pkg, providers=providers)
-    for b, s in cases:
+    session = load(pkg, providers=PROVIDERS)
+    for (b, s), feeds in run.feeds.items():
         if not rec.fits("stofc", model=m, mask=mask, impl="stofc", B=b, S=s):
             continue
         try:
-            med, p10, p90 = time_session(session, feeds[(b, s)], warmup=args.warmup,
-                                         repeat=args.repeat)
-            out = outputs[("stofc", mask, b, s)] = session.run(None, feeds[(b, s)])[0]
+            med, p10, p90 = time_session(session, feeds, warmup=args.warmup, repeat=args.repeat)
+            out = run.outputs[("stofc", mask, b, s)] = session.run(None, feeds)[0]
             rec.emit(kind="time", model=m, mask=mask, impl="stofc", graph=False, B=b, S=s,
-                     ms=med, p10=p10, p90=p90, finite=bool(np.isfinite(out[real[(b, s)]]).all()))
+                     ms=med, p10=p10, p90=p90,
+                     finite=bool(np.isfinite(out[run.real[(b, s)]]).all()))
         except Exception as err:  # report and go on: the other figures still count
             rec.emit(kind="error", model=m, mask=mask, impl="stofc", B=b, S=s, err=one_line(err))
     session = None
     gc.collect()
-    for b, s in cases:
-        if "graph" in parts and ("stofc", mask, b, s) in outputs and rec.fits(
-                "stofc_graph", model=m, mask=mask, impl="stofc", B=b, S=s, graph=True):
-            timed_graph(rec, m, mask, "stofc", b, s,
-                        lambda: load(pkg, providers=graph_providers()), feeds[(b, s)],
-                        outputs[("stofc", mask, b, s)], real[(b, s)], args)
-        for graphed in (False, True):
-            if ("graph" if graphed else "plain") not in parts:
-                continue
-            step = "flex_graph" if graphed else "flex"
-            if not rec.fits(step, model=m, mask=mask, impl="flex", B=b, S=s, graph=graphed):
-                continue
-            if m not in mirror_cache:
-                mirror_cache[m] = mirror(m)
-            try:
-                ms, c_s, skips = time_flex(mirror_cache[m], dense, b, s,
-                                           mode="reduce-overhead" if graphed else None)
-                rec.emit(kind="time", model=m, mask=mask, impl="flex", graph=graphed, B=b, S=s,
-                         ms=ms, compile_s=round(c_s, 1), cudagraph_skips=skips)
-            except Exception as err:  # report and go on
-                rec.emit(kind="error", model=m, mask=mask, impl="flex", graph=graphed, B=b,
-                         S=s, err=one_line(err))
+    if "plain" in args.parts.split(","):
+        for b, s in run.feeds:
+            flex_row(run, mask, b, s, False, rec)
+
+
+def run_graph(run: ModelRun, args, rec: Recorder) -> None:
+    """CUDA-graph rows of one model: ORT and stofc with enable_cuda_graph, Flex reduce-overhead."""
+    import onnxruntime as ort
+
+    from stofc.package.load import load
+
+    m = run.case.name
+    base_path = run.work / "baseline.onnx"
+    for (b, s), feeds in run.feeds.items():
+        if ("ort", b, s) in run.outputs and rec.fits("ort_graph", model=m, impl="ort", B=b, S=s,
+                                                      graph=True):
+            timed_graph(rec, m, None, "ort", b, s, lambda: ort.InferenceSession(
+                str(base_path), providers=graph_providers()), feeds, run.outputs[("ort", b, s)],
+                run.real[(b, s)], args)
+    for mask, (pkg, _) in run.packages.items():
+        for (b, s), feeds in run.feeds.items():
+            if ("stofc", mask, b, s) in run.outputs and rec.fits(
+                    "stofc_graph", model=m, mask=mask, impl="stofc", B=b, S=s, graph=True):
+                timed_graph(rec, m, mask, "stofc", b, s,
+                            lambda p=pkg: load(p, providers=graph_providers()), feeds,
+                            run.outputs[("stofc", mask, b, s)], run.real[(b, s)], args)
+            flex_row(run, mask, b, s, True, rec)
+
+
+def flex_row(run: ModelRun, mask: str, b: int, s: int, graphed: bool, rec: Recorder) -> None:
+    """torch.compile(mirror) + FlexAttention on the package's mask at (b, s)."""
+    from e2e_models import mirror, time_flex
+
+    m = run.case.name
+    if not rec.fits("flex_graph" if graphed else "flex", model=m, mask=mask, impl="flex", B=b,
+                    S=s, graph=graphed):
+        return
+    try:
+        if run.mirror is None:
+            run.mirror = mirror(m)
+        ms, c_s, skips = time_flex(run.mirror, run.packages[mask][1], b, s,
+                                   mode="reduce-overhead" if graphed else None)
+        rec.emit(kind="time", model=m, mask=mask, impl="flex", graph=graphed, B=b, S=s, ms=ms,
+                 compile_s=round(c_s, 1), cudagraph_skips=skips)
+    except Exception as err:  # report and go on
+        rec.emit(kind="error", model=m, mask=mask, impl="flex", graph=graphed, B=b, S=s,
+                 err=one_line(err))
 
 
 def timed_graph(rec: Recorder, m: str, mask: str | None, impl: str, b: int, s: int, open_session,
@@ -374,11 +406,18 @@ def main(argv=None) -> None:
         rec.emit(kind="error", err="this onnxruntime has no CUDAExecutionProvider; "
                  "pass --ort-site DIR (or STOFC_ORT_SITE) with onnxruntime-gpu")
         sys.exit(2)
-    for name in args.models.split(","):
+    runs = []
+    for name in args.models.split(","):  # the main table of every model first
         try:
-            run_model(MODELS[name], args, rec)
+            runs.append(run_plain(MODELS[name], args, rec))
         except Exception as err:  # one model failing leaves the other's rows
-            rec.emit(kind="error", model=name, err=one_line(err, 1500))
+            rec.emit(kind="error", step="plain", model=name, err=one_line(err, 1500))
+    if "graph" in args.parts.split(","):  # then CUDA graphs: a capture crash costs only these
+        for run in filter(None, runs):
+            try:
+                run_graph(run, args, rec)
+            except Exception as err:  # one model failing leaves the other's rows
+                rec.emit(kind="error", step="graph", model=run.case.name, err=one_line(err, 1500))
     rec.emit(kind="done", left_s=round(rec.left(), 1))
     print(write_tables(rec.rows, out))
 
