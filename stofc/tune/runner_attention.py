@@ -8,6 +8,9 @@ Called in the measurement worker with an
   store; Q/K/V read in place as ``bshd`` slices) or ``[3, B, H, S, D]``
   (``heads`` store, ``bhsd``), in the dtype, enough sets to cover twice the L2
   (:func:`~stofc.tune.measure.rotation_count`), kept for the last few problems.
+* The kernel variant is the one the package deploys: with a key padding mask
+  (``payload.key_bits``, an all-ones ``[B, S]`` mask) when the layer's
+  SparseAttention receives one.
 * ``time``: a config :func:`~stofc.kernels.attention.prune` rejects is a
   :class:`~stofc.tune.measure.CandidateRejected`; otherwise one
   :class:`~stofc.runtime.module.BoundLaunch` per input set (one driver call
@@ -115,12 +118,22 @@ def run(task: MeasureTask) -> float | bool:
     sets = _inputs(task, p)
     if task.mode == "verify":
         return verify(op, sets[0], p)
-    bound = [op.bind(q, k, v, out, layout=p.layout, scale=p.scale) for q, k, v, out in sets]
+    bound = [op.bind(q, k, v, out, layout=p.layout, scale=p.scale, key_mask=_key_mask(p))
+             for q, k, v, out in sets]
     bound[0].launch()
     cupy.cuda.Device().synchronize()
     ms = time_with_events(lambda i: bound[i].launch(), len(bound), task.settings)
     cupy.cuda.Device().synchronize()
     return ms
+
+
+def _key_mask(p: AttentionPayload) -> Any:
+    """An all-real-token ``[B, S]`` key mask when the deployed kernel tests key bits."""
+    if not getattr(p, "key_bits", False):
+        return None
+    import cupy
+
+    return cupy.ones((p.batch, p.seq_len), dtype=cupy.int32)
 
 
 def _head(x: Any, layout: str, b: int, h: int) -> Any:
@@ -137,7 +150,7 @@ def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> b
     q, k, v, out = inputs
     nan = np.float16(np.nan) if p.dtype == "float16" else np.uint16(0x7FC0)
     out.fill(nan)
-    op.run(q, k, v, out, layout=p.layout, scale=p.scale)
+    op.run(q, k, v, out, layout=p.layout, scale=p.scale, key_mask=_key_mask(p))
     cupy.cuda.Device().synchronize()
     if p.dtype == "float16":
         finite = bool(cupy.isfinite(out).all())
@@ -170,5 +183,5 @@ def compile_attention(payload: AttentionPayload, config_key: str) -> None:
     from stofc.tune.interfaces import Config
 
     config = attention_config(Config.from_key(config_key))
-    compile_kernel(KernelSpec(config, payload.dtype, payload.head_dim, False, False),
-                   payload.arch)
+    compile_kernel(KernelSpec(config, payload.dtype, payload.head_dim, False,
+                              bool(getattr(payload, "key_bits", False))), payload.arch)

@@ -97,7 +97,9 @@ class AttentionPayload:
 
     ``layout``: ``"bshd"`` (Q/K/V slices of a packed ``[B, S, 3, H, D]``
     projection, the plan's ``row`` store) or ``"bhsd"`` (``[3, B, H, S, D]``,
-    the ``heads`` store).
+    the ``heads`` store). ``key_bits``: the layer's SparseAttention receives a key
+    padding mask, so the kernel variant it deploys tests key bits: the runner
+    measures that variant (an all-real-token mask), not the mask-free one.
     """
 
     fmt: Any                    # stofc.masks.MaskFormat (numpy arrays; pickles)
@@ -110,6 +112,18 @@ class AttentionPayload:
     scale: float
     arch: str
     l2_bytes: int
+    key_bits: bool = False
+
+
+def has_key_padding(block: Any) -> bool:
+    """Whether the package's SparseAttention for ``block`` gets a key padding mask.
+
+    The rule of :func:`stofc.package.rewrite.attention_inputs`: a mask form that
+    comes from a graph input (not the model's own constant causal mask).
+    """
+    forms = set(str(getattr(block, "mask_form", "none")).split("+"))
+    return bool(forms & {"additive", "boolean_where", "boolean"}) and \
+        getattr(block, "mask_source", None) is not None
 
 
 @dataclass
@@ -476,14 +490,16 @@ class SpaceFactory:
                               (("dtype", dtype), ("head_dim", head_dim),
                                *((p, config[p]) for p in fields if p in config)))
 
+        key_bits = has_key_padding(block)
         payload = AttentionPayload(fmt, self.batch, seq_len, heads, head_dim, dtype, layout,
                                    float(block.scale or head_dim ** -0.5), profile.arch,
-                                   profile.l2_bytes)
+                                   profile.l2_bytes, key_bits)
         given = dict(self.defaults).get(match.ops)
         default = as_config(choice.config)
         if given is not None and given.family == "attention" and given.param("kind"):
             default = config_of_spec(given)
         problem = ("attention", self.batch, seq_len, heads, head_dim, dtype, layout,
-                   fmt.spec_hash, fmt.seq_len, fmt.tile, profile.arch)
+                   fmt.spec_hash, fmt.seq_len, fmt.tile, profile.arch,
+                   *(("key_bits",) if key_bits else ()))
         return KernelSegment("attention", problem, (*render.COMPILE_OPTIONS, profile.arch),
                              _label(match), payload, default, to_spec, build)
