@@ -68,7 +68,7 @@ def main() -> None:
     import onnxruntime as ort
 
     from stofc.frontend import load_model
-    from stofc.package.bench import optimized_baseline, time_session
+    from stofc.package.bench import device_binding, optimized_baseline, time_session
     from stofc.package.load import load
     from stofc.package.verify import make_inputs
     from stofc.pipeline import Instruments, compile_model
@@ -104,11 +104,7 @@ def main() -> None:
         row: dict = {}
         for name, sess in sessions.items():
             med, p10, p90 = time_session(sess, feeds, warmup=10, repeat=50)
-            binding = sess.io_binding()
-            for k, v in feeds.items():
-                binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-            for o in sess.get_outputs():
-                binding.bind_output(o.name, "cuda")
+            binding = device_binding(sess, feeds)
             sess.run_with_iobinding(binding)
             row[name] = dict(median_ms=round(med, 3), p10=round(p10, 3), p90=round(p90, 3),
                              profile=kernel_breakdown(lambda s_=sess, b_=binding: s_.run_with_iobinding(b_)))

@@ -29,11 +29,10 @@ MASK = "bigbird:block=64,window=3,global=2,random=3,seed=0"
 def main() -> None:
     import e2e_models
     import onnx
-    import onnxruntime as ort
     from profile_e2e import kernel_breakdown
 
     from stofc.frontend import load_model
-    from stofc.package.bench import time_session
+    from stofc.package.bench import device_binding, time_session
     from stofc.package.load import load
     from stofc.package.verify import make_inputs
     from stofc.pipeline import Instruments, compile_model
@@ -70,11 +69,7 @@ def main() -> None:
         doc = json.loads((pkg / "plan.json").read_text())
         sess = load(pkg, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
         med, p10, p90 = time_session(sess, feeds, warmup=10, repeat=50)
-        binding = sess.io_binding()
-        for k, v in feeds.items():
-            binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-        for o in sess.get_outputs():
-            binding.bind_output(o.name, "cuda")
+        binding = device_binding(sess, feeds)
         sess.run_with_iobinding(binding)
         res["packages"][name] = {
             "median_ms": med, "p10": p10, "p90": p90,

@@ -50,15 +50,11 @@ def stofc(*args: str, env: dict) -> tuple[float, str]:
 
 def time_pair(sessions: dict, feeds: dict, rounds: int = 7, per_round: int = 10) -> dict:
     """Median ms per session, rounds alternating between the sessions."""
-    import onnxruntime as ort
+    from stofc.package.bench import device_binding
 
     bindings = {}
     for name, sess in sessions.items():
-        b = sess.io_binding()
-        for k, v in feeds.items():
-            b.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-        for o in sess.get_outputs():
-            b.bind_output(o.name, "cuda")
+        b = device_binding(sess, feeds)
         for _ in range(10):
             sess.run_with_iobinding(b)
         bindings[name] = b
