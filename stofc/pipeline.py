@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from stofc.codegen import Source
 from stofc.errors import PlanError, StofcError
 from stofc.frontend import ModelGraph, load_model
+from stofc.frontend.pack import packed_from_document
 from stofc.masks import MaskSpec, encode, parse_mask
 from stofc.masks.format import MaskFormat
 from stofc.package.kernels import (
@@ -178,7 +179,10 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
                   tune_options: dict[str, Any] | None = None, pack_qkv: bool = True) -> Path:
     """Compile ``model_path`` with the structured ``mask`` into a package; return its path.
 
-    ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer (``rewrite_model``).
+    ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer (``rewrite_model``); with
+    ``pack_qkv`` the model is loaded with its Q, K, V projections packed in the graph
+    (:mod:`stofc.frontend.pack`), so the plan has one ``qkv`` GEMM segment per layer,
+    and plan.json's ``model.pack_projections`` says so (recompile and tune pack too).
     ``out_dir`` defaults to ``<model stem>.stofc/`` beside the model. Raises a
     :class:`~stofc.errors.StofcError` (one line) for any user error; nothing is
     left half-written.
@@ -196,7 +200,8 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     if tune:  # tuning measures on the GPU present: check it before compiling anything
         from stofc.tune.device import check_gpu
         profile = ins.run("check GPU", check_gpu, gpu)
-    graph = ins.run("load model", load_model, model_path)
+    # pack Q, K, V projections in the graph (stofc.frontend.pack) unless asked to keep three
+    graph = ins.run("load model", load_model, model_path, pack_projections=pack_qkv)
     if not graph.layers:
         raise PlanError(f"{model_path}: no attention block stofc can fuse",
                         hint="run `stofc inspect` to see why each block was left to ORT")
@@ -215,7 +220,7 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     contents = _render_and_compile(
         ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
         mask_canonical=effective.canonical(), causal=causal and effective != spec, tuned=False)
-    contents = replace(contents, pack_qkv=pack_qkv)
+    contents = replace(contents, pack_qkv=pack_qkv, pack_projections=pack_qkv)
     path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
     ins.dump_package(path)
     if tune:
@@ -266,7 +271,8 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
     package_dir = Path(package_dir)
     doc = read_plan_document(package_dir)
     source = original_model(package_dir, doc, model)
-    graph = ins.run("load model", load_model, source)
+    packed = packed_from_document(doc)  # the plan was built from the packed graph: pack again
+    graph = ins.run("load model", load_model, source, pack_projections=packed)
     profile = get_profile(plan.gpu)
     formats: dict[int, MaskFormat] = {}
     for entry in doc["mask"]["formats"]:
@@ -282,6 +288,7 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
         ins, graph, plan, profile, formats, attention, source_model=source,
         mask_text=mask["spec"], mask_canonical=_canonical(mask["effective"]),
         causal=bool(mask["causal_from_model"]), tuned=tuned, buckets=buckets)
+    contents = replace(contents, pack_projections=packed)
     path = ins.run("write package", write_package, package_dir, contents,
                    ort_include=ort_include)
     ins.dump_package(path)

@@ -18,8 +18,13 @@ from stofc.frontend.types import ChainOp, Layer, ModelGraph, OpKind, Unsupported
 _SHAPE_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
 
 
-def load_model(path: str | os.PathLike) -> ModelGraph:
+def load_model(path: str | os.PathLike, *, pack_projections: bool = False) -> ModelGraph:
     """Read, canonicalize and understand the ONNX model at ``path``.
+
+    ``pack_projections`` first packs each block's separate Q, K, V projections
+    into one MatMul + Add + Split (:mod:`stofc.frontend.pack`), so the chain
+    holds one ``qkv`` GEMM as for GPT-2 (the compile path does; ``inspect``
+    shows the model as exported).
 
     Returns one :class:`Layer` per attention block found (in graph order), the
     blocks and operators left to ONNX Runtime, and the canonicalized model.
@@ -30,6 +35,9 @@ def load_model(path: str | os.PathLike) -> ModelGraph:
     """
     model = canonicalize(read_model(path))
     try:
+        if pack_projections:
+            from stofc.frontend.pack import pack_projections as pack
+            model = pack(model).model
         return _understand(path, model)
     except ModelError:
         raise

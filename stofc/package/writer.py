@@ -70,6 +70,7 @@ class PackageContents:
     tuned: bool = False
     pack_qkv: bool = True   # one [K, 3N] Q|K|V FusedGemm per layer (rewrite_model)
     buckets: tuple[tuple[int, Plan], ...] = ()       # tuned (length, plan): FusedGemm lt_algo
+    pack_projections: bool = False  # graph's Q, K, V projections packed (stofc.frontend.pack)
 
 
 def kernel_file(name: str, target: str) -> str:
@@ -243,7 +244,7 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
         "model": {"file": MODEL_FILE, "opset": graph.opset,
                   "inputs": [asdict(v) for v in graph.inputs],
                   "outputs": [asdict(v) for v in graph.outputs],
-                  "layers": len(graph.layers),
+                  "layers": len(graph.layers), "pack_projections": contents.pack_projections,
                   "unsupported": [asdict(u) for u in graph.unsupported]},
         "mask": {"spec": contents.mask_text, "effective": json.loads(contents.mask_canonical),
                  "causal_from_model": contents.mask_causal_from_model, "formats": mask_entries},

@@ -38,6 +38,7 @@ def tune_package(package_dir: Path, profile: GpuProfile, db: TuningDatabase, rep
                  seed: int = 0) -> None:
     """Tune the package in ``package_dir`` for ``profile`` (see the module doc)."""
     from stofc.frontend import load_model
+    from stofc.frontend.pack import packed_from_document
     from stofc.masks import load as load_format
     from stofc.package.load import read_plan_document
     from stofc.package.verify import original_model
@@ -52,7 +53,8 @@ def tune_package(package_dir: Path, profile: GpuProfile, db: TuningDatabase, rep
         raise PackageError(f"the package was compiled for {plan.gpu} ({plan.arch}) and the GPU "
                            f"present is an {profile.name} ({profile.arch})",
                            hint=f"compile it again with --gpu {profile.name}, then tune")
-    graph = load_model(original_model(package_dir, doc, None))
+    graph = load_model(original_model(package_dir, doc, None),
+                       pack_projections=packed_from_document(doc))  # the plan's chain
     formats = {}
     for entry in doc["mask"]["formats"]:
         fmt = load_format(package_dir / entry["npz"])

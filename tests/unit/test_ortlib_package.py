@@ -159,9 +159,9 @@ def test_gathered_and_permuted_attention_plans(example512, tmp_path, config, dty
         assert verify_package(pkg, cases=[(1, 300)]).passed
 
 
-@pytest.mark.parametrize("segments", [
-    [[0, 1], [2, 3], [4, 5], [6], [7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17]],
-    [[0, 1], [2, 3], [4, 5], [6], [7, 8], [9, 10], [11], [12, 13], [14, 15, 16], [17]],
+@pytest.mark.parametrize("segments", [   # the packed graph's chain: qkv GEMM + bias, attention
+    [[0, 1], [2], [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]],
+    [[0, 1], [2], [3, 4], [5, 6], [7], [8, 9], [10, 11, 12], [13]],
 ], ids=["gemm_norm+gemm_gemm", "add_norm"])
 def test_other_fusion_schemes_carry_cuda_attributes(example, tmp_path, segments):
     from stofc.frontend import load_model
@@ -175,7 +175,7 @@ def test_other_fusion_schemes_carry_cuda_attributes(example, tmp_path, segments)
     scheme = FusionScheme.from_segments(segments)
     layers = tuple(plan_layer(layer, scheme, tokens=64, profile=get_profile("h100"),
                               dtype="float16", max_seq_len=64, vendor=False)
-                   for layer in load_model(example).layers)
+                   for layer in load_model(example, pack_projections=True).layers)
     recompile_package(pkg, replace(plan, layers=layers), instruments=QUIET)
     counts = check_cuda_attributes(pkg)
     assert counts["FusedGemm"] >= 8 and counts["AddLayerNorm"] >= 4

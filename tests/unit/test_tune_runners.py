@@ -312,8 +312,8 @@ def test_tune_package_rewrites_the_package_with_the_tuned_plan(tmp_path, monkeyp
 
     formats = {int(layer): load_format(pkg / e["npz"]) for e in doc["mask"]["formats"]
                for layer in e["layers"]}
-    expect = tune_plan(before, load_model(model), formats, profile, batch=2, seq_lens=(128,),
-                       measurer=TableMeasurer())
+    expect = tune_plan(before, load_model(model, pack_projections=True), formats, profile,
+                       batch=2, seq_lens=(128,), measurer=TableMeasurer())
     for got, want in zip(after.layers, expect.layers, strict=True):
         assert got.scheme == want.scheme
         for gs, ws in zip(got.segments, want.segments, strict=True):
