@@ -13,11 +13,15 @@ stofc/package/emit.py, cuda/ort/cuda_gemm_norm.cc, templates/):
   (the embedding LayerNorm is not fused: its parameters stay fp32);
 * ``layer_in``: the Cast of the embedding LayerNorm's float32 output;
 * ``qkv_out``: the packed Q|K|V FusedGemm output (x@W + b);
-* ``attn_P``: the unnormalised probabilities packed to bf16 before P.V
-  (block-wise kernel; the row-wise kernel keeps P in fp32; l sums fp32 p);
+* ``attn_P``: the unnormalised probabilities packed to bf16 before P.V by the
+  block-wise kernel (l sums the fp32 p). The package compiled here (CPU, gpu
+  h200) uses the row-wise kernel, which keeps P in fp32, so ``attn_P`` is NOT in
+  the package's set (``PACKAGE``); it is listed to show what a block-wise
+  kernel would add;
 * ``attn_out``: SparseAttention's output;
-* ``oproj_out`` / ``ffn2_out``: the FusedGemm ``x@W + b`` written in T before the
-  separate AddLayerNorm adds the residual (in fp32) and normalises;
+* ``oproj_sum`` / ``ffn2_sum``: the pre-LN sum ``h = x@W + b + residual`` that the
+  FusedGemm writes in T (the residual joins cuBLASLt as C, beta = 1) before the
+  separate AddLayerNorm (no residual input) normalises it;
 * ``ln1_out`` / ``ln2_out``: AddLayerNorm outputs (the next residual / input),
   ``ln2_out`` of every layer but the last; ``out_final``: the last layer's output,
   stored in T, then Cast to float for the graph output;
@@ -36,9 +40,9 @@ each site kept in fp32 (all others rounded), each site rounded alone, and
 candidate changes, with the spread over further input seeds (the max-based
 metric is noisy: one bf16 ulp of the output at |y| in [4, 8) is 6e-3 of
 max|ref| ~ 5); then how often the key candidates exceed 1e-2 over ``--tail``
-input seeds. CPU, about 1 min on 2 cores.
+input seeds. CPU, about 1 min on 2 cores when idle (``--tail 100``: 2 to 5).
 
-Usage: python bench/bf16_error_budget.py [--seeds 8] [--tail 100]
+Usage: python bench/bf16_error_budget.py [--seeds 8] [--tail 20]
 """
 
 from __future__ import annotations
@@ -58,34 +62,37 @@ ROOT = Path(__file__).resolve().parents[1]
 MASK = "bigbird:block=16,window=3,global=1,random=1,seed=0"
 MAX_LEN = 256
 SITES = ("gemm_w", "bias", "ln_gamma", "ln_beta", "layer_in", "qkv_out", "attn_P", "attn_out",
-         "oproj_out", "ln1_out", "gelu_in", "gelu_out", "ffn2_out", "ln2_out", "out_final")
+         "oproj_sum", "ln1_out", "gelu_in", "gelu_out", "ffn2_sum", "ln2_out", "out_final")
+PACKAGE = frozenset(SITES) - {"attn_P"}   # row-wise attention kernel: P stays fp32
 WEIGHTS = {"gemm_w", "bias", "ln_gamma", "ln_beta"}
 LN = {"ln_gamma", "ln_beta"}
 CANDIDATES = {
     "LN gamma/beta stored fp32": LN,
     "LN gamma stored fp32": {"ln_gamma"},
     "LN params fp32 + final output fp32": LN | {"out_final"},
-    "LN params fp32 + pre-LN GEMM outputs fp32": LN | {"oproj_out", "ffn2_out"},
+    "LN params fp32 + pre-LN sums fp32": LN | {"oproj_sum", "ffn2_sum"},
     "LN params fp32 + GELU input fp32": LN | {"gelu_in"},
-    "LN params fp32 + pre-LN fp32 + GELU in fp32": LN | {"oproj_out", "ffn2_out", "gelu_in"},
+    "LN params fp32 + pre-LN fp32 + GELU in fp32": LN | {"oproj_sum", "ffn2_sum", "gelu_in"},
     "final output fp32": {"out_final"},
-    "pre-LN GEMM outputs in fp32 (oproj_out + ffn2_out)": {"oproj_out", "ffn2_out"},
+    "pre-LN sums in fp32 (oproj_sum + ffn2_sum)": {"oproj_sum", "ffn2_sum"},
     "GELU input in fp32 (gelu_in)": {"gelu_in"},
-    "pre-LN fp32 + GELU input fp32": {"oproj_out", "ffn2_out", "gelu_in"},
-    "attention P in fp32 (row-wise kernel)": {"attn_P"},
-    "pre-LN fp32 + P fp32": {"oproj_out", "ffn2_out", "attn_P"},
-    "pre-LN fp32 + GELU in fp32 + P fp32": {"oproj_out", "ffn2_out", "gelu_in", "attn_P"},
-    "all activations fp32 (weights only bf16)": set(SITES) - WEIGHTS,
-    "GEMM weights only bf16 (all else fp32)": set(SITES) - {"gemm_w"},
+    "pre-LN fp32 + GELU input fp32": {"oproj_sum", "ffn2_sum", "gelu_in"},
+    "pre-LN sums fp32 + LN params fp32 + final output fp32":
+        LN | {"oproj_sum", "ffn2_sum", "out_final"},
+    "all activations fp32 (weights only bf16)": PACKAGE - WEIGHTS,
+    "GEMM weights only bf16 (all else fp32)": PACKAGE - {"gemm_w"},
 }
 
 TAIL = {
     "full bf16 package": set(),
     "LN gamma/beta fp32": LN,
     "LN gamma/beta fp32 + final output fp32": LN | {"out_final"},
-    "LN gamma/beta fp32 + pre-LN + GELU in fp32": LN | {"oproj_out", "ffn2_out", "gelu_in"},
-    "pre-LN GEMM outputs + GELU input fp32": {"oproj_out", "ffn2_out", "gelu_in"},
-    "all activations fp32 (weights only bf16)": set(SITES) - WEIGHTS,
+    "LN gamma/beta fp32 + pre-LN sums fp32": LN | {"oproj_sum", "ffn2_sum"},
+    "LN gamma/beta fp32 + pre-LN + GELU in fp32": LN | {"oproj_sum", "ffn2_sum", "gelu_in"},
+    "LN gamma/beta + pre-LN sums + final out fp32": LN | {"oproj_sum", "ffn2_sum", "out_final"},
+    "pre-LN sums fp32": {"oproj_sum", "ffn2_sum"},
+    "pre-LN sums + GELU input fp32": {"oproj_sum", "ffn2_sum", "gelu_in"},
+    "all activations fp32 (weights only bf16)": PACKAGE - WEIGHTS,
 }
 
 
@@ -154,16 +161,16 @@ def run(m: Model, ids: np.ndarray, pad: np.ndarray, allowed: np.ndarray,
         ctx = (r("attn_P", e) @ v) / l_sum
         ctx = r("attn_out", ctx.transpose(0, 2, 1, 3).reshape(B, S, C))
         o = f"{s}/attention/output"
-        y = r("oproj_out", ctx @ p(f"{o}/dense.weight", "gemm_w") + p(f"{o}/dense.bias", "bias"))
-        x = r("ln1_out", layer_norm(y + x, p(f"{o}/LayerNorm.weight", "ln_gamma"),
+        y = ctx @ p(f"{o}/dense.weight", "gemm_w") + p(f"{o}/dense.bias", "bias")
+        x = r("ln1_out", layer_norm(r("oproj_sum", y + x), p(f"{o}/LayerNorm.weight", "ln_gamma"),
                                     p(f"{o}/LayerNorm.bias", "ln_beta"), 1e-12))
         t = f"{s}/intermediate/dense"
         g_in = r("gelu_in", x @ p(f"{t}.weight", "gemm_w") + p(f"{t}.bias", "bias"))
         g = r("gelu_out", 0.5 * g_in * (1.0 + erf(g_in / np.float32(math.sqrt(2.0)))))
         f = f"{s}/output"
-        y = r("ffn2_out", g @ p(f"{f}/dense.weight", "gemm_w") + p(f"{f}/dense.bias", "bias"))
+        y = g @ p(f"{f}/dense.weight", "gemm_w") + p(f"{f}/dense.bias", "bias")
         x = r("ln2_out" if i + 1 < m.layers else "out_final",
-              layer_norm(y + x, p(f"{f}/LayerNorm.weight", "ln_gamma"),
+              layer_norm(r("ffn2_sum", y + x), p(f"{f}/LayerNorm.weight", "ln_gamma"),
                          p(f"{f}/LayerNorm.bias", "ln_beta"), 1e-12))
     return x
 
@@ -178,7 +185,7 @@ def rel(out: np.ndarray, ref: np.ndarray, real: np.ndarray, rms: bool = False) -
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=8, help="extra input seeds for the spread")
-    ap.add_argument("--tail", type=int, default=100,
+    ap.add_argument("--tail", type=int, default=20,
                     help="input seeds 0..N-1 for the pass-rate of the key candidates (0: skip)")
     ns = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "examples"))
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     sess = ort.InferenceSession(ref_model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
     m = Model(original)
-    all_sites = frozenset(SITES)
+    all_sites = PACKAGE
 
     def cases(seed: int) -> list[tuple[dict, np.ndarray, np.ndarray]]:
         rng = np.random.default_rng(seed)
@@ -239,8 +246,9 @@ def main(argv: list[str] | None = None) -> None:
           f"inputs (rms: RMS err/max|ref|, seed 0); then mean / max over seeds 1..{ns.seeds}")
     print(f"| {'emulation':<52} | seed 0    | rms seed0 | mean      | max       |")
     print(f"| {'-' * 52} | --- | --- | --- | --- |")
-    row("full bf16 package (every site rounded)", all_sites)
-    for site in SITES:
+    row("full bf16 package (every package site)", all_sites)
+    row("full package + P rounded (block-wise kernel)", all_sites | {"attn_P"})
+    for site in sorted(PACKAGE, key=SITES.index):
         row(f"kept in fp32: {site}", all_sites - {site})
     print()
     for site in SITES:
