@@ -73,6 +73,16 @@ void expect_shape(const Input& in, const std::vector<int64_t>& want, const char*
                       shape_str(want));
 }
 
+NormShapes check_add_layer_norm(const Input& x, const Input& res, const Input& gamma, const Input& beta) {
+    if (!gamma.present()) throw OpError("input gamma is required");
+    if (x.shape.empty()) throw OpError("input x must have rank >= 1");
+    const int64_t C = x.shape.back();
+    if (res.present()) expect_shape(res, x.shape, "residual");
+    expect_shape(gamma, {C}, "gamma");
+    if (beta.present()) expect_shape(beta, {C}, "beta");
+    return {C ? numel(x.shape) / C : 0, C};
+}
+
 GemmShapes check_fused_gemm(const Input& x, const Input& w, const Input& bias, const Input& res) {
     if (x.shape.empty()) throw OpError("input x must have rank >= 1");
     if (w.shape.size() != 2 || w.shape[0] != x.shape.back())

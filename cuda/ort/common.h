@@ -114,6 +114,12 @@ struct GemmShapes {
 };
 GemmShapes check_fused_gemm(const Input& x, const Input& w, const Input& bias, const Input& res);
 
+/// AddLayerNorm's shape checks, shared by the CPU and CUDA twins: rows M of width C.
+struct NormShapes {
+    int64_t M, C;
+};
+NormShapes check_add_layer_norm(const Input& x, const Input& res, const Input& gamma, const Input& beta);
+
 /// Splits the library's attribute `file:entry` (the CUDA kernel reference).
 std::pair<std::string, std::string> split_kernel_ref(const std::string& ref);
 

@@ -224,13 +224,8 @@ struct AddLayerNormCuda {
     void compute(OrtKernelContext* context) {
         Ort::KernelContext ctx(context);
         const Input x = get_input(ctx, 0), res = get_input(ctx, 1), gamma = get_input(ctx, 2), beta = get_input(ctx, 3);
-        if (!gamma.present()) throw OpError("input gamma is required");
-        if (x.shape.empty()) throw OpError("input x must have rank >= 1");
-        const int64_t C = x.shape.back();
-        const int64_t M = C ? numel(x.shape) / C : 0;
-        if (res.present()) expect_shape(res, x.shape, "residual");
-        expect_shape(gamma, {C}, "gamma");
-        if (beta.present()) expect_shape(beta, {C}, "beta");
+        const NormShapes shapes = check_add_layer_norm(x, res, gamma, beta);
+        const int64_t M = shapes.M, C = shapes.C;
         auto out = ctx.GetOutput(0, x.shape);
         void* sum = nullptr;
         if (ctx.GetOutputCount() > 1) {
