@@ -95,7 +95,7 @@ def candidates(profile, fmt64, fmt128, choice):
         permutes = choose_permutation(fmt) is not None
         for cfg in search_space("block", D, "float16", profile, tile=fmt.tile,
                                 gatherable=gathers, permutable=permutes):
-            if cfg.stages == 2 and (fmt.tile == 64 or cfg.warps == 4):   # device-time budget
+            if cfg.stages == 2 and (fmt.tile == 64 or cfg.warps == 4 or cfg.mma == "wgmma"):
                 out.append(("block", cfg, fmt))
     for warps, rpw in ((4, 1),):
         out.append(("row", AttentionConfig("row", 64, rpw, warps), fmt64))

@@ -33,6 +33,7 @@ from stofc.kernels import gemm_gemm as gg_family
 from stofc.kernels import norm as norm_family
 from stofc.kernels.attention import KernelChoice, render_kernel, select_kernel
 from stofc.kernels.attention import KernelSpec as AttentionKernelSpec
+from stofc.kernels.attention.config import kernel_target, template_name
 from stofc.kernels.attention.render import COMPILE_OPTIONS as ATTENTION_OPTIONS
 from stofc.kernels.attention.select import block_config, split_limit
 from stofc.masks.format import MaskFormat
@@ -152,6 +153,17 @@ def compile_options(source: Source) -> tuple[str, ...]:
     return ATTENTION_OPTIONS if source.template.startswith("attention/") else ()
 
 
+def source_target(source: Source, target: str) -> str:
+    """The NVRTC target ``source`` compiles for when the package targets ``target``.
+
+    A wgmma attention kernel needs the arch-specific ``sm_90a`` / ``compute_90a``;
+    its files keep the package target's name (``NAME.sm_90.cubin``: the binary for
+    sm_90 GPUs), and the kernel entry in plan.json records the real target.
+    """
+    wgmma = source.template == template_name("block", "wgmma")
+    return kernel_target("wgmma" if wgmma else "sync", target)
+
+
 def compile_all(sources: list[Source], targets: tuple[str, ...], *,
                 workers: int | None = None) -> dict[tuple[str, str], CompiledKernel]:
     """Compile each distinct source (by name) for each target; ``{(name, target): kernel}``.
@@ -163,6 +175,6 @@ def compile_all(sources: list[Source], targets: tuple[str, ...], *,
     jobs = [(s, t) for s in unique.values() for t in targets]
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda job: compile_source(job[0], job[1],
+        done = list(pool.map(lambda job: compile_source(job[0], source_target(*job),
                                                         options=compile_options(job[0])), jobs))
     return {(s.name, t): k for (s, t), k in zip(jobs, done, strict=True)}

@@ -176,7 +176,9 @@ def _write_kernels(root: Path, contents: PackageContents) -> list[dict]:
         entries.append({"name": name, "template": src.template,
                         "entry_points": list(src.entry_points),
                         "params": {k: v for k, v in src.params},
-                        "nvrtc_options": list(compile_options(src)), "files": files})
+                        "nvrtc_options": list(compile_options(src)), "files": files,
+                        "nvrtc_targets": {t: contents.compiled[(name, t)].target
+                                          for t in contents.targets}})
     return entries
 
 

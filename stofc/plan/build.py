@@ -48,13 +48,13 @@ def _attention_spec(layer: Layer, mask: Any, profile: GpuProfile, dtype: str,
     if not isinstance(mask, MaskFormat):
         return KernelSpec("attention", "attention/select_kernel", (("selected", False),))
     from stofc.kernels.attention import select_kernel
-    from stofc.kernels.attention.render import TEMPLATES
+    from stofc.kernels.attention.config import template_name
 
     block = layer.attention
     choice = select_kernel(mask, profile, batch=batch, heads=block.num_heads,
                            seq_len=max_seq_len, head_dim=block.head_dim)
     params = tuple(dataclasses.asdict(choice.config).items())
-    return KernelSpec("attention", TEMPLATES[choice.kernel],
+    return KernelSpec("attention", template_name(choice.kernel, choice.config.mma),
                       (("dtype", dtype), ("selected", True), *params,
                        ("explanation", choice.explanation)))
 

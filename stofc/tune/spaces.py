@@ -462,6 +462,7 @@ class SpaceFactory:
 
     def attention(self, match: SegmentMatch) -> KernelSegment:
         from stofc.kernels.attention import render, select_kernel
+        from stofc.kernels.attention.config import template_name
 
         if self.mask is None:
             raise PlanError("tuning the attention segment needs the mask format",
@@ -486,7 +487,8 @@ class SpaceFactory:
             return list(dict.fromkeys(configs)), reasons
 
         def to_spec(config: Config) -> KernelSpec:
-            return KernelSpec("attention", render.TEMPLATES[str(config["kind"])],
+            return KernelSpec("attention", template_name(str(config["kind"]),
+                                                         str(config.get("mma", "sync"))),
                               (("dtype", dtype), ("head_dim", head_dim),
                                *((p, config[p]) for p in fields if p in config)))
 

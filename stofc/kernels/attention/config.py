@@ -7,7 +7,10 @@ a :class:`KernelSpec`, which renders to exactly one CUDA source.
 Block-wise (``kind="block"``): the key tile equals the mask's outer tile ``T``
 (64 or 128); a block owns ``T / q_split`` query rows of one tile row; each warp
 owns ``warp_m`` (16 or 32) of them, so ``warps = T / q_split / warp_m``;
-``stages`` (2..4) is the depth of the cp.async ring of K/V tiles.
+``stages`` (2..4) is the depth of the cp.async ring of K/V tiles; ``mma`` is the
+tensor-core instruction: ``"sync"`` (mma.sync m16n8k16, every GPU from sm_80) or
+``"wgmma"`` (Hopper warpgroup MMA, compiled for ``sm_90a``: a warpgroup of 4 warps
+owns 64 rows, Q/K/V sit in 128B-swizzled shared memory, head_dim 64 or 128).
 
 Row-wise (``kind="row"``): a warp owns ``warp_m`` (1, 2 or 4) query rows, a
 block ``warps * warp_m`` consecutive rows inside one tile row; ``stages`` and
@@ -16,6 +19,7 @@ block ``warps * warp_m`` consecutive rows inside one tile row; ``stages`` and
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from stofc.errors import StofcError
@@ -24,6 +28,10 @@ from stofc.targets import GpuProfile
 HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 128)
 DTYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 KINDS: tuple[str, ...] = ("block", "row")
+MMAS: tuple[str, ...] = ("sync", "wgmma")
+WGMMA_CC = (9, 0)        # wgmma is sm_90a only: H100 / H200 (not forward compatible)
+WGMMA_HEAD_DIMS = (64, 128)   # whole 128-byte swizzle panels
+SMEM_ALIGN_SLACK = 1024  # wgmma: the kernel aligns its swizzle panels to 1024 bytes
 ELEM_BYTES = 2
 REG_LIMIT = 255          # registers per thread the hardware allows
 MIN_REG_CAP = 96         # below this, __launch_bounds__ caps force heavy spills
@@ -43,6 +51,7 @@ class AttentionConfig:
     gather: bool = False   # block-wise: pack sparse-column part tiles (runtime data only)
     min_blocks: int = 1    # block-wise: __launch_bounds__ min blocks/SM (caps registers)
     permute: bool = False  # block-wise: residue permutation of queries and keys (runtime data)
+    mma: str = "sync"      # block-wise: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
 
     @property
     def threads(self) -> int:
@@ -60,7 +69,8 @@ class AttentionConfig:
             return (f"block-wise T={self.tile} rows/block={self.rows_per_block} "
                     f"warps={self.warps} rows/warp={self.warp_m} stages={self.stages}"
                     f"{f' minblocks={self.min_blocks}' if self.min_blocks > 1 else ''}"
-                    f"{' gather' if self.gather else ''}{' permute' if self.permute else ''}")
+                    f"{' gather' if self.gather else ''}{' permute' if self.permute else ''}"
+                    f"{' wgmma' if self.mma == 'wgmma' else ''}")
         return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
 
 
@@ -80,7 +90,28 @@ class KernelSpec:
         dt = "f16" if self.dtype == "float16" else "bf16"
         return (f"stofc_attn_{c.kind}_{dt}_d{self.head_dim}_t{c.tile}_w{c.warps}_m{c.warp_m}"
                 f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}_b{int(self.has_bias)}"
-                f"_k{int(self.has_key_bits)}")
+                f"_k{int(self.has_key_bits)}{'_wg' if c.mma == 'wgmma' else ''}")
+
+    @property
+    def template(self) -> str:
+        """The template that renders this spec."""
+        return template_name(self.config.kind, self.config.mma)
+
+
+def template_name(kind: str, mma: str = "sync") -> str:
+    """The attention template of a kernel kind and MMA instruction."""
+    return "attention/block_wgmma.cu.j2" if mma == "wgmma" else f"attention/{kind}.cu.j2"
+
+
+def kernel_target(mma: str, target: str) -> str:
+    """The NVRTC target a kernel using ``mma`` compiles for, given the GPU's target.
+
+    wgmma exists only on the arch-specific ``sm_90a`` / ``compute_90a``; mma.sync
+    kernels compile for ``target`` as given.
+    """
+    if mma == "wgmma" and target in ("sm_90", "compute_90"):
+        return f"{target}a"
+    return target
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -100,10 +131,13 @@ def smem_bytes(config: AttentionConfig, head_dim: int) -> int:
     """Shared memory one block needs (dynamic for block-wise, static for row-wise)."""
     if config.kind == "row":
         return config.warps * 64 * 4
-    srow = (head_dim + 8) * ELEM_BYTES
+    if config.mma == "wgmma":           # unpadded swizzled rows + the alignment slack
+        srow, slack = head_dim * ELEM_BYTES, SMEM_ALIGN_SLACK
+    else:                               # padded rows: conflict-free ldmatrix
+        srow, slack = (head_dim + 8) * ELEM_BYTES, 0
     q = config.rows_per_block * srow
     stage = 2 * config.tile * srow + (config.tile // 8) ** 2 * 8 + config.tile * 4
-    return q + config.stages * stage
+    return q + config.stages * stage + slack
 
 
 def estimate_registers(config: AttentionConfig, head_dim: int) -> int:
@@ -114,7 +148,7 @@ def estimate_registers(config: AttentionConfig, head_dim: int) -> int:
     acc = mt * (head_dim // 8) * 4
     keys = min(config.tile, 64)               # the kernel's softmax step (KN)
     s = mt * (keys // 8) * 4
-    qf = mt * (head_dim // 16) * 4
+    qf = 0 if config.mma == "wgmma" else mt * (head_dim // 16) * 4   # wgmma reads Q from smem
     pf = mt * (keys // 16) * 4
     return acc + s + qf + pf + REG_OVERHEAD
 
@@ -137,6 +171,15 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
             return "warps must equal rows per block / rows per warp"
         if not 2 <= c.stages <= 4:
             return "stages must be 2..4 (1 has no overlap, more only adds smem)"
+        if c.mma not in MMAS:
+            return f"unknown MMA instruction {c.mma!r}"
+        if c.mma == "wgmma":
+            if profile.compute_capability != WGMMA_CC:
+                return "wgmma is Hopper-only (sm_90a): this GPU runs mma.sync"
+            if c.warp_m != 16 or c.rows_per_block % 64:
+                return "wgmma: a warpgroup (4 warps x 16 rows) owns 64 rows of the block"
+            if head_dim not in WGMMA_HEAD_DIMS:
+                return "wgmma: head_dim must be 64 or 128 (whole 128-byte swizzle panels)"
         if c.min_blocks < 1 or profile.regs_per_sm // (c.min_blocks * c.threads) < MIN_REG_CAP:
             return (f"min_blocks={c.min_blocks} caps registers below {MIN_REG_CAP} per thread: "
                     "the accumulators would spill")
@@ -147,8 +190,9 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
             return "row-wise: 1, 2 or 4 rows per warp and 1..8 warps"
         if c.tile % c.rows_per_block:
             return "row-wise: a block's rows must lie inside one tile row (T % rows == 0)"
-        if c.stages != 1 or c.q_split != 1 or c.gather or c.permute or c.min_blocks != 1:
-            return "row-wise has no pipeline stages, query split or gathered tiles"
+        if (c.stages != 1 or c.q_split != 1 or c.gather or c.permute or c.min_blocks != 1
+                or c.mma != "sync"):
+            return "row-wise has no pipeline stages, query split, gathered tiles or wgmma"
     smem = smem_bytes(c, head_dim)
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
@@ -163,13 +207,13 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
 
 
 def occupancy_blocks(tile: int, warps: int, stages: int, q_split: int, head_dim: int,
-                     profile: GpuProfile) -> int:
+                     profile: GpuProfile, mma: str = "sync") -> int:
     """Blocks/SM that shared memory allows while registers stay >= 128/thread (or 1).
 
     The register cap that ``__launch_bounds__(threads, n)`` implies is what lifts
     occupancy for the 4-warp 64x64 kernel (ptxas: 164 -> 128 registers, 8 B spill).
     """
-    probe = AttentionConfig("block", tile, 16, warps, stages, q_split)
+    probe = AttentionConfig("block", tile, 16, warps, stages, q_split, mma=mma)
     by_smem = profile.smem_per_sm // max(smem_bytes(probe, head_dim), 1)
     by_regs = profile.regs_per_sm // (warps * 32 * 128)
     n = min(by_smem, by_regs, profile.max_warps_per_sm // warps)
@@ -196,15 +240,15 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                 if tile % (q_split * warp_m):
                     continue
                 warps = tile // q_split // warp_m
-                for stages in (2, 3, 4):
+                for stages, mma in itertools.product((2, 3, 4), MMAS):
                     for gather, permute in ((False, False), (True, False), (False, True),
                                             (True, True)):
                         if (gather and not gatherable) or (permute and not permutable):
                             continue
                         for mb in (1, occupancy_blocks(tile, warps, stages, q_split, head_dim,
-                                                       profile)):
+                                                       profile, mma)):
                             cfg = AttentionConfig("block", tile, warp_m, warps, stages, q_split,
-                                                  gather, mb, permute)
+                                                  gather, mb, permute, mma)
                             if prune(cfg, head_dim, profile) is None and cfg not in out:
                                 out.append(cfg)
     elif kind == "row":

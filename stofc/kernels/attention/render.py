@@ -5,9 +5,15 @@ from __future__ import annotations
 from stofc.codegen import Source, render
 from stofc.compile import CompiledKernel, compile_source
 from stofc.errors import StofcError
-from stofc.kernels.attention.config import DTYPES, KernelSpec, check_dtype, check_head_dim
+from stofc.kernels.attention.config import (
+    DTYPES,
+    KINDS,
+    KernelSpec,
+    check_dtype,
+    check_head_dim,
+    kernel_target,
+)
 
-TEMPLATES = {"block": "attention/block.cu.j2", "row": "attention/row.cu.j2"}
 # -lineinfo costs nothing at run time and lets ncu map stalls to source lines.
 COMPILE_OPTIONS: tuple[str, ...] = ("-lineinfo",)
 
@@ -17,10 +23,10 @@ def render_kernel(spec: KernelSpec) -> Source:
     check_head_dim(spec.head_dim)
     check_dtype(spec.dtype)
     c = spec.config
-    if c.kind not in TEMPLATES:
+    if c.kind not in KINDS:
         raise StofcError(f"unknown attention kernel {c.kind!r}", hint="use 'block' or 'row'")
     return render(
-        TEMPLATES[c.kind], spec.name, (spec.name,),
+        spec.template, spec.name, (spec.name,),
         kernel_name=spec.name,
         dtype=DTYPES[spec.dtype],
         head_dim=spec.head_dim,
@@ -36,5 +42,9 @@ def render_kernel(spec: KernelSpec) -> Source:
 
 
 def compile_kernel(spec: KernelSpec, target: str) -> CompiledKernel:
-    """Render ``spec`` and compile it for ``target`` (``sm_90``, ...); cached by content."""
-    return compile_source(render_kernel(spec), target, options=COMPILE_OPTIONS)
+    """Render ``spec`` and compile it for the GPU ``target`` (``sm_90``, ...); cached by content.
+
+    A wgmma spec compiles for the arch-specific variant (``sm_90a``, :func:`kernel_target`).
+    """
+    return compile_source(render_kernel(spec), kernel_target(spec.config.mma, target),
+                          options=COMPILE_OPTIONS)

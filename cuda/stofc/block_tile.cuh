@@ -1,0 +1,147 @@
+// stofc block-wise attention: per-step score masking, online softmax and the row
+// write, shared by the mma.sync (block.cu.j2) and wgmma (block_wgmma.cu.j2) kernels.
+//
+// Contract: every function works on ONE thread's fragments of one m16 row pair
+// (rows g and g+8 of a warp's 16 rows; g = lane >> 2, t4 = lane & 3) over one
+// softmax step of NB n8 blocks of keys; s[n][0..1] are (row g, keys 8n + 2*t4..+1),
+// s[n][2..3] the same keys of row g+8 (mma.sync's C layout, which is also wgmma's
+// accumulator layout). Scores are raw (unscaled) Q.K; the softmax works in log2
+// units with the scale folded into one FFMA (sl = scale * log2 e). A row with no
+// allowed key keeps max -inf and sum 0 and writes zeros; no NaN is ever formed.
+#ifndef STOFC_BLOCK_TILE_CUH
+#define STOFC_BLOCK_TILE_CUH
+
+#include <stofc/attention.cuh>
+
+namespace stofc {
+
+/// Where the keys of one softmax step come from and which of them a row may see.
+struct StepKeys {
+    int kbase;            // first key of the step (contiguous tiles)
+    const int* gathered;  // the step's key indices (gathered tiles), else nullptr
+    int kvl;              // runtime key length of the sequence
+    const u64* key_bits;  // packed key-validity bits of the sequence (HAS_KEY_BITS)
+};
+
+/// Set disallowed scores of the step to -inf and add the bias to allowed ones.
+///
+/// `bm32` points at the 32-bit half (g >> 2) of the part tile's first 8x8 word
+/// (nullptr: a full tile, no bitmap); word (n0 + n) * ITN + ir holds this row
+/// pair's block of key block n; `need_keys` asks for the per-key tests (tiles
+/// crossing the key length, gathered tiles, key bits). `br0` / `br1` are the
+/// bias rows of rows g / g+8 (HAS_BIAS), added in raw score units.
+template <typename T, int NB, int ITN, bool HAS_BIAS, bool HAS_KEY_BITS>
+__device__ __forceinline__ void mask_step(float (&s)[NB][4], const u32* bm32, int n0, int ir,
+                                          bool need_keys, const StepKeys& keys, const T* br0,
+                                          const T* br1, float inv_scale, int g, int t4) {
+    typedef DTypeTraits<T> DT;
+    const int sh = 8 * (g & 3) + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        u32 keep_hi = 3u, keep_lo = 3u;
+        if (bm32 != nullptr) {
+            const int w = (n0 + n) * ITN + ir;
+            keep_hi = (bm32[2 * w] >> sh) & 3u;
+            keep_lo = (bm32[2 * w + 2] >> sh) & 3u;
+        }
+        int key0 = keys.kbase + n * 8 + 2 * t4;
+        int key1 = key0 + 1;
+        if (need_keys) {
+            if (keys.gathered != nullptr) {
+                key0 = keys.gathered[n * 8 + 2 * t4];
+                key1 = keys.gathered[n * 8 + 2 * t4 + 1];
+            }
+            u32 kmask = (static_cast<unsigned>(key0) < static_cast<unsigned>(keys.kvl) ? 1u : 0u) |
+                        (static_cast<unsigned>(key1) < static_cast<unsigned>(keys.kvl) ? 2u : 0u);
+            if (HAS_KEY_BITS) {
+                if (kmask & 1u) kmask &= ~1u | key_bit(keys.key_bits, key0);
+                if (kmask & 2u) kmask &= ~2u | (key_bit(keys.key_bits, key1) << 1);
+            }
+            keep_hi &= kmask;
+            keep_lo &= kmask;
+        }
+        if (HAS_BIAS) {
+            if (keep_hi & 1) s[n][0] += DT::to_float(br0[key0]) * inv_scale;
+            if (keep_hi & 2) s[n][1] += DT::to_float(br0[key1]) * inv_scale;
+            if (keep_lo & 1) s[n][2] += DT::to_float(br1[key0]) * inv_scale;
+            if (keep_lo & 2) s[n][3] += DT::to_float(br1[key1]) * inv_scale;
+        }
+        s[n][0] = (keep_hi & 1u) ? s[n][0] : STOFC_NEG_INF;
+        s[n][1] = (keep_hi & 2u) ? s[n][1] : STOFC_NEG_INF;
+        s[n][2] = (keep_lo & 1u) ? s[n][2] : STOFC_NEG_INF;
+        s[n][3] = (keep_lo & 2u) ? s[n][3] : STOFC_NEG_INF;
+    }
+}
+
+/// One online-softmax step: update the running max `m` and sum `l` (per row of the
+/// pair, this thread's partial sum), rescale the ND n8 blocks of `acc`, and pack
+/// P = exp2(s * sl - max) into `pf`, the A operand of P.V (k16 chunk kk = n8 blocks
+/// 2kk, 2kk+1).
+template <typename T, int NB, int ND>
+__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&acc)[ND][4],
+                                             float (&m)[2], float (&l)[2],
+                                             u32 (&pf)[NB / 2][4], float sl) {
+    typedef DTypeTraits<T> DT;
+    float mx0 = STOFC_NEG_INF, mx1 = STOFC_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+    mx0 = fmaxf(m[0], quad_max(mx0) * sl);   // sl > 0: max commutes with the scale
+    mx1 = fmaxf(m[1], quad_max(mx1) * sl);
+    const float base0 = safe_max(mx0), base1 = safe_max(mx1);
+    const float alpha0 = exp2_fast(m[0] - base0);
+    const float alpha1 = exp2_fast(m[1] - base1);
+    m[0] = mx0;
+    m[1] = mx1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float p0 = exp2_fast(fmaf(s[n][0], sl, -base0));
+        const float p1 = exp2_fast(fmaf(s[n][1], sl, -base0));
+        const float p2 = exp2_fast(fmaf(s[n][2], sl, -base1));
+        const float p3 = exp2_fast(fmaf(s[n][3], sl, -base1));
+        sum0 += p0 + p1;
+        sum1 += p2 + p3;
+        pf[n >> 1][(n & 1) * 2 + 0] = DT::pack(p0, p1);
+        pf[n >> 1][(n & 1) * 2 + 1] = DT::pack(p2, p3);
+    }
+    l[0] = l[0] * alpha0 + sum0;
+    l[1] = l[1] * alpha1 + sum1;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+        acc[n][0] *= alpha0;
+        acc[n][1] *= alpha0;
+        acc[n][2] *= alpha1;
+        acc[n][3] *= alpha1;
+    }
+}
+
+/// Normalise the row pair's output by its softmax sums and store it: row g to
+/// query row `qr0`, row g+8 to `qr1` (rows outside [0, L) are not written; a row
+/// whose sum is 0 writes zeros).
+template <typename T, int ND>
+__device__ __forceinline__ void store_rows(const float (&acc)[ND][4], const float (&l)[2],
+                                           int qr0, int qr1, T* ob, long long o_ss, int L,
+                                           int t4) {
+    typedef DTypeTraits<T> DT;
+    const float l0 = quad_sum(l[0]);
+    const float l1 = quad_sum(l[1]);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+        const int col = n * 8 + 2 * t4;
+        if (qr0 >= 0 && qr0 < L)
+            *reinterpret_cast<u32*>(ob + qr0 * o_ss + col) =
+                DT::pack(acc[n][0] * inv0, acc[n][1] * inv0);
+        if (qr1 >= 0 && qr1 < L)
+            *reinterpret_cast<u32*>(ob + qr1 * o_ss + col) =
+                DT::pack(acc[n][2] * inv1, acc[n][3] * inv1);
+    }
+}
+
+}  // namespace stofc
+
+#endif  // STOFC_BLOCK_TILE_CUH

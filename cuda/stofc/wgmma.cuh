@@ -1,0 +1,165 @@
+// stofc Hopper warpgroup MMA helpers (wgmma, sm_90a only).
+//
+// Contract (read-only for every template that includes it):
+//   * Compile with -arch=sm_90a (or compute_90a): wgmma exists only there.
+//   * A warpgroup is 4 consecutive warps (128 threads); every helper below is
+//     executed by all 128 threads of a warpgroup, convergent.
+//   * Shared-memory operands use the 128-byte swizzle: a "panel" is 64 b16
+//     columns (128 bytes) by R rows, row r at byte r * 128, its 16-byte chunk c
+//     stored at chunk c ^ (r % 8) (sw128_offset); every panel starts 1024-byte
+//     aligned. A wider matrix is D / 64 panels, one after the other.
+//   * Accumulator layout of m64nNk16 (fp32): warp w of the warpgroup owns rows
+//     16w..16w+15; d[n][0..1] = (row g, cols 8n + 2t..+1), d[n][2..3] = (row g+8,
+//     same cols), g = lane >> 2, t = lane & 3: mma.sync's C layout repeated over
+//     N / 8 blocks. The register A operand (four b32 of two b16) is mma.sync's A
+//     fragment for the warp's 16 rows, so S's accumulators pack straight into it.
+//   * Async: issue (fence, mma..., commit), then wait_group<N>() before reading
+//     or writing the accumulators or the register A operand again.
+#ifndef STOFC_WGMMA_CUH
+#define STOFC_WGMMA_CUH
+
+#include <stofc/mma.cuh>
+
+namespace stofc {
+
+/// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128B-swizzled panel.
+__device__ __forceinline__ u32 sw128_offset(int row, int chunk) {
+    return static_cast<u32>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+/// Descriptor of a 128B-swizzled shared-memory operand at `addr` (1024-aligned panel
+/// base plus a k offset). K-major (no transpose): `lbo` unused, `sbo` = 1024 (8 rows).
+/// MN-major (transposed B): `lbo` = byte stride between 64-column panels along N,
+/// `sbo` = 1024 (8 K rows of 128 bytes).
+__device__ __forceinline__ u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
+    return static_cast<u64>((addr & 0x3FFFFu) >> 4) |
+           (static_cast<u64>((lbo & 0x3FFFFu) >> 4) << 16) |
+           (static_cast<u64>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+/// Order earlier register writes (accumulators, register A) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+/// Close the group of wgmma issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/// Wait until at most N committed wgmma groups are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+
+/// Make this thread's generic-proxy shared-memory writes (st.shared, cp.async)
+/// visible to the async proxy that wgmma reads operands through; then barrier.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/// Pin `n` accumulator blocks in registers at this point (no reordering across).
+template <int N>
+__device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+        asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3]) :: "memory");
+}
+
+#define STOFC_ACC8(d) \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define STOFC_ACC8_HI(d) \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define STOFC_D32 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define STOFC_D64 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/// d (64 x 64) = A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major) [+ d if accumulate].
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], u64 desc_a, u64 desc_b,
+                                             int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_ss_n64<__half>(float (&d)[8][4], u64 desc_a, u64 desc_b,
+                                                     int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " STOFC_D32
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : STOFC_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss_n64<__nv_bfloat16>(float (&d)[8][4], u64 desc_a,
+                                                            u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " STOFC_D32
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : STOFC_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/// d (64 x N) += A (64 x 16, registers) * B (16 x N, smem, N-major: transposed), N = 64 or 128.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b);
+
+template <>
+__device__ __forceinline__ void wgmma_rs_tb<__half, 64>(float (&d)[8][4], const u32 (&a)[4],
+                                                        u64 desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " STOFC_D32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : STOFC_ACC8(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs_tb<__nv_bfloat16, 64>(float (&d)[8][4],
+                                                               const u32 (&a)[4], u64 desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " STOFC_D32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : STOFC_ACC8(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs_tb<__half, 128>(float (&d)[16][4], const u32 (&a)[4],
+                                                         u64 desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " STOFC_D64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : STOFC_ACC8(d), STOFC_ACC8_HI(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs_tb<__nv_bfloat16, 128>(float (&d)[16][4],
+                                                                const u32 (&a)[4], u64 desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " STOFC_D64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : STOFC_ACC8(d), STOFC_ACC8_HI(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+#undef STOFC_ACC8
+#undef STOFC_ACC8_HI
+#undef STOFC_D32
+#undef STOFC_D64
+
+}  // namespace stofc
+
+#endif  // STOFC_WGMMA_CUH
