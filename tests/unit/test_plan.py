@@ -243,7 +243,8 @@ def test_attention_segment_uses_the_selector_with_an_encoded_mask():
     plan = build_plan([bert_layer()], fmt, H100, dtype="float16", max_seq_len=512, batch=8)
     att = plan.layers[0].segments[1]
     assert att.family == "attention" and att.kernel.param("selected") is True
-    assert att.kernel.template in ("attention/block.cu.j2", "attention/row.cu.j2")
+    assert att.kernel.template in ("attention/block.cu.j2", "attention/block_wgmma.cu.j2",
+                                   "attention/row.cu.j2")
     assert att.kernel.param("kind") in ("block", "row") and att.kernel.param("explanation")
     assert plan.mask == fmt.spec_hash
     assert Plan.from_json(plan.to_json()) == plan

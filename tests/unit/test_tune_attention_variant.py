@@ -46,4 +46,4 @@ def test_padding_mask_layers_measure_the_key_bit_kernel(monkeypatch):
     compile_attention(sp.payload, sp.default_config().key)
     compile_attention(sb.payload, sb.default_config().key)
     assert [s.has_key_bits for s in compiled] == [True, False]
-    assert compiled[0].name.endswith("_k1") and compiled[1].name.endswith("_k0")
+    assert "_k1" in compiled[0].name and "_k0" in compiled[1].name

@@ -125,7 +125,11 @@ def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int
     """Starting block-wise config (None when the search space is empty, e.g. T=128, D=128).
 
     Measured on an H200 (bench/results): 64 query rows x 4 warps x 2 stages is best or
-    within 5% on every family at L=1024 and 4096; the query split only pays when the
+    within 5% on every family at L=1024 and 4096; on Hopper the wgmma kernel of that
+    shape is 1.13-1.47x faster than the mma.sync one on every family
+    (mha-h100-2026-11-22-wgmma.md), so it comes first wherever :func:`prune` allows it
+    (sm_90, head_dim 64/128, 64-row warpgroups: not with the T=64 query split,
+    which falls back to mma.sync); the query split only pays when the
     grid is short of one wave (:func:`split_limit`; ``q_split`` forces it); the
     __launch_bounds__ occupancy cap is taken when it keeps >= 128 registers per thread;
     gathering whenever the plan gathers anything.
@@ -140,12 +144,15 @@ def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int
         q_split = 2 if batch * rows <= split_limit(fmt, profile, heads=heads,
                                                    head_dim=head_dim) else 1
     warps = t // q_split // 16
-    for stages in (2, 3):
-        mb = occupancy_blocks(t, warps, stages, q_split, head_dim, profile)
-        for cfg in (AttentionConfig("block", t, 16, warps, stages, q_split, gather, mb, permute),
-                    AttentionConfig("block", t, 16, warps, stages, q_split, gather, 1, permute)):
-            if prune(cfg, head_dim, profile) is None:
-                return cfg
+    for mma in ("wgmma", "sync"):
+        for stages in (2, 3):
+            mb = occupancy_blocks(t, warps, stages, q_split, head_dim, profile, mma)
+            for cfg in (AttentionConfig("block", t, 16, warps, stages, q_split, gather, mb,
+                                        permute, mma),
+                        AttentionConfig("block", t, 16, warps, stages, q_split, gather, 1,
+                                        permute, mma)):
+                if prune(cfg, head_dim, profile) is None:
+                    return cfg
     return None
 
 
