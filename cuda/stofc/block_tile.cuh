@@ -73,15 +73,13 @@ __device__ __forceinline__ void mask_step(float (&s)[NB][4], const u32* bm32, in
     }
 }
 
-/// One online-softmax step: update the running max `m` and sum `l` (per row of the
-/// pair, this thread's partial sum), rescale the ND n8 blocks of `acc`, and pack
-/// P = exp2(s * sl - max) into `pf`, the A operand of P.V (k16 chunk kk = n8 blocks
-/// 2kk, 2kk+1).
-template <typename T, int NB, int ND>
-__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&acc)[ND][4],
-                                             float (&m)[2], float (&l)[2],
-                                             u32 (&pf)[NB / 2][4], float sl) {
-    typedef DTypeTraits<T> DT;
+/// The probabilities of one online-softmax step, in place: update the running max
+/// `m` and sum `l` (per row of the pair, this thread's partial sum), overwrite s
+/// with P = exp2(s * sl - max), and return in `alpha` the factor the output
+/// accumulated so far must be rescaled by (rescale_rows) before P.V is added.
+template <int NB>
+__device__ __forceinline__ void softmax_exp(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                            float sl, float (&alpha)[2]) {
     float mx0 = STOFC_NEG_INF, mx1 = STOFC_NEG_INF;
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
@@ -91,31 +89,57 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&acc)[ND]
     mx0 = fmaxf(m[0], quad_max(mx0) * sl);   // sl > 0: max commutes with the scale
     mx1 = fmaxf(m[1], quad_max(mx1) * sl);
     const float base0 = safe_max(mx0), base1 = safe_max(mx1);
-    const float alpha0 = exp2_fast(m[0] - base0);
-    const float alpha1 = exp2_fast(m[1] - base1);
+    alpha[0] = exp2_fast(m[0] - base0);
+    alpha[1] = exp2_fast(m[1] - base1);
     m[0] = mx0;
     m[1] = mx1;
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
-        const float p0 = exp2_fast(fmaf(s[n][0], sl, -base0));
-        const float p1 = exp2_fast(fmaf(s[n][1], sl, -base0));
-        const float p2 = exp2_fast(fmaf(s[n][2], sl, -base1));
-        const float p3 = exp2_fast(fmaf(s[n][3], sl, -base1));
-        sum0 += p0 + p1;
-        sum1 += p2 + p3;
-        pf[n >> 1][(n & 1) * 2 + 0] = DT::pack(p0, p1);
-        pf[n >> 1][(n & 1) * 2 + 1] = DT::pack(p2, p3);
+        s[n][0] = exp2_fast(fmaf(s[n][0], sl, -base0));
+        s[n][1] = exp2_fast(fmaf(s[n][1], sl, -base0));
+        s[n][2] = exp2_fast(fmaf(s[n][2], sl, -base1));
+        s[n][3] = exp2_fast(fmaf(s[n][3], sl, -base1));
+        sum0 += s[n][0] + s[n][1];
+        sum1 += s[n][2] + s[n][3];
     }
-    l[0] = l[0] * alpha0 + sum0;
-    l[1] = l[1] * alpha1 + sum1;
+    l[0] = l[0] * alpha[0] + sum0;
+    l[1] = l[1] * alpha[1] + sum1;
+}
+
+/// Pack the step's probabilities into `pf`, the A operand of P.V (k16 chunk kk =
+/// n8 blocks 2kk, 2kk+1).
+template <typename T, int NB>
+__device__ __forceinline__ void pack_probs(const float (&p)[NB][4], u32 (&pf)[NB / 2][4]) {
+    typedef DTypeTraits<T> DT;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        pf[n >> 1][(n & 1) * 2 + 0] = DT::pack(p[n][0], p[n][1]);
+        pf[n >> 1][(n & 1) * 2 + 1] = DT::pack(p[n][2], p[n][3]);
+    }
+}
+
+/// Rescale the ND n8 blocks of the row pair's output accumulators by `alpha`.
+template <int ND>
+__device__ __forceinline__ void rescale_rows(float (&acc)[ND][4], const float (&alpha)[2]) {
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
-        acc[n][0] *= alpha0;
-        acc[n][1] *= alpha0;
-        acc[n][2] *= alpha1;
-        acc[n][3] *= alpha1;
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
     }
+}
+
+/// One whole online-softmax step: softmax_exp, pack_probs, then rescale_rows of `acc`.
+template <typename T, int NB, int ND>
+__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&acc)[ND][4],
+                                             float (&m)[2], float (&l)[2],
+                                             u32 (&pf)[NB / 2][4], float sl) {
+    float alpha[2];
+    softmax_exp<NB>(s, m, l, sl, alpha);
+    pack_probs<T, NB>(s, pf);
+    rescale_rows<ND>(acc, alpha);
 }
 
 /// Normalise the row pair's output by its softmax sums and store it: row g to
