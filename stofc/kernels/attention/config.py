@@ -146,8 +146,7 @@ def estimate_registers(config: AttentionConfig, head_dim: int) -> int:
         return head_dim + 2 * ((head_dim // 2 + 31) // 32) + 16 + REG_OVERHEAD // 2
     mt = config.warp_m // 16
     acc = mt * (head_dim // 8) * 4
-    # the kernel's softmax step (KN): 64 keys for mma.sync, the whole tile for wgmma
-    keys = config.tile if config.mma == "wgmma" else min(config.tile, 64)
+    keys = min(config.tile, 64)               # the kernel's softmax step (KN)
     s = mt * (keys // 8) * 4
     qf = 0 if config.mma == "wgmma" else mt * (head_dim // 16) * 4   # wgmma reads Q from smem
     pf = mt * (keys // 16) * 4
