@@ -28,7 +28,8 @@ class NormProblem:
     n: int
     dtype: str
     epilogue: Epilogue
-    input_fp32: bool = False  # x is fp32 (a split GEMM+GEMM's partial sums)
+    input_fp32: bool = False  # x is fp32 (a split GEMM+GEMM's partial sums; a bf16 pre-LN sum)
+    params_fp32: bool = False  # gamma / beta are fp32 (bf16 packages keep LN parameters fp32)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def default_config(problem: NormProblem, profile: GpuProfile) -> NormConfig:
 
 
 def kernel_name(problem: NormProblem, config: NormConfig) -> str:
-    fp32 = "_f32in" if problem.input_fp32 else ""
+    fp32 = ("_f32in" if problem.input_fp32 else "") + ("_f32p" if problem.params_fp32 else "")
     return (f"stofc_add_norm_{problem.dtype}{fp32}_{problem.epilogue.tag.replace('-', '_')}"
             f"_n{problem.n}_t{config.tpr}x{config.rows}")
 
@@ -83,5 +84,6 @@ def render_norm(problem: NormProblem, config: NormConfig) -> Source:
     name = kernel_name(problem, config)
     return render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[problem.dtype],
                   XTYPE="float" if problem.input_fp32 else DTYPES[problem.dtype],
+                  PTYPE="float" if problem.params_fp32 else "T",
                   TPR=config.tpr, ROWS=config.rows, ITEMS=config.items(problem.n),
                   **problem.epilogue.template_values())
