@@ -96,6 +96,59 @@ GemmShapes check_fused_gemm(const Input& x, const Input& w, const Input& bias, c
     return g;
 }
 
+std::string type_name(ONNXTensorElementDataType t) {
+    switch (t) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+            return "float";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+            return "float16";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+            return "bfloat16";
+        default:
+            return "element type " + std::to_string(static_cast<int>(t));
+    }
+}
+
+ONNXTensorElementDataType check_fused_gemm_types(const Input& x, const Input& w, const Input& bias,
+                                                 const Input& res, bool has_activation) {
+    const ONNXTensorElementDataType t = x.type, f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (w.type != t)
+        throw OpError("input w is " + type_name(w.type) + " but x is " + type_name(t) + "; give w in x's type");
+    const bool f32_out = bias.present() && bias.type == f32 && t == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    if (bias.present() && bias.type != t && !f32_out)
+        throw OpError("input bias is " + type_name(bias.type) + " but x is " + type_name(t) +
+                      "; give bias in x's type (or float with bfloat16 x for a float y)");
+    if (f32_out && res.present())
+        throw OpError("a float bias makes y float (x@w + bias in float32), which takes no residual; add the "
+                      "residual in the AddLayerNorm that reads y (OPS.md)");
+    if (f32_out && has_activation)
+        throw OpError("a float bias makes y float (x@w + bias in float32), which takes no activation; use "
+                      "activation='none' or a bfloat16 bias");
+    if (res.present() && res.type != t)
+        throw OpError("input residual is " + type_name(res.type) + " but x is " + type_name(t) +
+                      "; give residual in x's type");
+    return f32_out ? f32 : t;
+}
+
+void check_add_layer_norm_types(ONNXTensorElementDataType t, const Input& x, const Input& res, const Input& gamma,
+                                const Input& beta) {
+    const ONNXTensorElementDataType f32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    const bool mixed_ok = t == f32 || t == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    if (x.type != t && !(x.type == f32 && mixed_ok))
+        throw OpError("input x is " + type_name(x.type) + "; this AddLayerNorm (y " + type_name(t) + ") takes x in " +
+                      type_name(t) + (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 ? " or float" : ""));
+    if (res.present() && res.type != t)
+        throw OpError("input residual is " + type_name(res.type) + " but y is " + type_name(t) +
+                      "; give residual in y's type");
+    if (gamma.type != t && !(gamma.type == f32 && mixed_ok))
+        throw OpError("input gamma is " + type_name(gamma.type) + "; this AddLayerNorm (y " + type_name(t) +
+                      ") takes gamma in " + type_name(t) +
+                      (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 ? " or float" : ""));
+    if (beta.present() && beta.type != gamma.type)
+        throw OpError("input beta is " + type_name(beta.type) + " but gamma is " + type_name(gamma.type) +
+                      "; give gamma and beta one type");
+}
+
 std::pair<std::string, std::string> split_kernel_ref(const std::string& ref) {
     const auto colon = ref.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == ref.size())

@@ -77,17 +77,51 @@ A require_attr(const OrtKernelInfo* info, const char* name) {
     return v;
 }
 
-/// Element access for the two float types the CPU kernels accept.
+/// Element access for the float types the CPU kernels accept (bfloat16: round to nearest even).
 inline float to_float(float x) { return x; }
 inline float to_float(Ort::Float16_t x) { return x.ToFloat(); }
+inline float to_float(Ort::BFloat16_t x) { return x.ToFloat(); }
 template <typename T> T from_float(float x);
 template <> inline float from_float<float>(float x) { return x; }
 template <> inline Ort::Float16_t from_float<Ort::Float16_t>(float x) { return Ort::Float16_t(x); }
+template <> inline Ort::BFloat16_t from_float<Ort::BFloat16_t>(float x) { return Ort::BFloat16_t(x); }
 
 template <typename T> constexpr ONNXTensorElementDataType onnx_type();
 template <> constexpr ONNXTensorElementDataType onnx_type<float>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 template <> constexpr ONNXTensorElementDataType onnx_type<Ort::Float16_t>() {
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+}
+template <> constexpr ONNXTensorElementDataType onnx_type<Ort::BFloat16_t>() {
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+}
+
+/// "float", "float16", "bfloat16" or "element type N" (for messages).
+std::string type_name(ONNXTensorElementDataType t);
+
+/// Element i of a float, float16 or bfloat16 buffer of type `t`, as float (the CPU
+/// twins' inputs whose type is chosen at run time, e.g. AddLayerNorm's float x).
+inline float load_float(const void* p, ONNXTensorElementDataType t, int64_t i) {
+    switch (t) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+            return to_float(static_cast<const Ort::Float16_t*>(p)[i]);
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+            return to_float(static_cast<const Ort::BFloat16_t*>(p)[i]);
+        default:
+            return static_cast<const float*>(p)[i];
+    }
+}
+/// Stores v as element i of a float, float16 or bfloat16 buffer of type `t`.
+inline void store_float(void* p, ONNXTensorElementDataType t, int64_t i, float v) {
+    switch (t) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+            static_cast<Ort::Float16_t*>(p)[i] = Ort::Float16_t(v);
+            break;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+            static_cast<Ort::BFloat16_t*>(p)[i] = Ort::BFloat16_t(v);
+            break;
+        default:
+            static_cast<float*>(p)[i] = v;
+    }
 }
 
 /// An input or absent optional input: present() is false when the node omits it.
@@ -114,11 +148,23 @@ struct GemmShapes {
 };
 GemmShapes check_fused_gemm(const Input& x, const Input& w, const Input& bias, const Input& res);
 
+/// FusedGemm's element types (OPS.md), checked once for both twins; returns y's type.
+/// w, bias and residual have x's type T, y too; or, with T = bfloat16, a float bias
+/// makes y float (x@w + bias in float32: then no residual and no activation).
+ONNXTensorElementDataType check_fused_gemm_types(const Input& x, const Input& w, const Input& bias,
+                                                 const Input& res, bool has_activation);
+
 /// AddLayerNorm's shape checks, shared by the CPU and CUDA twins: rows M of width C.
 struct NormShapes {
     int64_t M, C;
 };
 NormShapes check_add_layer_norm(const Input& x, const Input& res, const Input& gamma, const Input& beta);
+
+/// AddLayerNorm's element types (OPS.md) for an output type T: residual is T; x is T
+/// or float; gamma and beta are both T or both float (float x or gamma only with
+/// T = bfloat16 or T = float).
+void check_add_layer_norm_types(ONNXTensorElementDataType t, const Input& x, const Input& res, const Input& gamma,
+                                const Input& beta);
 
 /// Splits the library's attribute `file:entry` (the CUDA kernel reference).
 std::pair<std::string, std::string> split_kernel_ref(const std::string& ref);

@@ -128,14 +128,17 @@ OrtStatusPtr FusedGemmCpu<T>::ComputeV2(OrtKernelContext* context) {
         const Input x = get_input(ctx, 0), w = get_input(ctx, 1), bias = get_input(ctx, 2),
                     res = get_input(ctx, 3);
         const GemmShapes g = check_fused_gemm(x, w, bias, res);
+        // y is T, or float with a float bias (bfloat16 packages' pre-LN GEMM, OPS.md)
+        const ONNXTensorElementDataType yt =
+            check_fused_gemm_types(x, w, bias, res, attrs.activation != Activation::kNone);
         const int64_t K = g.K, N = g.N, M = g.M;
         const std::vector<int64_t>& yshape = g.y;
         auto out = ctx.GetOutput(0, yshape);
-        T* y = out.GetTensorMutableData<T>();
+        void* y = out.GetTensorMutableRawData();
         std::vector<float> wf(static_cast<size_t>(K * N));
         for (size_t i = 0; i < wf.size(); ++i) wf[i] = to_float(w.data<T>()[i]);
         const T* xp = x.data<T>();
-        const T* bp = bias.present() ? bias.data<T>() : nullptr;
+        const void* bp = bias.present() ? bias.value.GetTensorRawData() : nullptr;
         const T* rp = res.present() ? res.data<T>() : nullptr;
         const Activation act = attrs.activation;
         const bool after = attrs.residual_after_activation;
@@ -148,14 +151,14 @@ OrtStatusPtr FusedGemmCpu<T>::ComputeV2(OrtKernelContext* context) {
                 const float* wr = wf.data() + kk * N;
                 for (int64_t n = 0; n < N; ++n) acc[n] += xv * wr[n];
             }
-            T* yr = y + static_cast<int64_t>(mi) * N;
-            const T* rr = rp ? rp + static_cast<int64_t>(mi) * N : nullptr;
+            const int64_t row = static_cast<int64_t>(mi) * N;
+            const T* rr = rp ? rp + row : nullptr;
             for (int64_t n = 0; n < N; ++n) {
-                float t = acc[n] + (bp ? to_float(bp[n]) : 0.0f);
+                float t = acc[n] + (bp ? load_float(bp, bias.type, n) : 0.0f);
                 if (rr && !after) t += to_float(rr[n]);
                 t = gelu(t, act);
                 if (rr && after) t += to_float(rr[n]);
-                yr[n] = from_float<T>(t);
+                store_float(y, yt, row + n, t);
             }
         };
         parallel_for(ctx, static_cast<size_t>(M), one_row);
@@ -169,6 +172,8 @@ OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
         const Input x = get_input(ctx, 0), res = get_input(ctx, 1), gamma = get_input(ctx, 2),
                     beta = get_input(ctx, 3);
         const NormShapes shapes = check_add_layer_norm(x, res, gamma, beta);
+        // x may be float and gamma / beta float where y is bfloat16 (OPS.md)
+        check_add_layer_norm_types(onnx_type<T>(), x, res, gamma, beta);
         const int64_t M = shapes.M, C = shapes.C;
         auto out = ctx.GetOutput(0, x.shape);
         T* y = out.GetTensorMutableData<T>();
@@ -177,10 +182,10 @@ OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
             auto s = ctx.GetOutput(1, x.shape);
             if (static_cast<OrtValue*>(s) != nullptr) sum_out = s.GetTensorMutableData<T>();
         }
-        const T* xp = x.data<T>();
+        const void* xp = x.value.GetTensorRawData();
         const T* rp = res.present() ? res.data<T>() : nullptr;
-        const T* gp = gamma.data<T>();
-        const T* bp = beta.present() ? beta.data<T>() : nullptr;
+        const void* gp = gamma.value.GetTensorRawData();
+        const void* bp = beta.present() ? beta.value.GetTensorRawData() : nullptr;
         const bool rms = attrs.rms;
         const double eps = attrs.epsilon;
 
@@ -189,7 +194,7 @@ OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
             std::vector<float> h(static_cast<size_t>(C));
             double sum = 0.0;
             for (int64_t c = 0; c < C; ++c) {
-                h[c] = to_float(xp[base + c]) + (rp ? to_float(rp[base + c]) : 0.0f);
+                h[c] = load_float(xp, x.type, base + c) + (rp ? to_float(rp[base + c]) : 0.0f);
                 if (sum_out) sum_out[base + c] = from_float<T>(h[c]);
                 sum += h[c];
             }
@@ -198,7 +203,8 @@ OrtStatusPtr AddLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
             for (int64_t c = 0; c < C; ++c) sq += (h[c] - mean) * (h[c] - mean);
             const double inv = 1.0 / std::sqrt(sq / C + eps);
             for (int64_t c = 0; c < C; ++c) {
-                const double n = (h[c] - mean) * inv * to_float(gp[c]) + (bp ? to_float(bp[c]) : 0.0f);
+                const double n = (h[c] - mean) * inv * load_float(gp, gamma.type, c) +
+                                 (bp ? load_float(bp, beta.type, c) : 0.0f);
                 y[base + c] = from_float<T>(static_cast<float>(n));
             }
         };
@@ -238,5 +244,8 @@ template struct FusedGemmCpu<float>;
 template struct FusedGemmCpu<Ort::Float16_t>;
 template struct AddLayerNormCpu<float>;
 template struct AddLayerNormCpu<Ort::Float16_t>;
+template struct SparseAttentionCpu<Ort::BFloat16_t>;
+template struct FusedGemmCpu<Ort::BFloat16_t>;
+template struct AddLayerNormCpu<Ort::BFloat16_t>;
 
 }  // namespace stofc_ort

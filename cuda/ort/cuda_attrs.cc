@@ -263,11 +263,15 @@ EpilogueLaunch parse_epilogue_launch(const AttrSource& a, const char* op) {
     if (ref.empty()) return l;
     l.present = true;
     l.kernel = parse_kernel_ref(ref, "epilogue_kernel");
-    if (l.kernel.entry.rfind("stofc_add_norm_float16_", 0) == 0) l.bf16 = false;
-    else if (l.kernel.entry.rfind("stofc_add_norm_bfloat16_", 0) == 0) l.bf16 = true;
+    const std::string f16 = "stofc_add_norm_float16_", bf16 = "stofc_add_norm_bfloat16_";
+    std::string rest;
+    if (l.kernel.entry.rfind(f16, 0) == 0) rest = l.kernel.entry.substr(f16.size());
+    else if (l.kernel.entry.rfind(bf16, 0) == 0) rest = l.kernel.entry.substr(bf16.size()), l.bf16 = true;
     else
         throw AttrError("attribute 'epilogue_kernel' names '" + l.kernel.entry +
                         "', not a stofc Add+Norm kernel (stofc_add_norm_<float16|bfloat16>_...)");
+    if (rest.rfind("f32in_", 0) == 0) rest = rest.substr(6), l.x_fp32 = true;
+    if (rest.rfind("f32p_", 0) == 0) l.params_fp32 = true;
     std::string tag;
     if (!a.get_string("epilogue", tag))
         throw AttrError("attribute 'epilogue' (the epilogue kernel's Epilogue tag) is required with "

@@ -99,6 +99,9 @@ EpilogueTag parse_epilogue_tag(const std::string& tag);
 struct EpilogueLaunch {
     bool present = false;
     bool bf16 = false;  // from the entry name: stofc_add_norm_{float16|bfloat16}_...
+    /// From the entry name, after the dtype: "f32in_" = x is float (a bf16 package's
+    /// float pre-LN sum), then "f32p_" = gamma / beta are float (norm.py kernel_name).
+    bool x_fp32 = false, params_fp32 = false;
     KernelRef kernel;
     EpilogueTag tag;
     int64_t threads = 0, rows = 0;

@@ -11,7 +11,10 @@
 // passes its [N, K] copy transposed; the product is the same.
 //
 // AddLayerNorm launches the stofc Add+Norm kernel named by `epilogue_kernel`
-// (compiled for: residual present, LayerNorm/RMSNorm, beta present, sum output).
+// (compiled for: residual present, LayerNorm/RMSNorm, beta present, sum output,
+// and a float x / float gamma-beta: entry "..._f32in_f32p_...", bf16 packages).
+// bf16 packages' pre-LN FusedGemm has a float bias: cuBLASLt writes y = x@w + bias
+// in float (Ctype = Dtype = CUDA_R_32F, A/B bf16, CUBLAS_COMPUTE_32F), no residual.
 // Both: ORT's compute stream, scratch and cuBLASLt workspace from ORT's allocator,
 // no device synchronisation; the cuBLASLt handle (one per context) and each
 // shape's descriptors and algorithm are created at the first run of that shape.
@@ -59,7 +62,7 @@ void launch_add_norm(CUfunction fn, const EpilogueLaunch& e, CUstream stream, co
 
 std::string dtype_mismatch(const EpilogueLaunch& e) {
     return "kernel " + e.kernel.entry + " is compiled for " + (e.bf16 ? "bfloat16" : "float16") +
-           " but the input has the other type; rewrite the package for this dtype";
+           " but the node's data has the other type; rewrite the package for this dtype";
 }
 
 /// cuBLASLt state of one context: the handle and, per shape, descriptors + algorithm.
@@ -72,9 +75,9 @@ struct LtPlan {
 struct LtContext {
     CUcontext ctx = nullptr;
     LtHandle handle = nullptr;
-    /// (M, N, K, dtype, Lt epilogue, heuristic rank) -> plan. The rank follows from M
-    /// (lt_algo_m / lt_algo_rank), so each M's plan holds its own algorithm.
-    std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int64_t>, std::unique_ptr<LtPlan>> plans;
+    /// (M, N, K, A/B dtype, C/D dtype, Lt epilogue, heuristic rank) -> plan. The rank
+    /// follows from M (lt_algo_m / lt_algo_rank), so each M's plan holds its own algorithm.
+    std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int64_t>, std::unique_ptr<LtPlan>> plans;
 };
 
 }  // namespace
@@ -96,15 +99,23 @@ struct FusedGemmCuda {
             throw OpError("attribute epilogue='" + (epi.present ? epi.tag.str() : std::string("")) +
                               "' does not apply activation '" + act + "'; rewrite the package",
                           ORT_INVALID_GRAPH);
+        if (epi.present && (epi.x_fp32 || epi.params_fp32))
+            throw OpError("attribute epilogue_kernel names " + epi.kernel.entry +
+                              ", an Add+Norm kernel for float inputs; FusedGemm's epilogue reads its own "
+                              "GEMM result in the input type; rewrite the package",
+                          ORT_INVALID_GRAPH);
         if (epi.present) module = load_package_module(dir, epi.kernel);
     }
 
     /// The descriptors and algorithm of one shape: cuBLASLt's heuristic asked for rank + 1
     /// results (rank = lt_algo_rank of this M, else 0), result `rank` taken, or the last
-    /// one returned when there are fewer.
-    LtPlan& plan(LtContext& lt, int64_t M, int64_t N, int64_t K, int dtype, int epilogue, const void* bias) {
+    /// one returned when there are fewer. A and B are `dtype`; C and D are `out_dtype`
+    /// (= dtype, or CUDA_R_32F for a bf16 GEMM with a float bias: cuBLASLt's bias then is
+    /// float too, its default bias type being D's).
+    LtPlan& plan(LtContext& lt, int64_t M, int64_t N, int64_t K, int dtype, int out_dtype, int epilogue,
+                 const void* bias) {
         const int64_t rank = algo.rank_for(M);
-        auto& slot = lt.plans[{M, N, K, dtype, epilogue, rank}];
+        auto& slot = lt.plans[{M, N, K, dtype, out_dtype, epilogue, rank}];
         if (slot) return *slot;
         const CublasLt& L = cublas_lt();
         auto p = std::make_unique<LtPlan>();
@@ -120,7 +131,7 @@ struct FusedGemmCuda {
         // Column-major views: w [K, N] row-major = N x K (ld N); x [M, K] = K x M; y [M, N] = N x M.
         L.check(L.MatrixLayoutCreate(&p->a, dtype, N, K, N), "cublasLtMatrixLayoutCreate");
         L.check(L.MatrixLayoutCreate(&p->b, dtype, K, M, K), "cublasLtMatrixLayoutCreate");
-        L.check(L.MatrixLayoutCreate(&p->c, dtype, N, M, N), "cublasLtMatrixLayoutCreate");
+        L.check(L.MatrixLayoutCreate(&p->c, out_dtype, N, M, N), "cublasLtMatrixLayoutCreate");
         LtPref pref = nullptr;
         L.check(L.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
         const uint64_t max_ws = kLtMaxWorkspace;
@@ -161,6 +172,8 @@ struct FusedGemmCuda {
         Ort::KernelContext ctx(context);
         const Input x = get_input(ctx, 0), w = get_input(ctx, 1), bias = get_input(ctx, 2), res = get_input(ctx, 3);
         const GemmShapes g = check_fused_gemm(x, w, bias, res);
+        const bool f32_out = check_fused_gemm_types(x, w, bias, res, attrs.activation != Activation::kNone) ==
+                             ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
         const int64_t K = g.K, N = g.N, M = g.M;
         const std::vector<int64_t>& yshape = g.y;
         const GemmSplit split = checked_attrs([&] {
@@ -175,7 +188,7 @@ struct FusedGemmCuda {
         const bool bf16 = x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
         if (epi.present && epi.bf16 != bf16) throw OpError(dtype_mismatch(epi));
         const int dtype = bf16 ? kCudaR16BF : kCudaR16F;
-        const size_t elem = 2;
+        const size_t elem = 2;  // the scratch GEMM result (never with a float y: nothing follows it)
 
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUcontext cuctx = CudaModule::context_of(stream);
@@ -183,7 +196,7 @@ struct FusedGemmCuda {
         std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
         LtContext& lt = lt_context(cuctx, stream);
         const void* bias_ptr = bias.present() ? bias.value.GetTensorRawData() : nullptr;
-        LtPlan& p = plan(lt, M, N, K, dtype, split.lt_epilogue, bias_ptr);
+        LtPlan& p = plan(lt, M, N, K, dtype, f32_out ? kCudaR32F : dtype, split.lt_epilogue, bias_ptr);
         const bool direct = split.rest_is_identity();
         const size_t gemm_bytes = direct ? 0 : align256(static_cast<size_t>(M * N) * elem);
         Scratch scratch(ctx, x.value.GetTensorMemoryInfo().GetDeviceId(), gemm_bytes + std::max<size_t>(p.workspace, 256));
@@ -225,8 +238,18 @@ struct AddLayerNormCuda {
         Ort::KernelContext ctx(context);
         const Input x = get_input(ctx, 0), res = get_input(ctx, 1), gamma = get_input(ctx, 2), beta = get_input(ctx, 3);
         const NormShapes shapes = check_add_layer_norm(x, res, gamma, beta);
-        const int64_t M = shapes.M, C = shapes.C;
+        const ONNXTensorElementDataType t =
+            epi.bf16 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
         auto out = ctx.GetOutput(0, x.shape);
+        if (out.GetTensorTypeAndShapeInfo().GetElementType() != t) throw OpError(dtype_mismatch(epi));
+        check_add_layer_norm_types(t, x, res, gamma, beta);
+        const bool x_fp32 = x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+        const bool params_fp32 = gamma.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+        if (epi.x_fp32 != x_fp32 || epi.params_fp32 != params_fp32)
+            throw OpError("kernel " + epi.kernel.entry + " is compiled for x " + (epi.x_fp32 ? "float" : type_name(t)) +
+                          " and gamma/beta " + (epi.params_fp32 ? "float" : type_name(t)) + " but the node gives x " +
+                          type_name(x.type) + " and gamma " + type_name(gamma.type) + "; rewrite the package");
+        const int64_t M = shapes.M, C = shapes.C;
         void* sum = nullptr;
         if (ctx.GetOutputCount() > 1) {
             auto s = ctx.GetOutput(1, x.shape);
@@ -238,7 +261,6 @@ struct AddLayerNormCuda {
             return 0;
         });
         if (M == 0 || C == 0) return;
-        if (epi.bf16 != (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)) throw OpError(dtype_mismatch(epi));
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         CUfunction fn = module->function(CudaModule::context_of(stream), stream);
         launch_add_norm(fn, epi, stream, x.value.GetTensorRawData(), res.present() ? res.value.GetTensorRawData() : nullptr,

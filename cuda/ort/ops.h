@@ -1,7 +1,8 @@
 // stofc ONNX Runtime custom-op library: the op declarations (domain ai.stofc, v1).
 //
-// Every op exists twice: a CPU twin (a straightforward C++ reference, float and
-// float16) and a CUDA twin (float16, device pointers, ORT's compute stream).
+// Every op exists twice: a CPU twin (a straightforward C++ reference, float,
+// float16 and bfloat16) and a CUDA twin (float16 and bfloat16, device pointers,
+// ORT's compute stream).
 // The contract (inputs, attributes, semantics) is cuda/ort/OPS.md. Op objects
 // are created per RegisterCustomOps call and carry the package directory that
 // relative file attributes (mask_file, kernel) are resolved against.
@@ -173,20 +174,36 @@ constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 
 
 /// Every (op, element type, execution provider) RegisterCustomOps registers, in order.
 /// stofc_ort.cc registers exactly these; the unit test binary prints them.
+/// `float_inputs` / `float_outputs` (bit i = input / output i) are typed float
+/// instead of `elem`; `any_inputs` accept any type (checked in Compute). The
+/// mixed forms are the bfloat16 packages' float pre-LN path (OPS.md): FusedGemm with
+/// a float bias writes a float y; AddLayerNorm takes x in T or float and float
+/// gamma / beta. Each differs from the plain T registration in at least one input
+/// type, so ORT's type inference (first registration whose input types match)
+/// and kernel lookup pick one registration per node.
 struct Registration {
     const OpSignature* sig;
     ONNXTensorElementDataType elem;
     bool cuda;  // CUDAExecutionProvider twin (else the CPU twin)
+    unsigned float_inputs = 0u, float_outputs = 0u, any_inputs = 0u;
 };
 constexpr ONNXTensorElementDataType kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr ONNXTensorElementDataType kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 constexpr ONNXTensorElementDataType kBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
 constexpr ONNXTensorElementDataType kU8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+// FusedGemm (x, w, bias float, residual) -> y float; AddLayerNorm (x any, residual, gamma float, beta float).
+constexpr unsigned kGemmF32In = 1u << 2, kGemmF32Out = 1u << 0;
+constexpr unsigned kNormAnyIn = 1u << 0, kNormF32In = (1u << 2) | (1u << 3);
 constexpr Registration kRegistrations[] = {
     {&kSparseAttentionSig, kF32, false}, {&kFusedGemmSig, kF32, false}, {&kAddLayerNormSig, kF32, false},
     {&kSparseAttentionSig, kF16, false}, {&kFusedGemmSig, kF16, false}, {&kAddLayerNormSig, kF16, false},
+    {&kSparseAttentionSig, kBF16, false}, {&kFusedGemmSig, kBF16, false}, {&kAddLayerNormSig, kBF16, false},
+    {&kFusedGemmSig, kBF16, false, kGemmF32In, kGemmF32Out, 0u},
+    {&kAddLayerNormSig, kBF16, false, kNormF32In, 0u, kNormAnyIn},
     {&kSparseAttentionSig, kF16, true},  {&kFusedGemmSig, kF16, true},  {&kAddLayerNormSig, kF16, true},
     {&kSparseAttentionSig, kBF16, true}, {&kFusedGemmSig, kBF16, true}, {&kAddLayerNormSig, kBF16, true},
+    {&kFusedGemmSig, kBF16, true, kGemmF32In, kGemmF32Out, 0u},
+    {&kAddLayerNormSig, kBF16, true, kNormF32In, 0u, kNormAnyIn},
     {&kKeyPrepSig, kU8, false},          {&kKeyPrepSig, kU8, true},
 };
 
@@ -199,9 +216,12 @@ struct StofcOp : Ort::CustomOpBase<StofcOp<TKernel, Make>, TKernel, true> {
     const char* ep;  // nullptr = CPU
     std::string package_dir;
     Make make;
+    unsigned float_inputs = 0u, float_outputs = 0u, any_inputs = 0u;  // as in Registration
 
-    StofcOp(OpSignature s, ONNXTensorElementDataType t, const char* provider, std::string dir, Make m)
-        : sig(s), elem(t), ep(provider), package_dir(std::move(dir)), make(m) {}
+    StofcOp(OpSignature s, ONNXTensorElementDataType t, const char* provider, std::string dir, Make m,
+            unsigned f32_in = 0u, unsigned f32_out = 0u, unsigned any_in = 0u)
+        : sig(s), elem(t), ep(provider), package_dir(std::move(dir)), make(m), float_inputs(f32_in),
+          float_outputs(f32_out), any_inputs(any_in) {}
 
     OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
         std::string label = sig.name;
@@ -216,14 +236,17 @@ struct StofcOp : Ort::CustomOpBase<StofcOp<TKernel, Make>, TKernel, true> {
     const char* GetExecutionProviderType() const { return ep; }
     size_t GetInputTypeCount() const { return static_cast<size_t>(sig.inputs); }
     ONNXTensorElementDataType GetInputType(size_t i) const {
-        return (sig.any_type_input_mask >> i) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : elem;
+        if (((sig.any_type_input_mask | any_inputs) >> i) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+        return (float_inputs >> i) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : elem;
     }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
         const bool opt = static_cast<int>(i) >= sig.first_optional_input || ((sig.optional_input_mask >> i) & 1u);
         return opt ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
     }
     size_t GetOutputTypeCount() const { return static_cast<size_t>(sig.outputs); }
-    ONNXTensorElementDataType GetOutputType(size_t) const { return elem; }
+    ONNXTensorElementDataType GetOutputType(size_t i) const {
+        return (float_outputs >> i) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : elem;
+    }
     OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
         return (sig.optional_output_mask >> i) & 1u ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
     }

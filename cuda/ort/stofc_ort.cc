@@ -1,9 +1,10 @@
 // stofc ONNX Runtime custom-op library: RegisterCustomOps, the one exported symbol.
 //
 // Loaded with SessionOptions.register_custom_ops_library(".../libstofc_ort.so").
-// Each call creates the ai.stofc domain with every op twice (CPU twin for float
-// and float16, CUDA twin for float16 and bfloat16; KeyPrep once per provider, its
-// output being uint8) bound to the package directory:
+// Each call creates the ai.stofc domain with every op twice (CPU twin for float,
+// float16 and bfloat16, CUDA twin for float16 and bfloat16, plus the bfloat16
+// packages' float pre-LN forms of FusedGemm and AddLayerNorm on both; KeyPrep once
+// per provider, its output being uint8) bound to the package directory:
 //   1. the session config entry "stofc.package_dir" when it is set (set it
 //      BEFORE register_custom_ops_library), else
 //   2. the directory holding this library file (a package ships its own copy,
@@ -53,9 +54,10 @@ template <typename K>
 using Factory = K* (*)(const OrtKernelInfo*, const std::string&);
 
 template <typename K>
-void add(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain, OpSignature sig,
-         ONNXTensorElementDataType t, const char* ep, const std::string& dir, Factory<K> make) {
-    auto op = std::make_unique<StofcOp<K, Factory<K>>>(sig, t, ep, dir, make);
+void add(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain, const Registration& r,
+         const char* ep, const std::string& dir, Factory<K> make) {
+    auto op = std::make_unique<StofcOp<K, Factory<K>>>(*r.sig, r.elem, ep, dir, make, r.float_inputs,
+                                                       r.float_outputs, r.any_inputs);
     domain.Add(op.get());
     ops.push_back(std::move(op));
 }
@@ -84,15 +86,14 @@ KeyPrepCudaK* make_key_prep_cuda_k(const OrtKernelInfo* i, const std::string& d)
 }
 
 template <typename T>
-void add_cpu(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain, const OpSignature* sig,
+void add_cpu(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain, const Registration& r,
              const std::string& dir) {
-    const auto t = onnx_type<T>();
-    if (sig == &kSparseAttentionSig)
-        add<SparseAttentionCpu<T>>(ops, domain, *sig, t, nullptr, dir, &make_cpu<SparseAttentionCpu<T>>);
-    else if (sig == &kFusedGemmSig)
-        add<FusedGemmCpu<T>>(ops, domain, *sig, t, nullptr, dir, &make_cpu<FusedGemmCpu<T>>);
+    if (r.sig == &kSparseAttentionSig)
+        add<SparseAttentionCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<SparseAttentionCpu<T>>);
+    else if (r.sig == &kFusedGemmSig)
+        add<FusedGemmCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<FusedGemmCpu<T>>);
     else
-        add<AddLayerNormCpu<T>>(ops, domain, *sig, t, nullptr, dir, &make_cpu<AddLayerNormCpu<T>>);
+        add<AddLayerNormCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<AddLayerNormCpu<T>>);
 }
 
 void add_registration(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain& domain,
@@ -104,16 +105,18 @@ void add_registration(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::Custo
     const char* kCudaEp = nullptr;
 #endif
     if (r.sig == &kKeyPrepSig) {  // one registration per provider; output uint8, any mask type
-        if (r.cuda) add<KeyPrepCudaK>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_key_prep_cuda_k);
-        else add<KeyPrepCpu>(ops, domain, *r.sig, r.elem, nullptr, dir, &make_cpu<KeyPrepCpu>);
+        if (r.cuda) add<KeyPrepCudaK>(ops, domain, r, kCudaEp, dir, &make_key_prep_cuda_k);
+        else add<KeyPrepCpu>(ops, domain, r, nullptr, dir, &make_cpu<KeyPrepCpu>);
     } else if (r.cuda) {
-        if (r.sig == &kSparseAttentionSig) add<AttnCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_attn_cuda);
-        else if (r.sig == &kFusedGemmSig) add<GemmCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_gemm_cuda);
-        else add<NormCuda>(ops, domain, *r.sig, r.elem, kCudaEp, dir, &make_norm_cuda);
+        if (r.sig == &kSparseAttentionSig) add<AttnCuda>(ops, domain, r, kCudaEp, dir, &make_attn_cuda);
+        else if (r.sig == &kFusedGemmSig) add<GemmCuda>(ops, domain, r, kCudaEp, dir, &make_gemm_cuda);
+        else add<NormCuda>(ops, domain, r, kCudaEp, dir, &make_norm_cuda);
     } else if (r.elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-        add_cpu<float>(ops, domain, r.sig, dir);
+        add_cpu<float>(ops, domain, r, dir);
     } else if (r.elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-        add_cpu<Ort::Float16_t>(ops, domain, r.sig, dir);
+        add_cpu<Ort::Float16_t>(ops, domain, r, dir);
+    } else if (r.elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) {
+        add_cpu<Ort::BFloat16_t>(ops, domain, r, dir);
     } else {
         throw std::logic_error("a CPU twin for an element type without a CPU kernel");
     }

@@ -61,12 +61,17 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
     lines = res.stdout.splitlines()
     assert lines[-1] == f"abi {KERNEL_ABI}"
     regs = {tuple(line.split()) for line in lines[:-1]}
-    assert len(regs) == len(lines) - 1 == 14
+    assert len(regs) == len(lines) - 1 == 21
     ops = ("SparseAttention", "FusedGemm", "AddLayerNorm")
     f32, f16, bf16, u8 = "1", "10", "16", "2"   # ONNX TensorProto element types
+    eps = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    # bf16 packages' float pre-LN forms (OPS.md): FusedGemm bias (input 2) float -> y float;
+    # AddLayerNorm x (input 0) any, gamma and beta (inputs 2, 3) float
+    mixed = {("FusedGemm", ep, bf16, "float_inputs=4", "float_outputs=1") for ep in eps} | \
+            {("AddLayerNorm", ep, bf16, "float_inputs=12", "any_inputs=1") for ep in eps}
     assert regs == {(op, "CUDAExecutionProvider", t) for op in ops for t in (f16, bf16)} | \
-                  {(op, "CPUExecutionProvider", t) for op in ops for t in (f32, f16)} | \
-                  {("KeyPrep", ep, u8) for ep in ("CUDAExecutionProvider", "CPUExecutionProvider")}
+                  {(op, "CPUExecutionProvider", t) for op in ops for t in (f32, f16, bf16)} | \
+                  mixed | {("KeyPrep", ep, u8) for ep in eps}
 
 
 def test_valid_attention_attributes_parse(driver):

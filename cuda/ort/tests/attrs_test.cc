@@ -2,7 +2,8 @@
 //
 // Built with g++ by tests/unit/test_ortlib_cuda.py from this file and
 // ../cuda_attrs.cc and ../launch_plan.cc (no ONNX Runtime library, no CUDA, no GPU). Protocol:
-//   argv[1] == "registrations": one line per kRegistrations row: "<op> <ep> <onnx elem type>".
+//   argv[1] == "registrations": one line per kRegistrations row: "<op> <ep> <onnx elem type>"
+//   and, when set, " float_inputs=N", " float_outputs=N", " any_inputs=N" (bit masks).
 //   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|name=l:1,2|..." and the
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
@@ -85,6 +86,8 @@ std::string run(const std::string& parser, const MapSource& a) {
         if (l.present)
             out << " bf16=" << l.bf16 << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " tag=" << l.tag.str()
                 << " threads=" << l.threads << " rows=" << l.rows;
+        if (l.x_fp32) out << " x_fp32=1";
+        if (l.params_fp32) out << " params_fp32=1";
     } else if (parser == "gemm_split") {
         const GemmSplit s = split_fused_gemm(a.i("bias"), a.s("act"), a.i("residual"), a.i("after"));
         out << "lt_epilogue=" << s.lt_epilogue << " lt_residual=" << s.lt_residual << " rest=" << s.rest.str();
@@ -141,7 +144,10 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "registrations") {
         for (const Registration& r : kRegistrations)
             std::cout << r.sig->name << " " << (r.cuda ? kCudaEp : "CPUExecutionProvider") << " "
-                      << static_cast<int>(r.elem) << "\n";
+                      << static_cast<int>(r.elem)
+                      << (r.float_inputs ? " float_inputs=" + std::to_string(r.float_inputs) : "")
+                      << (r.float_outputs ? " float_outputs=" + std::to_string(r.float_outputs) : "")
+                      << (r.any_inputs ? " any_inputs=" + std::to_string(r.any_inputs) : "") << "\n";
         std::cout << "abi " << kCudaLaunchAbi << "\n";
         return 0;
     }
