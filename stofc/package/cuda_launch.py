@@ -18,7 +18,11 @@ The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
   heuristic rank for the node's GEMM, ``lt_algo_m`` / ``lt_algo_rank``
   (:func:`lt_algo_attributes`).
 * ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
-  for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output). An
+  for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output; in a bf16
+  package a float32 ``x`` and float32 gamma/beta, entry ``..._f32in_f32p_...``).
+  A bf16 package's FusedGemm with a float32 bias writes float32 directly
+  (cuBLASLt D in fp32, no epilogue kernel) and gets no ``lt_algo_*``: the
+  tuner's rank was measured for a bf16 output. An
   RMSNorm with a shift has no CUDA kernel (the template shifts LayerNorm only):
   such a node gets no ``kernel_abi`` and fails on the CUDA EP with that reason.
 
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from stofc.codegen import Source
 from stofc.kernels import norm as norm_family
@@ -102,12 +106,17 @@ def _config(seg) -> norm_family.NormConfig | None:
 
 
 def epilogue_source(ep: Epilogue, width: int, dtype: str,
-                    config: norm_family.NormConfig | None = None
-                    ) -> tuple[Source, norm_family.NormConfig]:
-    """The Add+Norm kernel source applying ``ep`` to rows of ``width`` (default config)."""
-    cfg = config or norm_family.default_config(
-        norm_family.NormProblem(TOKENS_HINT, width, dtype, ep), None)  # type: ignore[arg-type]
-    return norm_family.render_norm(norm_family.NormProblem(TOKENS_HINT, width, dtype, ep), cfg), cfg
+                    config: norm_family.NormConfig | None = None, *, input_fp32: bool = False,
+                    params_fp32: bool = False) -> tuple[Source, norm_family.NormConfig]:
+    """The Add+Norm kernel source applying ``ep`` to rows of ``width`` (default config).
+
+    ``input_fp32``: x is float32 (a bf16 package's pre-LN GEMM result);
+    ``params_fp32``: gamma / beta are float32 (a bf16 package's LayerNorm).
+    """
+    problem = norm_family.NormProblem(TOKENS_HINT, width, dtype, ep, input_fp32=input_fp32,
+                                      params_fp32=params_fp32)
+    cfg = config or norm_family.default_config(problem, None)  # type: ignore[arg-type]
+    return norm_family.render_norm(problem, cfg), cfg
 
 
 def launch_attributes(source: Source, config: norm_family.NormConfig, ep: Epilogue,
@@ -169,6 +178,11 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
     seg_of = {name: segs.get((e.layer, e.ordinal)) for e in emitted for name in e.nodes}
     layer_of = {name: e.layer for e in emitted for name in e.nodes}
     widths = {t.name: list(t.dims) for t in model.graph.initializer}
+    fp32_inits = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
+    # bf16 packages (stofc.package.prenorm): a FusedGemm with a float32 bias writes float32
+    fp32_values = {node.output[0] for node in model.graph.node
+                   if node.domain == "ai.stofc" and node.op_type == "FusedGemm"
+                   and len(node.input) > 2 and node.input[2] in fp32_inits}
     pending: list[tuple[onnx.NodeProto, Source, Epilogue, norm_family.NormConfig]] = []
     for node in model.graph.node:
         if node.domain != "ai.stofc":
@@ -183,6 +197,7 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
             _set(node, launch_plan=plans[0], kernel_abi=KERNEL_ABI, **extra)
             continue
         inputs = list(node.input) + [""] * 4
+        x_fp32 = params_fp32 = False
         if node.op_type == "FusedGemm":
             width = widths.get(inputs[1], [0, 0])[-1]
             split = split_fused_gemm(bool(inputs[2]), _text(_attr(node, "activation", "none")),
@@ -193,16 +208,19 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
             ep = norm_epilogue(has_residual=bool(inputs[1]), rms=bool(_attr(node, "rms", 0)),
                                has_beta=bool(inputs[3]),
                                has_sum=len(node.output) > 1 and bool(node.output[1]))
+            x_fp32, params_fp32 = inputs[0] in fp32_values, inputs[2] in fp32_inits
         else:
             continue
-        if node.op_type == "FusedGemm":
+        if node.op_type == "FusedGemm" and node.output[0] not in fp32_values:
+            # (a float32-output GEMM keeps cuBLASLt's best: the tuned rank is for the bf16 D)
             _set(node, **lt_algo_attributes(seg, width, contents))
         if ep is None or not width:
             continue                      # no CUDA kernel: the twin says so at session creation
         if ep.is_identity:
             _set(node, kernel_abi=KERNEL_ABI, epilogue_kernel="")
             continue
-        src, cfg_n = epilogue_source(ep, width, dtype, _config(seg))
+        src, cfg_n = epilogue_source(ep, width, dtype, _config(seg), input_fp32=x_fp32,
+                                     params_fp32=params_fp32)
         pending.append((node, src, ep, cfg_n))
     if not pending:
         return []

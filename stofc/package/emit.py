@@ -243,14 +243,27 @@ def _gemm_node(em: Emitter, x_dt: str, w: str, b: str | None, residual: str | No
 
 def _norm_node(em: Emitter, x_dt: str, residual: str | None, seg: Segment, norm: str,
                shift: bool, out: str, pre: str | None, kernel: str) -> str:
-    inputs = [x_dt, em.half(residual) if residual else "", em.weight(_need(seg, "gamma"))]
+    """AddLayerNorm; in a bfloat16 package gamma and beta stay float32 (:func:`norm_param`)."""
+    inputs = [x_dt, em.half(residual) if residual else "", norm_param(em, _need(seg, "gamma"))]
     beta = seg.binding("beta")
     if shift and beta:
-        inputs.append(em.weight(beta))
+        inputs.append(norm_param(em, beta))
     outputs = [out] + ([pre] if pre else [])
     em.node("AddLayerNorm", inputs, outputs, domain=DOMAIN, stem="AddLayerNorm",
             epsilon=float(seg.epsilon), rms=int(norm == "rmsnorm"), kernel=kernel)
     return "ai.stofc:AddLayerNorm"
+
+
+def norm_param(em: Emitter, name: str) -> str:
+    """A LayerNorm gamma / beta initializer as AddLayerNorm reads it.
+
+    float16 packages: in the dtype. bfloat16 packages: float32 (OPS.md, AddLayerNorm
+    types). bf16's 8-bit mantissa puts each channel's scale off by up to 2^-8 of itself,
+    the same error on every token, compounded over the layers' norms; it alone cost
+    6.3e-3 of the example's 1e-2 bound (bench/results/bf16-error-budget-cpu-2026-11-22.md).
+    Mixed-precision practice keeps them float32 too (autocast runs layer_norm in fp32).
+    """
+    return em.weight_f32(name) if em.dtype == "bfloat16" else em.weight(name)
 
 
 def _layouts(graph: ModelGraph, layer: int) -> dict[str, str]:

@@ -36,6 +36,10 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
   launches the key-prep kernel once per run instead of once per layer. That
   first attention segment lists the KeyPrep node and ``ai.stofc:KeyPrep`` in
   its :class:`EmittedSegment` and says so in ``note``.
+* bfloat16 packages keep LayerNorm's gamma / beta float32 and never round the
+  sum a LayerNorm normalises: a FusedGemm read only by an AddLayerNorm writes
+  ``x@W + b`` in float32 and the norm adds the residual
+  (:mod:`stofc.package.prenorm`). float16 packages are unchanged.
 * The result is topologically sorted, dead nodes and unused initializers are
   dropped, and the ``ai.stofc`` opset (version 1) is imported. A value left
   without a producer is a :class:`~stofc.errors.PlanError` (a stofc bug), never
@@ -63,6 +67,7 @@ from stofc.package.emit import (
     emit_segment,
     tensor_bits,
 )
+from stofc.package.prenorm import keep_pre_norm_fp32
 from stofc.plan.plan import Plan
 
 __all__ = ["DOMAIN", "AttentionBinding", "EmittedSegment", "attention_inputs", "float_type",
@@ -134,6 +139,7 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     needed = {i for n in kept for i in n.input if i} | set(idx.graph_outputs)
     if pack_qkv:
         emitted = _pack_qkv(em, emitted, needed)
+    emitted = keep_pre_norm_fp32(em, emitted, needed)
     for value, twin in em.fused.items():
         if value in needed:
             em.node("Cast", [twin], [value], stem="cast_out",

@@ -165,10 +165,6 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
     plan = doc["plan"]
     if provider not in PROVIDERS:
         raise StofcError(f"unknown provider {provider!r}", hint="use cpu or cuda")
-    if provider == "cpu" and plan["dtype"] != "float16":
-        raise StofcError(f"the package is {plan['dtype']}, and the CPU twins of the ai.stofc ops "
-                         "run float and float16 only",
-                         hint="verify with --provider cuda on a GPU, or compile with --dtype fp16")
     if provider == "cuda" and CUDA_EP not in ort.get_available_providers():
         raise StofcError("onnxruntime has no CUDAExecutionProvider here",
                          hint="install onnxruntime-gpu on a GPU machine, or use --provider cpu")

@@ -103,13 +103,13 @@ def test_compile_refuses_foreign_output(example, tmp_path):
     assert (tmp_path / "keep.txt").is_file()
 
 
-def test_compile_bf16_then_verify_on_cpu_says_why(example, tmp_path):
+def test_compile_bf16_then_verify_on_cpu_passes(example, tmp_path):
     out = tmp_path / "bf16"
     result = run("compile", str(example), "--mask", "causal", "--dtype", "bf16",
                  "--max-seq-len", "64", "-o", str(out), "--quiet")
     assert result.exit_code == 0, result.output
-    line = one_error_line(run("verify", str(out)))
-    assert "bfloat16" in line and "--provider cuda" in line
+    result = run("verify", str(out))                   # the CPU twins run bfloat16 too
+    assert result.exit_code == 0, result.output
 
 
 def test_bench_table_json_and_plot_formatting(tmp_path, monkeypatch):
