@@ -8,7 +8,7 @@ fused epilogue (bias, activation, residual after a cuBLAS GEMM).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from stofc.codegen import Source, render
 from stofc.kernels.epilogue import Epilogue
@@ -82,8 +82,13 @@ def kernel_name(problem: NormProblem, config: NormConfig) -> str:
 def render_norm(problem: NormProblem, config: NormConfig) -> Source:
     """The CUDA source for ``problem`` with ``config`` (one ``extern "C"`` kernel)."""
     name = kernel_name(problem, config)
-    return render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[problem.dtype],
-                  XTYPE="float" if problem.input_fp32 else DTYPES[problem.dtype],
-                  PTYPE="float" if problem.params_fp32 else "T",
-                  TPR=config.tpr, ROWS=config.rows, ITEMS=config.items(problem.n),
-                  **problem.epilogue.template_values())
+    src = render(TEMPLATE, name, (name,), NAME=name, DTYPE=DTYPES[problem.dtype],
+                 XTYPE="float" if problem.input_fp32 else DTYPES[problem.dtype],
+                 PTYPE="float" if problem.params_fp32 else "T",
+                 TPR=config.tpr, ROWS=config.rows, ITEMS=config.items(problem.n),
+                 **problem.epilogue.template_values())
+    if not problem.params_fp32:
+        # PTYPE = T renders the code of before the option; keep the recorded params so
+        # too (plan.json of float16 packages stays byte-for-byte the same)
+        src = replace(src, params=tuple(p for p in src.params if p[0] != "PTYPE"))
+    return src

@@ -91,6 +91,7 @@ def test_fp16_rewrite_is_unchanged_by_the_bf16_path(tmp_path):
     src = render_norm(NormProblem(4096, 768, "float16", ep), NormConfig(32, 4))
     assert "const T* __restrict__ gamma, const T* __restrict__ beta" in src.code
     assert src.entry_points == ("stofc_add_norm_float16_r_ln_n768_t32x4",)
+    assert "PTYPE" not in dict(src.params)                # plan.json records what it did
 
 
 def test_norm_kernel_for_float_x_and_params():
