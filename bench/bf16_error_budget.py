@@ -40,7 +40,16 @@ each site kept in fp32 (all others rounded), each site rounded alone, and
 candidate changes, with the spread over further input seeds (the max-based
 metric is noisy: one bf16 ulp of the output at |y| in [4, 8) is 6e-3 of
 max|ref| ~ 5); then how often the key candidates exceed 1e-2 over ``--tail``
-input seeds. CPU, about 1 min on 2 cores when idle (``--tail 100``: 2 to 5).
+input seeds.
+
+``built:`` rows model what stofc builds since the change (stofc/package/prenorm.py,
+emit.norm_param): LayerNorm gamma/beta float32 (``ln_gamma``, ``ln_beta`` kept),
+the pre-LN FusedGemm writing ``x@W + b`` in float32 with its bias stored float32
+(``oproj_sum``, ``ffn2_sum`` kept, and those two GEMMs' biases not rounded:
+``pre_ln_bias_fp32``), the residual added in float32 by AddLayerNorm. Everything
+else is rounded as before. ``built, CPU twins`` also keeps ``gelu_in``: the CPU
+FusedGemm applies GELU to its float32 accumulator (no bf16 scratch), so that row
+is what ``stofc verify --provider cpu`` measures, the other what the CUDA EP does. CPU, about 1 min on 2 cores when idle (``--tail 100``: 2 to 5).
 
 Usage: python bench/bf16_error_budget.py [--seeds 8] [--tail 20]
 """
@@ -81,6 +90,11 @@ CANDIDATES = {
         LN | {"oproj_sum", "ffn2_sum", "out_final"},
     "all activations fp32 (weights only bf16)": PACKAGE - WEIGHTS,
     "GEMM weights only bf16 (all else fp32)": PACKAGE - {"gemm_w"},
+}
+
+BUILT = {   # what stofc builds (module doc): the pre-LN GEMMs' biases stay fp32 as well
+    "built: LN params fp32 + pre-LN sums fp32 (CUDA EP)": LN | {"oproj_sum", "ffn2_sum"},
+    "built, CPU twins (GELU on the fp32 accumulator)": LN | {"oproj_sum", "ffn2_sum", "gelu_in"},
 }
 
 TAIL = {
@@ -130,13 +144,20 @@ def layer_norm(h: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.nd
 
 
 def run(m: Model, ids: np.ndarray, pad: np.ndarray, allowed: np.ndarray,
-        rounded: frozenset[str]) -> np.ndarray:
-    """The model on (ids, padding mask); values at the sites in ``rounded`` go through bf16."""
+        rounded: frozenset[str], pre_ln_bias_fp32: bool = False) -> np.ndarray:
+    """The model on (ids, padding mask); values at the sites in ``rounded`` go through bf16.
+
+    ``pre_ln_bias_fp32``: the biases of the GEMMs before a LayerNorm (attention
+    output and FFN output) stay float32 whatever ``rounded`` says (the built design).
+    """
     def r(site: str, x: np.ndarray) -> np.ndarray:
         return bf16(x) if site in rounded else x.astype(np.float32)
 
     def p(name: str, kind: str) -> np.ndarray:
         return r(kind, m.w[name])
+
+    def pre_ln_bias(name: str) -> np.ndarray:
+        return m.w[name].astype(np.float32) if pre_ln_bias_fp32 else p(name, "bias")
 
     w = m.w
     B, S = ids.shape
@@ -161,14 +182,14 @@ def run(m: Model, ids: np.ndarray, pad: np.ndarray, allowed: np.ndarray,
         ctx = (r("attn_P", e) @ v) / l_sum
         ctx = r("attn_out", ctx.transpose(0, 2, 1, 3).reshape(B, S, C))
         o = f"{s}/attention/output"
-        y = ctx @ p(f"{o}/dense.weight", "gemm_w") + p(f"{o}/dense.bias", "bias")
+        y = ctx @ p(f"{o}/dense.weight", "gemm_w") + pre_ln_bias(f"{o}/dense.bias")
         x = r("ln1_out", layer_norm(r("oproj_sum", y + x), p(f"{o}/LayerNorm.weight", "ln_gamma"),
                                     p(f"{o}/LayerNorm.bias", "ln_beta"), 1e-12))
         t = f"{s}/intermediate/dense"
         g_in = r("gelu_in", x @ p(f"{t}.weight", "gemm_w") + p(f"{t}.bias", "bias"))
         g = r("gelu_out", 0.5 * g_in * (1.0 + erf(g_in / np.float32(math.sqrt(2.0)))))
         f = f"{s}/output"
-        y = g @ p(f"{f}/dense.weight", "gemm_w") + p(f"{f}/dense.bias", "bias")
+        y = g @ p(f"{f}/dense.weight", "gemm_w") + pre_ln_bias(f"{f}/dense.bias")
         x = r("ln2_out" if i + 1 < m.layers else "out_final",
               layer_norm(r("ffn2_sum", y + x), p(f"{f}/LayerNorm.weight", "ln_gamma"),
                          p(f"{f}/LayerNorm.bias", "ln_beta"), 1e-12))
@@ -221,9 +242,9 @@ def main(argv: list[str] | None = None) -> None:
             out.append((feeds, real, ref))
         return out
 
-    def error(data, rounded: frozenset[str], rms: bool = False) -> float:
-        return max(rel(run(m, f["input_ids"], f["attention_mask"], allowed, rounded), ref, real,
-                       rms) for f, real, ref in data)
+    def error(data, rounded: frozenset[str], rms: bool = False, built: bool = False) -> float:
+        return max(rel(run(m, f["input_ids"], f["attention_mask"], allowed, rounded, built), ref,
+                       real, rms) for f, real, ref in data)
 
     seed0 = cases(0)
     print(f"numpy fp32 model vs ORT fp32 reference (sanity): {error(seed0, frozenset()):.2e}")
@@ -235,10 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     print("H200 measured (s2b log), case (2, 256): max_ref 5.0035, rel 1.0858e-2, compared 61184")
     spread = [cases(s) for s in range(1, ns.seeds + 1)]
 
-    def row(label: str, rounded: frozenset[str]) -> None:
-        e0 = error(seed0, rounded)
-        es = [error(d, rounded) for d in spread]
-        rms = error(seed0, rounded, rms=True)
+    def row(label: str, rounded: frozenset[str], built: bool = False) -> None:
+        e0 = error(seed0, rounded, built=built)
+        es = [error(d, rounded, built=built) for d in spread]
+        rms = error(seed0, rounded, rms=True, built=built)
         tail = f" {np.mean(es):.3e} | {np.max(es):.3e} |" if es else ""
         print(f"| {label:<52} | {e0:.3e} | {rms:.2e} |{tail}")
 
@@ -256,13 +277,17 @@ def main(argv: list[str] | None = None) -> None:
     print()
     for label, keep in CANDIDATES.items():
         row(f"change: {label}", all_sites - keep)
+    for label, keep in BUILT.items():
+        row(label, all_sites - keep, built=True)
     if ns.tail:
         print(f"\nover input seeds 0..{ns.tail - 1} (verify's cases each): how often > 1e-2")
         print(f"| {'emulation':<44} | mean      | p90       | max       | > 1e-2 |")
         print(f"| {'-' * 44} | --- | --- | --- | --- |")
         data = [seed0, *spread] + [cases(s) for s in range(len(spread) + 1, ns.tail)]
-        for label, keep in TAIL.items():
-            es = np.array([error(d, all_sites - keep) for d in data[:ns.tail]])
+        tail = [(label, keep, False) for label, keep in TAIL.items()]
+        tail += [(label, keep, True) for label, keep in BUILT.items()]
+        for label, keep, built in tail:
+            es = np.array([error(d, all_sites - keep, built=built) for d in data[:ns.tail]])
             print(f"| {label:<44} | {es.mean():.3e} | {np.quantile(es, 0.9):.3e} | "
                   f"{es.max():.3e} | {np.mean(es > 1e-2):6.0%} |")
 
