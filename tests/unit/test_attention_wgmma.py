@@ -39,7 +39,9 @@ def test_prune_says_where_wgmma_cannot_run():
 def test_name_template_target_and_smem():
     spec = KernelSpec(WG, "float16", 64, has_key_bits=True)
     sync = KernelSpec(AttentionConfig("block", 64, 16, 4, 2, 1), "float16", 64, has_key_bits=True)
-    assert spec.name == sync.name + "_wg"           # mma.sync names are unchanged
+    # mma.sync names are unchanged; the ORT library reads kind, dtype and the _b?_k? tail
+    assert spec.name == sync.name.replace("_b0_k1", "_wg_b0_k1")
+    assert spec.name.startswith("stofc_attn_block_f16_") and spec.name.endswith("_b0_k1")
     assert spec.template == template_name("block", "wgmma") == "attention/block_wgmma.cu.j2"
     assert sync.template == "attention/block.cu.j2"
     assert kernel_target("wgmma", "sm_90") == "sm_90a"

@@ -120,6 +120,7 @@ CASES = [
     ("strided:stride=64", 512, AttentionConfig("block", 64, 16, 4, 3, 1, gather=True)),
     ("dilated:window=256,dilation=2", 1000, AttentionConfig("block", 64, 16, 2, 2, 2, permute=True)),
     ("sliding:window=96", 300, AttentionConfig("row", 64, 2, 4)),
+    ("causal", 384, AttentionConfig("block", 64, 16, 4, 2, 1, min_blocks=4, mma="wgmma")),
 ]
 
 

@@ -89,8 +89,8 @@ class KernelSpec:
         c = self.config
         dt = "f16" if self.dtype == "float16" else "bf16"
         return (f"stofc_attn_{c.kind}_{dt}_d{self.head_dim}_t{c.tile}_w{c.warps}_m{c.warp_m}"
-                f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}_b{int(self.has_bias)}"
-                f"_k{int(self.has_key_bits)}{'_wg' if c.mma == 'wgmma' else ''}")
+                f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}{'_wg' if c.mma == 'wgmma' else ''}"
+                f"_b{int(self.has_bias)}_k{int(self.has_key_bits)}")
 
     @property
     def template(self) -> str:
