@@ -14,6 +14,7 @@ and the bf16 package on ONNX Runtime's CPU EP under the bound on verify's inputs
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,17 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from stofc.frontend import load_model
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.norm import NormConfig, NormProblem, kernel_name, render_norm
+from stofc.package.load import read_plan
 from stofc.package.ortlib import build_library
 from stofc.package.verify import verify_package
-from stofc.pipeline import Instruments, compile_model
+from stofc.pipeline import Instruments, compile_model, recompile_package
+from stofc.plan.build import plan_layer
+from stofc.plan.scheme import FusionScheme
+from stofc.targets import get_profile
+from tests.unit.test_ortlib_package import check_cuda_attributes
 from tests.unit.test_package_qkv import DOMAIN, inits, producer, rewrite, stofc_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,3 +173,30 @@ def test_bf16_package_on_cpu_ep_meets_the_bound(bf16_package):
     errors = report.to_dict()["errors"]
     assert [(e["batch"], e["seq_len"]) for e in errors] == [(2, 85), (2, 256)]
     assert max(e["rel"] for e in errors) < 1e-2
+
+
+@pytest.mark.parametrize("segments", [   # as test_ortlib_package's other fusion schemes
+    [[0, 1], [2], [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]],
+    [[0, 1], [2], [3, 4], [5, 6], [7], [8, 9], [10, 11, 12], [13]],
+], ids=["gemm_norm+gemm_gemm", "add_norm"])
+def test_other_fusion_schemes_keep_the_pre_ln_sum_fp32(tmp_path, segments):
+    """A gemm_norm segment (GEMM, then the norm adds the residual) and split add_norm
+    segments get the same float path; the package runs on the CPU EP within the bound."""
+    example = tmp_path / "model.onnx"
+    onnx.save(build_model(), str(example))
+    quiet = Instruments(progress=False)
+    pkg = compile_model(example, "sliding:window=16", dtype="bf16", max_seq_len=64,
+                        out_dir=tmp_path / "pkg", instruments=quiet)
+    scheme = FusionScheme.from_segments(segments)
+    layers = tuple(plan_layer(layer, scheme, tokens=64, profile=get_profile("h100"),
+                              dtype="bfloat16", max_seq_len=64, vendor=False)
+                   for layer in load_model(example, pack_projections=True).layers)
+    recompile_package(pkg, replace(read_plan(pkg), layers=layers), instruments=quiet)
+    assert check_cuda_attributes(pkg)["AddLayerNorm"] == 4
+    model = onnx.load(str(pkg / "model.onnx"))
+    init = inits(model)
+    for norm in stofc_nodes(model, "AddLayerNorm"):
+        gemm = producer(model, norm.input[0])
+        assert gemm.op_type == "FusedGemm" and init[gemm.input[2]].data_type == F32
+        assert [init[n].data_type for n in norm.input[2:]] == [F32, F32] and norm.input[1]
+    assert verify_package(pkg).passed
