@@ -392,7 +392,8 @@ def test_descriptors_are_those_of_the_ort_twin():
     cc = (ROOT / "cuda/ort/cuda_gemm_norm.cc").read_text()
     assert re.search(r"MatrixLayoutCreate\(&p->a, dtype, N, K, N\)", cc)
     assert re.search(r"MatrixLayoutCreate\(&p->b, dtype, K, M, K\)", cc)
-    assert re.search(r"MatrixLayoutCreate\(&p->c, dtype, N, M, N\)", cc)
+    assert re.search(r"MatrixLayoutCreate\(&p->c, out_dtype, N, M, N\)", cc)
+    assert re.search(r"f32_out \? kCudaR32F : dtype", cc)   # C/D = dtype unless a float y
     assert re.search(r"kLtTransA, &opn", cc) and re.search(r"kLtTransB, &opn", cc)
     assert re.search(r"MatmulDescCreate\(&p->desc, kLtComputeF32, kCudaR32F\)", cc)
 
