@@ -21,14 +21,28 @@ struct StepKeys {
     const int* gathered;  // the step's key indices (gathered tiles), else nullptr
     int kvl;              // runtime key length of the sequence
     const u64* key_bits;  // packed key-validity bits of the sequence (HAS_KEY_BITS)
+    u64 word;             // contiguous steps: step_key_word (bit i: key kbase + i allowed)
 };
+
+/// Which of the 64 keys kbase..kbase+63 of a contiguous step a row may see: bit i
+/// is set when key kbase + i is below the runtime key length `kvl` and (HAS_KEY_BITS)
+/// its key-padding bit is set. `kbase` is a multiple of 64 (contiguous tiles start
+/// at tile boundaries), so the padding bits are one word, read once per step
+/// instead of once per score; all-ones means the step needs no key test at all.
+template <bool HAS_KEY_BITS>
+__device__ __forceinline__ u64 step_key_word(int kbase, int kvl, const u64* key_bits) {
+    if (kvl <= kbase) return 0ull;
+    u64 w = kvl - kbase >= 64 ? ~0ull : (1ull << (kvl - kbase)) - 1ull;
+    if (HAS_KEY_BITS) w &= key_bits[kbase >> 6];
+    return w;
+}
 
 /// Set disallowed scores of the step to -inf and add the bias to allowed ones.
 ///
 /// `bm32` points at the 32-bit half (g >> 2) of the part tile's first 8x8 word
 /// (nullptr: a full tile, no bitmap); word (n0 + n) * ITN + ir holds this row
-/// pair's block of key block n; `need_keys` asks for the per-key tests (tiles
-/// crossing the key length, gathered tiles, key bits). `br0` / `br1` are the
+/// pair's block of key block n; `need_keys` asks for the key tests (gathered
+/// steps, or a contiguous step whose key word is not all-ones). NB * 8 <= 64. `br0` / `br1` are the
 /// bias rows of rows g / g+8 (HAS_BIAS), added in raw score units.
 template <typename T, int NB, int ITN, bool HAS_BIAS, bool HAS_KEY_BITS>
 __device__ __forceinline__ void mask_step(float (&s)[NB][4], const u32* bm32, int n0, int ir,
@@ -47,15 +61,18 @@ __device__ __forceinline__ void mask_step(float (&s)[NB][4], const u32* bm32, in
         int key0 = keys.kbase + n * 8 + 2 * t4;
         int key1 = key0 + 1;
         if (need_keys) {
-            if (keys.gathered != nullptr) {
+            u32 kmask;
+            if (keys.gathered != nullptr) {        // keys by index: test each one
                 key0 = keys.gathered[n * 8 + 2 * t4];
                 key1 = keys.gathered[n * 8 + 2 * t4 + 1];
-            }
-            u32 kmask = (static_cast<unsigned>(key0) < static_cast<unsigned>(keys.kvl) ? 1u : 0u) |
+                kmask = (static_cast<unsigned>(key0) < static_cast<unsigned>(keys.kvl) ? 1u : 0u) |
                         (static_cast<unsigned>(key1) < static_cast<unsigned>(keys.kvl) ? 2u : 0u);
-            if (HAS_KEY_BITS) {
-                if (kmask & 1u) kmask &= ~1u | key_bit(keys.key_bits, key0);
-                if (kmask & 2u) kmask &= ~2u | (key_bit(keys.key_bits, key1) << 1);
+                if (HAS_KEY_BITS) {
+                    if (kmask & 1u) kmask &= ~1u | key_bit(keys.key_bits, key0);
+                    if (kmask & 2u) kmask &= ~2u | (key_bit(keys.key_bits, key1) << 1);
+                }
+            } else {                               // contiguous: the step's key word
+                kmask = static_cast<u32>(keys.word >> (n * 8 + 2 * t4)) & 3u;
             }
             keep_hi &= kmask;
             keep_lo &= kmask;
