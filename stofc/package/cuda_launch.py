@@ -171,7 +171,7 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
     it added (files under ``root/kernels``).
     """
     from stofc.package.kernels import compile_all
-    from stofc.package.writer import kernel_file, mask_id
+    from stofc.package.writer import kernel_file, mask_id, write_kernel
 
     dtype, arch = contents.plan.dtype, contents.targets[0]
     segs = {(s.layer, s.ordinal): s for lp in contents.plan.layers for s in lp.segments}
@@ -227,18 +227,8 @@ def annotate_cuda(model: onnx.ModelProto, root: Path, contents, emitted) -> list
     sources = {src.name: src for _, src, _, _ in pending}
     fresh = [s for name, s in sources.items() if not (root / kernel_file(name, arch)).is_file()]
     compiled = compile_all(fresh, contents.targets) if fresh else {}
-    entries = []
-    for src in fresh:
-        (root / "kernels" / f"{src.name}.cu").write_text(src.code)
-        files = {"cu": f"kernels/{src.name}.cu"}
-        for target in contents.targets:
-            rel = kernel_file(src.name, target)
-            (root / rel).write_bytes(compiled[(src.name, target)].binary)
-            files[target] = rel
-        entries.append({"name": src.name, "template": src.template,
-                        "entry_points": list(src.entry_points),
-                        "params": {k: v for k, v in src.params}, "nvrtc_options": [],
-                        "files": files, "purpose": "CUDA twin epilogue (OPS.md)"})
+    entries = [{**write_kernel(root, src, compiled, contents.targets),
+                "purpose": "CUDA twin epilogue (OPS.md)"} for src in fresh]
     for node, src, ep, cfg_n in pending:
         _set(node, **launch_attributes(src, cfg_n, ep, kernel_file(src.name, arch)))
     return entries

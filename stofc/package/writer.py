@@ -160,26 +160,28 @@ def variant_attributes(ak: AttentionKernel, arch: str) -> tuple[tuple[str, objec
     )
 
 
+def write_kernel(root: Path, src: Source, compiled: dict[tuple[str, str], CompiledKernel],
+                 targets: tuple[str, ...]) -> dict:
+    """Write ``src`` and its binary per package target under ``root/kernels``; return its
+    plan.json ``kernels`` entry (docs/plan-schema.md)."""
+    (root / "kernels" / f"{src.name}.cu").write_text(src.code)
+    files = {"cu": f"kernels/{src.name}.cu"}
+    for target in targets:
+        rel = kernel_file(src.name, target)
+        (root / rel).write_bytes(compiled[(src.name, target)].binary)
+        files[target] = rel
+    return {"name": src.name, "template": src.template, "entry_points": list(src.entry_points),
+            "params": {k: v for k, v in src.params},
+            "nvrtc_options": list(compile_options(src)), "files": files,
+            "nvrtc_targets": {t: compiled[(src.name, t)].target for t in targets}}
+
+
 def _write_kernels(root: Path, contents: PackageContents) -> list[dict]:
     sources = {s.name: s for srcs in contents.segment_sources.values() for s in srcs}
     sources.update({src.name: src for a in contents.attention.values() for src in a.sources})
     (root / "kernels").mkdir()
-    entries = []
-    for name in sorted(sources):
-        src = sources[name]
-        (root / "kernels" / f"{name}.cu").write_text(src.code)
-        files = {"cu": f"kernels/{name}.cu"}
-        for target in contents.targets:
-            rel = kernel_file(name, target)
-            (root / rel).write_bytes(contents.compiled[(name, target)].binary)
-            files[target] = rel
-        entries.append({"name": name, "template": src.template,
-                        "entry_points": list(src.entry_points),
-                        "params": {k: v for k, v in src.params},
-                        "nvrtc_options": list(compile_options(src)), "files": files,
-                        "nvrtc_targets": {t: contents.compiled[(name, t)].target
-                                          for t in contents.targets}})
-    return entries
+    return [write_kernel(root, sources[name], contents.compiled, contents.targets)
+            for name in sorted(sources)]
 
 
 def _write_masks(root: Path, contents: PackageContents) -> list[dict]:
