@@ -125,9 +125,10 @@ def block_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int
     """Starting block-wise config (None when the search space is empty, e.g. T=128, D=128).
 
     Measured on an H200 (bench/results): 64 query rows x 4 warps x 2 stages is best or
-    within 5% on every family at L=1024 and 4096; on Hopper the wgmma kernel of that
-    shape is 1.13-1.47x faster than the mma.sync one on every family
-    (mha-h100-2026-11-22-wgmma.md), so it comes first wherever :func:`prune` allows it
+    within 5% on every family at L=1024 and 4096; on Hopper the best wgmma config is
+    1.13-1.33x faster than the best mma.sync one on every family and length, and the
+    64-row 4-warp one is the best or within 11% (mha-h100-2026-11-22-wgmma.md), so it
+    comes first wherever :func:`prune` allows it
     (sm_90, head_dim 64/128, 64-row warpgroups: not with the T=64 query split,
     which falls back to mma.sync); the query split only pays when the
     grid is short of one wave (:func:`split_limit`; ``q_split`` forces it); the
