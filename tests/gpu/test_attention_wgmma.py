@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 
 from stofc.kernels.attention import AttentionConfig, search_space
-from stofc.kernels.attention.gather import plan_tiles
-from stofc.kernels.attention.permute import choose_permutation
 from stofc.kernels.attention.reference import format_from_dense
 from stofc.targets import detect
-from tests.gpu.test_attention import FAMILIES, _seed
+from tests.gpu.test_attention import FAMILIES, _seed, check_padding_bias_layouts
 from tests.gpu.test_attention_helpers import TOL, encoded, run_case
 
 
@@ -64,27 +62,7 @@ def test_head_dims_dtypes_tiles(cfg, head_dim, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kind", ["wg", "gather", "permute"])
 def test_padding_bias_layouts(kind, dtype):
-    rng = np.random.default_rng(_seed("wgpad", kind, dtype))
-    spec = {"gather": "strided:stride=100", "permute": "dilated:window=150,dilation=2"}.get(
-        kind, "sliding:window=150")
-    fmt, dense = encoded(spec, 640)
-    if kind == "gather":
-        assert plan_tiles(fmt, gather=True).gathered > 0
-    if kind == "permute":
-        assert choose_permutation(fmt) is not None
-    B, H, L = 3, 4, 600
-    lens = [600, 321, 64]
-    km = (rng.random((B, 640)) < 0.8).astype(np.int32)
-    km[2, :] = 0                      # a sequence with no key at all: all rows must be 0
-    cases = [dict(seq_lens=lens), dict(key_mask=km), dict(seq_lens=lens, key_mask=km),
-             dict(bias_shape=(B, H, L, L)), dict(bias_shape=(B, 1, L, L), key_mask=km),
-             dict(layout="bhsd"), dict(packed=True, seq_lens=lens), dict(scale=0.05)]
-    for i, kw in enumerate(cases):
-        res = run_case(fmt, dense, KINDS[kind], batch=B, heads=H, seq=L, head_dim=64,
-                       dtype=dtype, seed=_seed("wgpadcase", kind, dtype, i), **kw)
-        _check(res, dtype, str(kw))
-        if "key_mask" in kw:
-            assert np.all(res.out[2] == 0.0), "a sequence without keys must give zeros"
+    check_padding_bias_layouts(KINDS[kind], kind, dtype, _seed("wgpad", kind, dtype))
 
 
 def test_empty_rows_give_zeros():
