@@ -84,7 +84,7 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 /// d (64 x N) = A (64 x 16, smem, K-major) * B (16 x N, smem, K-major) [+ d if accumulate],
-/// N = 64 or 128.
+/// N = 64 (the block kernels' softmax step).
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b,
                                          int accumulate);
@@ -105,26 +105,6 @@ __device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 64>(float (&d)[8][4], u6
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " STOFC_D32
                  ", %32, %33, p, 1, 1, 0, 0;\n}\n"
                  : STOFC_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_ss<__half, 128>(float (&d)[16][4], u64 desc_a, u64 desc_b,
-                                                      int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " STOFC_D64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : STOFC_ACC8(d), STOFC_ACC8_HI(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 128>(float (&d)[16][4], u64 desc_a,
-                                                             u64 desc_b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " STOFC_D64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : STOFC_ACC8(d), STOFC_ACC8_HI(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 /// d (64 x N) += A (64 x 16, registers) * B (16 x N, smem, N-major: transposed), N = 64 or 128.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +25,13 @@ from stofc.frontend.load import canonicalize
 from stofc.frontend.pack import pack_projections
 from stofc.masks import parse_mask
 from stofc.package.load import read_plan
-from stofc.package.maskbin import write_mask_binary
 from stofc.package.ortlib import build_library
-from stofc.package.rewrite import DOMAIN, AttentionBinding, attention_inputs, rewrite_model
+from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import make_inputs
-from stofc.pipeline import Instruments, compile_model, encode_masks, recompile_package
+from stofc.pipeline import Instruments, compile_model, recompile_package
 from stofc.plan.build import build_plan
 from stofc.targets import get_profile
+from tests.unit.rewrite_helpers import cpu_session, rewrite_graph, with_lt_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -228,23 +227,8 @@ def library(tmp_path_factory) -> Path:
 
 def _rewrite(path: Path, tmp_path: Path, *, pack_projections: bool):
     graph = load_model(path, pack_projections=pack_projections)
-    spec = parse_mask(MASK)
-    plan = build_plan(graph, spec, get_profile("h100"), dtype="float16", max_seq_len=L_MAX)
-    formats = encode_masks(graph, spec, L_MAX, 16)
-    bindings = {}
-    for layer in graph.layers:
-        mask_bin = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
-        kpm, bias = attention_inputs(layer.attention, graph)
-        bindings[layer.index] = AttentionBinding(layer.index, str(mask_bin), "", kpm, bias)
-    model, emitted = rewrite_model(graph, plan, {}, bindings)
-    onnx.checker.check_model(model)
+    _, model, emitted = rewrite_graph(graph, MASK, tmp_path, max_seq_len=L_MAX)
     return graph, model, emitted
-
-
-def _sessions(model: onnx.ModelProto, library: Path) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("name", ["example", "bert_ts_op17", "bert_dynamo_op18"])
@@ -267,24 +251,10 @@ def test_package_from_packed_graph_equals_rewrite_time_packing(name, tmp_path, l
         (seg,) = [e for e in emitted if gemm.name in e.nodes]
         assert seg.family == "gemm"
     feeds, _ = make_inputs(graph, 2, 19, np.random.default_rng(0))
-    got, want = _sessions(packed, library).run(None, feeds), _sessions(today, library).run(None,
-                                                                                        feeds)
+    got, want = cpu_session(packed, library).run(None, feeds), cpu_session(today, library).run(
+        None, feeds)
     for a, b in zip(got, want, strict=True):
         assert np.array_equal(a, b)
-
-
-def _with_rank(plan, rank: int, m: int):
-    layers = []
-    for lp in plan.layers:
-        segs = []
-        for s in lp.segments:
-            if s.kernel.template == "vendor/cublas":
-                params = tuple(p for p in s.kernel.params if p[0] not in ("lt_algo", "lt_m"))
-                s = replace(s, kernel=replace(s.kernel, params=(*params, ("lt_algo", rank),
-                                                                ("lt_m", m))))
-            segs.append(s)
-        layers.append(replace(lp, segments=tuple(segs)))
-    return replace(plan, layers=tuple(layers))
 
 
 def test_compile_records_packing_and_the_packed_gemm_gets_its_tuned_rank(tmp_path):
@@ -297,7 +267,7 @@ def test_compile_records_packing_and_the_packed_gemm_gets_its_tuned_rank(tmp_pat
     plan = read_plan(pkg)
     (qkv,) = [s for s in plan.layers[0].segments if "qkv" in s.roles]
     assert qkv.dim("n0") == 3 * HIDDEN and qkv.kernel.template == "vendor/cublas"
-    recompile_package(pkg, _with_rank(plan, 3, 256), instruments=Instruments(progress=False))
+    recompile_package(pkg, with_lt_rank(plan, 3, 256), instruments=Instruments(progress=False))
     out = onnx.load(str(pkg / "model.onnx"))
     (sa,) = [n for n in out.graph.node if n.op_type == "SparseAttention"]
     gemm = next(n for n in out.graph.node if sa.input[0] in n.output)

@@ -14,16 +14,13 @@ import pytest
 import stofc
 from stofc.frontend import load_model
 from stofc.masks import load as load_format
-from stofc.masks import parse_mask
 from stofc.package.manifest import read_manifest, sha256_file
-from stofc.package.maskbin import write_mask_binary
 from stofc.package.ortlib import LIBRARY_NAME, build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN, AttentionBinding, attention_inputs, rewrite_model
+from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import compare, make_inputs, verify_package
-from stofc.pipeline import Instruments, compile_model, encode_masks, with_causal
-from stofc.plan.build import build_plan
-from stofc.targets import get_profile
+from stofc.pipeline import Instruments, compile_model
+from tests.unit.rewrite_helpers import cpu_session, rewrite_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -151,22 +148,12 @@ def test_verify_fails_against_another_model(package, tmp_path):
 def test_rewrite_of_exporter_fixtures_matches_reference(fixture, mask, tile, tmp_path):
     """The rewrite on real exporter graphs (head_dim 16: no kernels, CPU twins only)."""
     graph = load_model(FIXTURES / f"{fixture}.onnx")
-    spec = parse_mask(mask)
     causal = any(layer.attention.causal_in_graph for layer in graph.layers)
     assert causal == fixture.startswith("gpt2")
-    spec = with_causal(spec) if causal else spec
-    plan = build_plan(graph, spec, get_profile("h100"), dtype="float16", max_seq_len=32)
-    formats = encode_masks(graph, spec, 32, tile)
-    bindings = {}
-    for layer in graph.layers:
-        path = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
-        kpm, bias = attention_inputs(layer.attention, graph)
-        bindings[layer.index] = AttentionBinding(layer.index, str(path), "", kpm, bias)
-    model, emitted = rewrite_model(graph, plan, {}, bindings)
+    formats, model, emitted = rewrite_graph(graph, mask, tmp_path, max_seq_len=32, tile=tile,
+                                            causal_from_graph=True)
     assert {e.family for e in emitted} >= {"attention", "gemm"}
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(build_library(tmp_path)))
-    pkg = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    pkg = cpu_session(model, build_library(tmp_path))
     ref = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(),
                                providers=["CPUExecutionProvider"])
     feeds, real = make_inputs(graph, 2, 29, np.random.default_rng(0))  # ViT: pixels, no length

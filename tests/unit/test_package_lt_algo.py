@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -11,23 +10,9 @@ from onnx import helper
 
 from stofc.package.load import read_plan
 from stofc.pipeline import Instruments, compile_model, recompile_package
+from tests.unit.rewrite_helpers import with_lt_rank
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _with_rank(plan, rank: int, m: int):
-    """``plan`` with every vendor GEMM segment tuned to heuristic ``rank`` at ``m`` rows."""
-    layers = []
-    for lp in plan.layers:
-        segs = []
-        for s in lp.segments:
-            if s.kernel.template == "vendor/cublas":
-                params = tuple(p for p in s.kernel.params if p[0] not in ("lt_algo", "lt_m"))
-                tuned = (*params, ("lt_algo", rank), ("lt_m", m))
-                s = replace(s, kernel=replace(s.kernel, params=tuned))
-            segs.append(s)
-        layers.append(replace(lp, segments=tuple(segs)))
-    return replace(plan, layers=tuple(layers))
 
 
 def test_tuned_ranks_become_fused_gemm_attributes(tmp_path):
@@ -42,7 +27,7 @@ def test_tuned_ranks_become_fused_gemm_attributes(tmp_path):
     plan = read_plan(pkg)
     vendor = [s for lp in plan.layers for s in lp.segments if s.kernel.template == "vendor/cublas"]
     assert vendor, "the analytical plan runs its GEMMs on cuBLASLt"
-    big, small = _with_rank(plan, 3, 256), _with_rank(plan, 5, 64)
+    big, small = with_lt_rank(plan, 3, 256), with_lt_rank(plan, 5, 64)
     recompile_package(pkg, big, buckets=((32, small), (128, big)),
                       instruments=Instruments(progress=False))
     model_out = onnx.load(str(pkg / "model.onnx"))

@@ -25,17 +25,14 @@ import pytest
 from onnx import helper
 
 from stofc.frontend import load_model
-from stofc.masks import parse_mask
 from stofc.package.cuda_launch import KERNEL_ABI
 from stofc.package.emit import tensor_bits
-from stofc.package.maskbin import write_mask_binary
 from stofc.package.ortlib import build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN, AttentionBinding, attention_inputs, rewrite_model
+from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import compare, make_inputs, verify_package
-from stofc.pipeline import Instruments, compile_model, encode_masks
-from stofc.plan.build import build_plan
-from stofc.targets import get_profile
+from stofc.pipeline import Instruments, compile_model
+from tests.unit.rewrite_helpers import cpu_session, rewrite_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -59,16 +56,8 @@ def rewrite(model: onnx.ModelProto, tmp_path: Path, *, pack_qkv: bool = True,
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
     graph = load_model(path)
-    spec = parse_mask(MASK)
-    plan = build_plan(graph, spec, get_profile("h100"), dtype=dtype, max_seq_len=L_MAX)
-    formats = encode_masks(graph, spec, L_MAX, 16)
-    bindings = {}
-    for layer in graph.layers:
-        mask_bin = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
-        kpm, bias = attention_inputs(layer.attention, graph)
-        bindings[layer.index] = AttentionBinding(layer.index, str(mask_bin), "", kpm, bias)
-    model, emitted = rewrite_model(graph, plan, {}, bindings, pack_qkv=pack_qkv)
-    onnx.checker.check_model(model)
+    formats, model, emitted = rewrite_graph(graph, MASK, tmp_path, max_seq_len=L_MAX,
+                                            dtype=dtype, pack_qkv=pack_qkv)
     return graph, formats, model, emitted
 
 
@@ -82,12 +71,6 @@ def inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
 
 def producer(model: onnx.ModelProto, value: str) -> onnx.NodeProto:
     return next(n for n in model.graph.node if value in n.output)
-
-
-def session(model: onnx.ModelProto, library: Path) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def without_key_bias(model: onnx.ModelProto, layer: int) -> onnx.ModelProto:
@@ -162,7 +145,7 @@ def test_packed_package_equals_unpacked_and_matches_reference(tmp_path, library)
         [(o.name, o.type) for o in model.graph.output]
     ref = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(),
                                providers=["CPUExecutionProvider"])
-    pkg, unpacked = session(packed, library), session(plain, library)
+    pkg, unpacked = cpu_session(packed, library), cpu_session(plain, library)
     rng = np.random.default_rng(3)
     for batch, seq in ((2, L_MAX), (3, 45)):
         feeds, real = make_inputs(graph, batch, seq, rng)
@@ -182,8 +165,8 @@ def test_frontend_packed_qkv_feeds_q_without_split(tmp_path, library):
     _, _, plain, _ = rewrite(model, tmp_path / "u", pack_qkv=False)
     assert sum(n.op_type == "Split" for n in plain.graph.node) == 2
     feeds, real = make_inputs(graph, 2, 40, np.random.default_rng(0))
-    out = session(packed, library).run(None, feeds)[0]
-    assert np.array_equal(out, session(plain, library).run(None, feeds)[0])
+    out = cpu_session(packed, library).run(None, feeds)[0]
+    assert np.array_equal(out, cpu_session(plain, library).run(None, feeds)[0])
     want = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     err, scale, n = compare(out, want, real)

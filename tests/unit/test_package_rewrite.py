@@ -18,15 +18,11 @@ import pytest
 
 from stofc.errors import PlanError
 from stofc.frontend import load_model
-from stofc.masks import parse_mask
-from stofc.package.maskbin import write_mask_binary
 from stofc.package.ortlib import build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN, AttentionBinding, attention_inputs, rewrite_model
+from stofc.package.rewrite import DOMAIN, attention_inputs
 from stofc.package.verify import compare, make_inputs
-from stofc.pipeline import encode_masks, with_causal
-from stofc.plan.build import build_plan
-from stofc.targets import get_profile
+from tests.unit.rewrite_helpers import cpu_session, rewrite_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
@@ -47,22 +43,9 @@ def rewrite_and_compare(model: onnx.ModelProto, tmp_path: Path, library: Path,
     onnx.save(model, str(path))
     graph = load_model(path)
     assert graph.layers, "the frontend found no layer"
-    spec = parse_mask(MASK)
-    if any(layer.attention.causal_in_graph for layer in graph.layers):
-        spec = with_causal(spec)
-    plan = build_plan(graph, spec, get_profile("h100"), dtype=dtype, max_seq_len=L_MAX)
-    formats = encode_masks(graph, spec, L_MAX, 16)
-    bindings = {}
-    for layer in graph.layers:
-        mask_bin = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
-        kpm, bias = attention_inputs(layer.attention, graph)
-        bindings[layer.index] = AttentionBinding(layer.index, str(mask_bin), "", kpm, bias)
-    rewritten, emitted = rewrite_model(graph, plan, {}, bindings)
-    onnx.checker.check_model(rewritten)
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(library))
-    pkg = ort.InferenceSession(rewritten.SerializeToString(), so,
-                               providers=["CPUExecutionProvider"])
+    formats, rewritten, emitted = rewrite_graph(graph, MASK, tmp_path, max_seq_len=L_MAX,
+                                                dtype=dtype, causal_from_graph=True)
+    pkg = cpu_session(rewritten, library)
     ref = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(),
                                providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)

@@ -1,0 +1,65 @@
+"""Test helpers shared by the package tests: the package step's rewrite of a loaded graph
+(without kernels, so the ai.stofc CPU twins run it), a CPU-EP session with the custom-op
+library, and a plan whose vendor GEMMs carry a tuned cuBLASLt rank."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from stofc.frontend.types import ModelGraph
+from stofc.masks import parse_mask
+from stofc.masks.format import MaskFormat
+from stofc.package.maskbin import write_mask_binary
+from stofc.package.rewrite import AttentionBinding, attention_inputs, rewrite_model
+from stofc.pipeline import encode_masks, with_causal
+from stofc.plan.build import build_plan
+from stofc.plan.plan import Plan
+from stofc.targets import get_profile
+
+
+def rewrite_graph(graph: ModelGraph, mask: str, tmp_path: Path, *, max_seq_len: int,
+                  tile: int = 16, dtype: str = "float16", pack_qkv: bool = True,
+                  causal_from_graph: bool = False
+                  ) -> tuple[dict[int, MaskFormat], onnx.ModelProto, tuple]:
+    """(formats, checked rewritten model, emitted segments) of ``graph`` on ``mask`` for an
+    H100 plan; each layer's mask binary is written to ``tmp_path``. ``causal_from_graph``
+    ANDs the causal mask in when the graph's attention is causal, as ``stofc compile`` does."""
+    spec = parse_mask(mask)
+    if causal_from_graph and any(layer.attention.causal_in_graph for layer in graph.layers):
+        spec = with_causal(spec)
+    plan = build_plan(graph, spec, get_profile("h100"), dtype=dtype, max_seq_len=max_seq_len)
+    formats = encode_masks(graph, spec, max_seq_len, tile)
+    bindings = {}
+    for layer in graph.layers:
+        mask_bin = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
+        kpm, bias = attention_inputs(layer.attention, graph)
+        bindings[layer.index] = AttentionBinding(layer.index, str(mask_bin), "", kpm, bias)
+    model, emitted = rewrite_model(graph, plan, {}, bindings, pack_qkv=pack_qkv)
+    onnx.checker.check_model(model)
+    return formats, model, emitted
+
+
+def cpu_session(model: onnx.ModelProto, library: Path) -> ort.InferenceSession:
+    """``model`` on ONNX Runtime's CPU EP with the stofc custom-op library registered."""
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def with_lt_rank(plan: Plan, rank: int, m: int) -> Plan:
+    """``plan`` with every vendor GEMM segment tuned to heuristic ``rank`` at ``m`` rows."""
+    layers = []
+    for lp in plan.layers:
+        segs = []
+        for s in lp.segments:
+            if s.kernel.template == "vendor/cublas":
+                params = tuple(p for p in s.kernel.params if p[0] not in ("lt_algo", "lt_m"))
+                tuned = (*params, ("lt_algo", rank), ("lt_m", m))
+                s = replace(s, kernel=replace(s.kernel, params=tuned))
+            segs.append(s)
+        layers.append(replace(lp, segments=tuple(segs)))
+    return replace(plan, layers=tuple(layers))
