@@ -291,7 +291,14 @@ GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_resid
         throw AttrError("attribute activation='" + act + "' is not one of none, gelu_erf, gelu_tanh");
     GemmSplit s;
     // stofc.runtime.segment_cublas.lt_split: ReLU never reaches FusedGemm, so Lt folds the
-    // bias only; the residual joins as C when nothing is applied after it would be added.
+    // bias, and the tanh GELU (cuBLASLt's GELU epilogue is that formula) when no residual is
+    // involved; the residual joins as C when nothing is applied after it would be added.
+    // gelu_erf is never replaced by the tanh form: the epilogue kernel applies it.
+    if (act == "gelu_tanh" && !has_residual) {
+        s.lt_epilogue = has_bias ? 36 : 32;  // CUBLASLT_EPILOGUE_GELU_BIAS / _GELU
+        s.rest.act = "none";
+        return s;
+    }
     s.lt_epilogue = has_bias ? 4 : 1;
     s.lt_residual = has_residual && (act == "none" || !residual_after_activation);
     s.rest.act = act;

@@ -109,7 +109,8 @@ struct EpilogueLaunch {
 EpilogueLaunch parse_epilogue_launch(const AttrSource& attrs, const char* op);
 
 /// What FusedGemm's CUDA twin does, mirroring SegmentRunner._compile_vendor with
-/// cuBLASLt: the Lt epilogue (1 = DEFAULT, 4 = BIAS), whether the residual joins
+/// cuBLASLt: the Lt epilogue (1 = DEFAULT, 4 = BIAS, 32 = GELU, 36 = GELU_BIAS: tanh
+/// GELU only, without a residual), whether the residual joins
 /// as C (beta = 1), and the rest, applied by the stofc epilogue kernel.
 struct GemmSplit {
     int lt_epilogue = 1;

@@ -2,8 +2,9 @@
 //
 // FusedGemm mirrors SegmentRunner._compile_vendor / _run_vendor with cuBLASLt
 // (stofc/runtime/segments.py, segment_cublas.py): cuBLASLt computes x @ w in fp32
-// (CUBLAS_COMPUTE_32F) with the epilogue it can fold (BIAS; the residual as C with
-// beta = 1 when nothing is applied after it), writing the GEMM result into ORT
+// (CUBLAS_COMPUTE_32F) with the epilogue it can fold (BIAS; GELU_BIAS / GELU for the
+// tanh GELU without a residual; the residual as C with beta = 1 when nothing is
+// applied after it), writing the GEMM result into ORT
 // scratch; the stofc Add+Norm kernel named by `epilogue_kernel` (compiled for
 // exactly the rest: the activation, then the residual) then writes y. When nothing
 // is left (no activation), cuBLASLt writes y directly. Difference from the Python
@@ -95,7 +96,9 @@ struct FusedGemmCuda {
           epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "FusedGemm"); })),
           algo(checked_attrs([&] { return parse_lt_algo_choice(OrtAttrSource(info)); })) {
         const std::string act = act_name(attrs.activation);
-        if (epi.present ? epi.tag.act != act : act != "none")
+        // Without an epilogue kernel only cuBLASLt can apply the activation: the tanh GELU
+        // (split_fused_gemm; every run checks the split against its inputs).
+        if (epi.present ? epi.tag.act != act : act != "none" && act != "gelu_tanh")
             throw OpError("attribute epilogue='" + (epi.present ? epi.tag.str() : std::string("")) +
                               "' does not apply activation '" + act + "'; rewrite the package",
                           ORT_INVALID_GRAPH);

@@ -9,8 +9,8 @@ The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
   ``kernel_abi`` = :data:`KERNEL_ABI`; ``variant_launch_plans`` the same for each
   run-time variant. (``kernel``, ``block_threads``, ``blocks_per_tile_row``,
   ``smem_bytes`` and the other ``variant_*`` attributes are the writer's.)
-* ``FusedGemm``: cuBLASLt with the epilogue it can fold (bias; the residual as C
-  when nothing follows it), then the stofc Add+Norm kernel for the rest
+* ``FusedGemm``: cuBLASLt with the epilogue it can fold (bias; tanh-GELU without a
+  residual; the residual as C when nothing follows it), then the stofc Add+Norm kernel for the rest
   (:func:`split_fused_gemm`, the C++ twin's ``split_fused_gemm``);
   ``epilogue_kernel`` ``FILE:ENTRY`` (``""`` when nothing is left),
   ``epilogue`` (its :class:`~stofc.kernels.epilogue.Epilogue` tag),
@@ -45,7 +45,7 @@ from stofc.kernels.epilogue import Epilogue
 from stofc.package.maskbin import attention_launch_data, write_attention_plan
 
 KERNEL_ABI = 2          # cuda/ort/attention_abi.h kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi
-LT_DEFAULT, LT_BIAS = 1, 4
+LT_DEFAULT, LT_BIAS, LT_GELU, LT_GELU_BIAS = 1, 4, 32, 36
 TOKENS_HINT = 4096
 
 
@@ -63,8 +63,13 @@ def split_fused_gemm(has_bias: bool, act: str, has_residual: bool,
     """``SegmentRunner._compile_vendor``'s split with cuBLASLt for one FusedGemm node.
 
     ``lt_split``: ReLU never reaches FusedGemm, so Lt folds the bias; the residual
-    joins as C (beta = 1) only when no activation is applied after it is added.
+    joins as C (beta = 1) only when no activation is applied after it is added. Lt
+    also applies ``gelu_tanh`` (its GELU epilogue is the tanh form) when no residual is
+    involved: ``y = gelu_tanh(x@w + bias)`` comes out of cuBLASLt with no epilogue
+    kernel. ``gelu_erf`` always stays with the epilogue kernel.
     """
+    if act == "gelu_tanh" and not has_residual:
+        return GemmSplit(LT_GELU_BIAS if has_bias else LT_GELU, False, Epilogue())
     lt_residual = has_residual and (act == "none" or not residual_after_activation)
     return GemmSplit(LT_BIAS if has_bias else LT_DEFAULT, lt_residual,
                      Epilogue(act=act, residual=has_residual and not lt_residual))

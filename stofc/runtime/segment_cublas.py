@@ -99,11 +99,14 @@ def handle() -> Cublas:
     return _HANDLES[dev]
 
 
-# cuBLASLt: the GEMM with its bias (+ReLU) and residual (as C, beta = 1) folded in.
+# cuBLASLt: the GEMM with its bias (+ReLU or tanh-GELU) and residual (as C, beta = 1) folded in.
 _LT_TRANSA, _LT_TRANSB, _LT_EPILOGUE, _LT_BIAS_POINTER = 3, 4, 7, 8
 _LT_PREF_MAX_WORKSPACE = 1
 _CUDA_R_32F = 0
 _EPI_DEFAULT, _EPI_RELU, _EPI_BIAS, _EPI_RELU_BIAS = 1, 2, 4, 6
+# cuBLASLt's GELU epilogue is the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+# so it folds "gelu_tanh" only; erf-GELU stays with the Add+Norm kernel (never approximated).
+_EPI_GELU, _EPI_GELU_BIAS = 32, 36
 _HEURISTIC_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo[64], size_t, int, float, int[4]
 
 
@@ -115,10 +118,14 @@ def lt_split(bias: bool, act: str, residual: bool) -> tuple[int, bool]:
     """``(cuBLASLt epilogue code, whether it also applies act)`` for what Lt can fold.
 
     Lt computes ``act(A B + beta C + bias)``: the residual (C) can join only when no
-    activation follows the bias (our order is act(AB + bias) + residual).
+    activation follows the bias (our order is act(AB + bias) + residual). Lt applies
+    ReLU and the tanh GELU (``gelu_tanh``, its GELU epilogue's formula) itself when no
+    residual follows; ``gelu_erf`` is never replaced by the tanh form.
     """
     if act == "relu" and not residual:
         return (_EPI_RELU_BIAS if bias else _EPI_RELU), True
+    if act == "gelu_tanh" and not residual:
+        return (_EPI_GELU_BIAS if bias else _EPI_GELU), True
     return (_EPI_BIAS if bias else _EPI_DEFAULT), act == "none"
 
 

@@ -286,16 +286,19 @@ def spec_of(family: str, config: Config, *, dtype: str, store: str = "row",
 
 
 def vendor_tag() -> str:
-    """The vendor path's identity in GEMM problem keys: cuBLASLt version and weight layout."""
+    """The vendor path's identity in GEMM problem keys: cuBLASLt version, weight layout and
+    what Lt folds (``lt2``: the tanh GELU joined the bias and ReLU; a rank measured with
+    the older split timed another epilogue)."""
     from stofc.runtime.segment_cublas import lt_version
 
-    return f"cublasLt:{lt_version() or 'none'}:w_kn"
+    return f"cublasLt:{lt_version() or 'none'}:w_kn:lt2"
 
 
 def vendor_rest(ep: Epilogue, lt: bool) -> Epilogue:
     """What the vendor path leaves to the Add+Norm kernel after the GEMM.
 
-    cuBLASLt folds the bias, a ReLU and (without an activation) the residual
+    cuBLASLt folds the bias, a ReLU or tanh GELU (without a residual after it) and
+    (without an activation) the residual
     (:func:`stofc.runtime.segment_cublas.lt_split`); plain cuBLAS folds
     nothing. Same rule as ``SegmentRunner._compile_vendor``; used here only to
     avoid listing epilogue configs for a kernel that never runs.

@@ -31,7 +31,10 @@ def test_lt_epilogue_split_respects_operation_order():
     assert lt_split(True, "none", True) == (4, True)      # BIAS, residual as C
     assert lt_split(True, "relu", False) == (6, True)     # RELU_BIAS
     assert lt_split(True, "relu", True) == (4, False)     # relu then residual: kernel does both
-    assert lt_split(True, "gelu_erf", False) == (4, False)
+    assert lt_split(True, "gelu_erf", False) == (4, False)     # erf GELU: never Lt's tanh form
+    assert lt_split(True, "gelu_tanh", False) == (36, True)    # GELU_BIAS (the tanh formula)
+    assert lt_split(False, "gelu_tanh", False) == (32, True)   # GELU
+    assert lt_split(True, "gelu_tanh", True) == (4, False)     # gelu then residual: kernel
     assert lt_split(False, "none", False) == (1, True)    # DEFAULT
 
 

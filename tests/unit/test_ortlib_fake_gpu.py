@@ -26,9 +26,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from stofc.kernels.attention import KernelSpec, smem_bytes
+from stofc.kernels.epilogue import Epilogue
 from stofc.masks import encode
 from stofc.package.cuda_launch import (
     KERNEL_ABI,
+    GemmSplit,
     epilogue_source,
     launch_attributes,
     norm_epilogue,
@@ -260,8 +262,21 @@ def test_first_run_under_graph_capture_is_refused(fake, tmp_path):
 K, N = 64, 128
 
 
+def test_tanh_gelu_is_cublaslt_s_own_epilogue_and_erf_gelu_never_is():
+    # cuBLASLt's GELU epilogue is the tanh formula: it replaces the epilogue kernel for
+    # gelu_tanh with nothing after it, and never stands in for the erf GELU
+    assert split_fused_gemm(True, "gelu_tanh", False) == GemmSplit(36, False, Epilogue())
+    assert split_fused_gemm(False, "gelu_tanh", False) == GemmSplit(32, False, Epilogue())
+    assert split_fused_gemm(True, "gelu_erf", False) == \
+        GemmSplit(4, False, Epilogue(act="gelu_erf"))
+    assert split_fused_gemm(True, "gelu_tanh", True) == \
+        GemmSplit(4, False, Epilogue(act="gelu_tanh", residual=True))
+    assert split_fused_gemm(True, "gelu_tanh", True, False) == \
+        GemmSplit(4, True, Epilogue(act="gelu_tanh"))
+
+
 @pytest.mark.parametrize("act,has_bias,has_res,after", list(itertools.product(
-    ("none", "gelu_erf"), (False, True), (False, True), (1, 0))))
+    ("none", "gelu_erf", "gelu_tanh"), (False, True), (False, True), (1, 0))))
 def test_fused_gemm_drives_cublaslt_like_the_vendor_path(fake, tmp_path, act, has_bias, has_res,
                                                          after):
     split = split_fused_gemm(has_bias, act, has_res, bool(after))
