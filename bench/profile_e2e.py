@@ -9,7 +9,8 @@ gaps between launches). Then the same sessions with ORT's CUDA graph
 per-node profile (host-side time per op type) for the package at the smallest shape.
 
 Usage (device, onnxruntime-gpu on PYTHONPATH): python3 bench/profile_e2e.py --out DIR
-Env: PROFILE_MASK (default bigbird), PROFILE_CASES ("1:128 8:512 4:2048").
+Env: PROFILE_MODEL (bert or gpt2, default bert), PROFILE_MASK (default bigbird),
+PROFILE_CASES ("1:128 8:512 4:2048").
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
 
 def main() -> None:
     import e2e
+    import e2e_models
     import onnxruntime as ort
 
     from stofc.frontend import load_model
@@ -83,18 +85,19 @@ def main() -> None:
     mask = os.environ.get("PROFILE_MASK", "bigbird")
     cases = [tuple(int(x) for x in c.split(":"))
              for c in os.environ.get("PROFILE_CASES", "1:128 8:512 4:2048").split()]
-    result: dict = {"mask": mask, "cases": {}}
+    model = os.environ.get("PROFILE_MODEL", "bert")
+    result: dict = {"model": model, "mask": mask, "cases": {}}
 
     def dump():
         (out / "profile-e2e.json").write_text(json.dumps(result, indent=1))
 
-    src = work / "bert.onnx"
+    src = work / f"{model}.onnx"
     if not src.exists():
-        e2e.export_bert(src)
+        {"bert": e2e_models.export_bert, "gpt2": e2e_models.export_gpt2}[model](src)
     graph = load_model(src)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     pkg = compile_model(src, e2e.MASKS[mask], gpu="auto", max_seq_len=2048,
-                        out_dir=work / f"pkg-{mask}", instruments=Instruments(progress=False))
+                        out_dir=work / f"pkg-{model}-{mask}", instruments=Instruments(progress=False))
     base_path = optimized_baseline(graph, src, work)
     sessions = {"stofc": load(pkg, providers=providers),
                 "ort": ort.InferenceSession(str(base_path), providers=providers)}
