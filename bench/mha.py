@@ -12,7 +12,9 @@ rep 100 ms). stofc runs the selector's pick and a few configs of both kernels;
 each stofc output is checked against SDPA's before timing. Effective TFLOP/s =
 4 B H D nnz / t. Prints one table; writes JSON (and a markdown table) to $OUT.
 
-Usage: PYTHONPATH=. python3 bench/mha.py [--lens 1024,4096] [--masks causal,...]
+Usage: PYTHONPATH=. python3 bench/mha.py [--lens 1024,4096] [--masks causal,...] [--batch 4]
+(``--batch``/``--tag``: the end-to-end shapes, e.g. B=1 L=128, B=8 L=512, into files
+named ``mha-GPU-DATE-TAG``).
 """
 
 from __future__ import annotations
@@ -187,7 +189,11 @@ def main() -> int:
     ap.add_argument("--lens", default="1024,4096")
     ap.add_argument("--masks", default=",".join(MASKS))
     ap.add_argument("--quick", action="store_true", help="selector pick + 2 configs only")
+    ap.add_argument("--batch", type=int, default=B, help="batch size B (H=12, D=64 fixed)")
+    ap.add_argument("--tag", default="", help="suffix of the result file names")
     args = ap.parse_args()
+    global B
+    B = args.batch
     out_dir = os.environ.get("OUT", "bench/results")
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
@@ -211,9 +217,10 @@ def main() -> int:
     tag = "h200" if "H200" in gpu else "h100" if "H100" in gpu else gpu.replace(" ", "_")
     payload = {"gpu": gpu, "torch": torch.__version__, "date": date, "B": B, "H": H, "D": D,
                "dtype": "float16", "seconds": round(time.time() - t_start, 1), "rows": rows_out}
-    with open(os.path.join(out_dir, f"mha-{tag}-{date}.json"), "w") as fh:
+    stem = f"mha-{tag}-{date}" + (f"-{args.tag}" if args.tag else "")
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as fh:
         json.dump(payload, fh, indent=1)
-    with open(os.path.join(out_dir, f"mha-{tag}-{date}.md"), "w") as fh:
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as fh:
         fh.write(table + "\n")
     return 0
 
