@@ -185,6 +185,7 @@ def measure(name, L, q, k, v, qc, kc, vc, ms_dense, flex, profile, stream, quick
 
 
 def main() -> int:
+    global B
     ap = argparse.ArgumentParser()
     ap.add_argument("--lens", default="1024,4096")
     ap.add_argument("--masks", default=",".join(MASKS))
@@ -192,7 +193,6 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=B, help="batch size B (H=12, D=64 fixed)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     args = ap.parse_args()
-    global B
     B = args.batch
     out_dir = os.environ.get("OUT", "bench/results")
     os.makedirs(out_dir, exist_ok=True)
