@@ -40,6 +40,13 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
   sum a LayerNorm normalises: a FusedGemm read only by an AddLayerNorm writes
   ``x@W + b`` in float32 and the norm adds the residual
   (:mod:`stofc.package.prenorm`). float16 packages are unchanged.
+* The embedding runs in the dtype (:mod:`stofc.package.embed`): where a value
+  entering a fused op through a Cast is the sum of Gathers from float32 tables
+  (optionally under a last-axis LayerNormalization) and nothing else reads it,
+  the tables are stored in the dtype, the sum is ONNX Adds in the dtype, the
+  norm an AddLayerNorm, and the Cast is gone. bfloat16 packages do so only
+  where no Add remains (the CPU EP has no bfloat16 Add). Recorded in the note of
+  the first segment reading it.
 * The result is topologically sorted, dead nodes and unused initializers are
   dropped, and the ``ai.stofc`` opset (version 1) is imported. A value left
   without a producer is a :class:`~stofc.errors.PlanError` (a stofc bug), never
@@ -57,6 +64,7 @@ from onnx import TensorProto, helper
 from stofc.errors import PlanError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import AttentionBlock, ModelGraph
+from stofc.package.embed import embed_in_dtype
 from stofc.package.emit import (
     DOMAIN,
     DOMAIN_VERSION,
@@ -140,6 +148,8 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     if pack_qkv:
         emitted = _pack_qkv(em, emitted, needed)
     emitted = keep_pre_norm_fp32(em, emitted, needed)
+    kept, emitted = embed_in_dtype(em, kept, emitted,
+                                   set(idx.graph_outputs) | _subgraph_inputs(kept))
     for value, twin in em.fused.items():
         if value in needed:
             em.node("Cast", [twin], [value], stem="cast_out",

@@ -1,0 +1,267 @@
+"""The embedding in the package dtype: no float32 Gathers, Adds, LayerNorm and Cast before layer 0.
+
+Why: stofc fuses the layers; what comes before layer 0 used to stay as the model
+wrote it, in float32, with one ``Cast`` to the dtype where the first fused op
+reads it. For HF BERT that is three Gathers from float32 tables, two Adds, a
+float32 LayerNormalization and the Cast (~12 float32 kernels, ~0.17 ms of a
+4.3 ms BERT-base run at 4 x 2048 tokens); for GPT-2 two Gathers, an Add and the
+Cast.
+
+Contract of :func:`embed_in_dtype` (a pass over the rewritten graph, after the
+segments are emitted and before the result is sorted). Matched: each value V
+that the emitter casts to the dtype to enter a fused op (its ``cast_in`` Cast),
+when V's producers, walked back through ``Add`` nodes, end in ``Gather`` nodes
+reading a float32 table, V itself being produced by a ``LayerNormalization``
+over that sum, by the sum, or by a lone Gather. The region is rewritten only
+when it matches exactly:
+
+* every Gather reads a 2-D float32 initializer on axis 0 that is no graph input
+  and that nothing else reads; all tables have the same width C;
+* every value inside the region, V included, is float32 and is read only inside
+  the region, V also by the Cast; V and the Gather results also by ``Shape``
+  nodes (TorchScript exports take shapes from them), which then read the dtype
+  value that replaces them: it has the same shape. A value also read by any
+  other node, a graph output or a subgraph leaves the whole region unchanged;
+* the LayerNormalization normalises the last axis only (axis -1 or rank-1)
+  with the default stash_type and no Mean / InvStdDev output, its scale and
+  bias [C] float32 initializers that only it reads (no graph inputs).
+
+Rewritten, in the dtype (V's Cast removed, its output written by the region's
+last node):
+
+* each table is stored in the dtype (:meth:`Emitter.weight`, as the fused ops'
+  weights), so its Gather yields the dtype directly; the index paths (input
+  ids, position / token type buffers, their Slice / Expand / ...) are kept;
+* the Gather results are summed by ONNX ``Add`` in the dtype, in the model's
+  order (less the one the norm takes as its residual, below);
+* the LayerNormalization becomes ONE ai.stofc ``AddLayerNorm`` (OPS.md;
+  epsilon copied; gamma / beta as :func:`~stofc.package.emit.norm_param` stores
+  them: float32 in bfloat16 packages, :mod:`stofc.package.prenorm`). Its
+  ``residual`` takes one summand when that can be proven to have x's shape, as
+  AddLayerNorm requires (no broadcasting): the last Gather result whose
+  inferred shape equals the sum's, when another one has that shape as well (so
+  the other summands add up to it too); then that sum is formed in float32 in
+  the norm, one Add fewer. HF BERT adds a [1, S, C] position row, so its last
+  Add cannot be folded as it is: a dynamo export, whose shapes name the batch
+  and sequence, adds the token type rows in the norm instead
+  (``AddLayerNorm(words + positions, token_types)``); a TorchScript export's
+  inferred shapes are unnamed (``unk__``), nothing is proven, and the norm
+  reads the whole sum with no residual.
+
+Why it is safe: the same function; only the rounding moves. Each table entry
+is rounded once to the dtype, as every fused weight is; the sum is rounded in
+the dtype instead of once by the Cast; the norm forms ``x + residual`` and its
+statistics in float32 (CPU twin: double) from the rounded summands.
+
+bfloat16: ONNX Runtime's CPU EP (1.32, what CI runs packages on) has no
+bfloat16 ``Add`` kernel (NOT_IMPLEMENTED at session creation); it runs Add in
+float16, and Gather in float16 and bfloat16. ONNX Runtime's CUDA EP source
+registers Add-14 and Gather for both. So a bfloat16 package rewrites a region only when no ONNX Add
+remains: a lone Gather (T5's token embedding), optionally under the norm, or
+the norm of two summands folded as above. HF BERT's and GPT-2's embeddings keep
+their float32 form in bfloat16 packages. (Feeding a float32 sum to
+AddLayerNorm's float ``x`` would run on both EPs, but
+:func:`~stofc.package.cuda_launch.annotate_cuda` knows a float ``x`` only from
+a FusedGemm's float output and would compile the kernel for a bfloat16 x.)
+
+The new nodes belong to no plan segment; the first emitted segment reading the
+embedding says what was done in its ``note`` (plan.json ``segments``). The new
+AddLayerNorm gets its CUDA launch attributes like the others (``annotate_cuda``
+runs after the rewrite; its width is gamma's length).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import onnx
+from onnx import TensorProto
+
+from stofc.package.emit import DOMAIN, EmittedSegment, Emitter, norm_param
+
+NOTE = "embedding in {dtype}: {ops} ({nodes}) write {value} from {dtype} tables ({gone} removed)"
+
+
+@dataclass(frozen=True)
+class _Region:
+    """A matched embedding region ending at ``cast``'s input V."""
+
+    cast: onnx.NodeProto                 # the emitter's cast_in of V
+    nodes: tuple[onnx.NodeProto, ...]    # the model's nodes it replaces
+    leaves: tuple[onnx.NodeProto, ...]   # one Gather per summand, in the model's order
+    norm: onnx.NodeProto | None          # the LayerNormalization producing V, if any
+    shape_readers: tuple[onnx.NodeProto, ...]   # Shape nodes reading V or a Gather result
+
+
+def embed_in_dtype(em: Emitter, kept: list[onnx.NodeProto], emitted: list[EmittedSegment],
+                   pinned: set[str]) -> tuple[list[onnx.NodeProto], list[EmittedSegment]]:
+    """Rewrite each matching embedding region in the dtype (module doc).
+
+    ``kept`` are the model's unfused nodes, ``pinned`` the values read where the
+    nodes do not show it (graph outputs, subgraph bodies). Returns ``kept``
+    without the replaced nodes and ``emitted`` with the note.
+    """
+    producer = {o: n for n in kept for o in n.output if o}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in [*kept, *em.nodes]:
+        for name in dict.fromkeys(node.input):
+            if name:
+                readers.setdefault(name, []).append(node)
+    protected = pinned | {i.name for i in em.idx.model.graph.input}
+    casts = {n.output[0]: n for n in em.nodes if n.op_type == "Cast" and n.domain == ""}
+    replaced: set[int] = set()
+    notes: dict[int, list[str]] = {}   # emitted index -> notes
+    for value, twin in list(em.casts.items()):
+        region = _match(em, value, casts[twin], producer, readers, protected)
+        if region is None:
+            continue
+        new, renamed = _emit(em, region, twin)
+        em.nodes.remove(region.cast)
+        del em.casts[value]
+        for node in region.shape_readers:
+            node.input[0] = renamed[node.input[0]]
+        replaced |= {id(n) for n in region.nodes}
+        users = {n.name for n in em.nodes if twin in n.input}
+        holder = next((i for i, e in enumerate(emitted) if users & set(e.nodes)), None)
+        if holder is not None:
+            notes.setdefault(holder, []).append(_note(em, region, new, twin))
+    emitted = [replace(e, note="; ".join([e.note, *notes[i]] if e.note else notes[i]))
+               if i in notes else e for i, e in enumerate(emitted)]
+    return [n for n in kept if id(n) not in replaced], emitted
+
+
+def _match(em: Emitter, value: str, cast: onnx.NodeProto,
+           producer: dict[str, onnx.NodeProto], readers: dict[str, list[onnx.NodeProto]],
+           protected: set[str]) -> _Region | None:
+    """The region ending at ``value`` when it matches exactly (module doc), else None."""
+    top = producer.get(value)
+    norm = top if top is not None and top.op_type == "LayerNormalization" else None
+    nodes: dict[str, onnx.NodeProto] = {}
+    if norm is not None:
+        if em.idx.elem_type(value) != TensorProto.FLOAT:
+            return None
+        nodes[value] = norm
+    leaves = _summands(em, norm.input[0] if norm else value, producer, nodes)
+    if not leaves:
+        return None
+    inside = {id(n) for n in nodes.values()}
+    shaped = {value, *(g.output[0] for g in leaves)}
+    shape_readers = tuple(n for out in shaped for n in readers.get(out, [])
+                          if n.op_type == "Shape" and n.domain == "")
+    for out, node in nodes.items():
+        if any(node.output[1:]) or out in protected:
+            return None
+        allowed = inside | {id(cast)} | ({id(n) for n in shape_readers} if out in shaped else set())
+        if any(id(r) not in allowed for r in readers.get(out, [])):
+            return None
+    tables = [_sole_initializer(em, g.input[0], g, readers, protected) for g in leaves]
+    if any(t is None or len(t.dims) != 2 or em.idx.attr(g, "axis", 0) != 0
+           for t, g in zip(tables, leaves, strict=True)):
+        return None
+    widths = {int(t.dims[1]) for t in tables if t is not None}
+    if len(widths) != 1:
+        return None
+    if norm is not None and not _norm_matches(em, norm, widths.pop(), readers, protected):
+        return None
+    region = _Region(cast, tuple(nodes.values()), tuple(leaves), norm, shape_readers)
+    if em.dtype == "bfloat16" and _adds(em, region):
+        return None                    # no bfloat16 Add on the CPU EP (module doc)
+    return region
+
+
+def _summands(em: Emitter, value: str, producer: dict[str, onnx.NodeProto],
+              nodes: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto] | None:
+    """The Gathers whose float32 results ``value`` adds up (recording the nodes walked)."""
+    node = producer.get(value)
+    if node is None or em.idx.elem_type(value) != TensorProto.FLOAT or node.domain != "":
+        return None
+    nodes[value] = node
+    if node.op_type == "Gather":
+        return [node]
+    if node.op_type == "Add":
+        a = _summands(em, node.input[0], producer, nodes)
+        b = _summands(em, node.input[1], producer, nodes)
+        return a + b if a and b else None
+    return None
+
+
+def _sole_initializer(em: Emitter, name: str, reader: onnx.NodeProto,
+                      readers: dict[str, list[onnx.NodeProto]],
+                      protected: set[str]) -> TensorProto | None:
+    """``name`` as a float32 initializer that only ``reader`` reads, else None."""
+    tensor = em.idx.initializers.get(name)
+    if tensor is None or tensor.data_type != TensorProto.FLOAT or name in protected:
+        return None
+    users = readers.get(name, [])
+    return tensor if len(users) == 1 and users[0] is reader else None
+
+
+def _norm_matches(em: Emitter, norm: onnx.NodeProto, width: int,
+                  readers: dict[str, list[onnx.NodeProto]], protected: set[str]) -> bool:
+    """A last-axis LayerNormalization with default stash_type and [width] parameters."""
+    axis = em.idx.attr(norm, "axis", -1)
+    rank = em.idx.rank(norm.input[0])
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return False
+    if em.idx.attr(norm, "stash_type", 1) != 1:
+        return False
+    if len(norm.input) < 2 or not norm.input[1]:
+        return False
+    params = [_sole_initializer(em, p, norm, readers, protected) for p in norm.input[1:3] if p]
+    return all(t is not None and list(t.dims) == [width] for t in params)
+
+
+def _residual(em: Emitter, region: _Region) -> int | None:
+    """The index of the summand AddLayerNorm can take as its residual (module doc), or None."""
+    if region.norm is None:
+        return None
+    shape = em.idx.shape(region.norm.input[0])
+    if shape is None or None in shape:
+        return None
+    full = [i for i, g in enumerate(region.leaves) if em.idx.shape(g.output[0]) == shape]
+    return full[-1] if len(full) >= 2 else None
+
+
+def _adds(em: Emitter, region: _Region) -> int:
+    """How many ONNX Adds the rewritten region computes."""
+    return len(region.leaves) - 1 - (_residual(em, region) is not None)
+
+
+def _emit(em: Emitter, region: _Region, twin: str
+          ) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    """The region's nodes in the dtype, the last one writing ``twin``; and the dtype value
+    that replaces V and each Gather result."""
+    first = len(em.nodes)
+    lone = region.norm is None and len(region.leaves) == 1
+    gathered: dict[int, str] = {}
+    for g in region.leaves:
+        if id(g) not in gathered:
+            out = twin if lone else f"{g.output[0]}::stofc_{em.tag}"
+            em.node("Gather", [em.weight(g.input[0]), g.input[1]], [out], axis=0)
+            gathered[id(g)] = out
+    renamed = {g.output[0]: gathered[id(g)] for g in region.leaves} | {
+        region.cast.input[0]: twin}
+    values = [gathered[id(g)] for g in region.leaves]
+    residual = _residual(em, region)
+    folded = values.pop(residual) if residual is not None else ""
+    x = values[0]
+    for i, v in enumerate(values[1:], start=2):
+        out = twin if i == len(values) and region.norm is None else em.name("embed_sum")
+        em.node("Add", [x, v], [out])
+        x = out
+    if region.norm is not None:
+        params = [norm_param(em, p) for p in region.norm.input[1:3] if p]
+        em.node("AddLayerNorm", [x, folded, *params], [twin], domain=DOMAIN, stem="AddLayerNorm",
+                epsilon=float(em.idx.attr(region.norm, "epsilon", 1e-5)), rms=0)
+    return em.nodes[first:], renamed
+
+
+def _note(em: Emitter, region: _Region, new: list[onnx.NodeProto], twin: str) -> str:
+    """What the region became, for the ``note`` of the segment reading it."""
+    counts = Counter(n.op_type for n in new)
+    ops = ", ".join(f"{op} x{k}" if k > 1 else op for op, k in counts.items())
+    gone = Counter(n.op_type for n in region.nodes) + Counter(["Cast"])
+    return NOTE.format(dtype=em.dtype, ops=ops, nodes=", ".join(n.name for n in new),
+                       value=twin, gone=", ".join(f"float32 {op} x{k}" if k > 1
+                                                  else f"float32 {op}" for op, k in gone.items()))
