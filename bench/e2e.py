@@ -146,53 +146,7 @@ def rel_error(out: np.ndarray, ref: np.ndarray, real: np.ndarray) -> float:
     return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tuple],
-               *, warmup: int, repeat: int) -> tuple[float, float, float, dict[str, np.ndarray]]:
-    """``time_session`` for a CUDA-graph session: inputs and outputs at fixed device buffers.
-
-    ORT replays a captured graph on the addresses it captured, so outputs are bound to
-    preallocated OrtValues (not ORT-allocated each run), filled with NaN first. After
-    timing they are NaN-filled again and replayed once more: the outputs returned are
-    that replay's (the caller compares them with the plain session's). Returns median,
-    p10, p90 ms and those outputs.
-    """
-    import statistics
-
-    import onnxruntime as ort
-
-    binding = session.io_binding()
-    keep = []
-    for name, value in feeds.items():
-        v = ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0)
-        keep.append(v)
-        binding.bind_ortvalue_input(name, v)
-    outs, poison = {}, {}
-    for o in session.get_outputs():
-        dtype = np.float16 if o.type == "tensor(float16)" else np.float32
-        poison[o.name] = np.full(out_shapes[o.name], np.nan, dtype)
-        outs[o.name] = ort.OrtValue.ortvalue_from_numpy(poison[o.name], "cuda", 0)
-        binding.bind_ortvalue_output(o.name, outs[o.name])
-    binding.synchronize_inputs()
-    for _ in range(warmup):
-        session.run_with_iobinding(binding)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        session.run_with_iobinding(binding)
-        times.append((time.perf_counter() - start) * 1e3)
-    for name, value in outs.items():  # poison again: the checked output is one replay's
-        value.update_inplace(poison[name])
-    session.run_with_iobinding(binding)
-    binding.synchronize_outputs()
-    q = statistics.quantiles(times, n=10)
-    return statistics.median(times), q[0], q[-1], {k: v.numpy() for k, v in outs.items()}
-
-
 PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-
-
-def graph_providers():
-    return [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
 
 
 @dataclass
@@ -311,6 +265,7 @@ def run_graph(run: ModelRun, args, rec: Recorder) -> None:
     """CUDA-graph rows of one model: ORT and stofc with enable_cuda_graph, Flex reduce-overhead."""
     import onnxruntime as ort
 
+    from stofc.package.bench import graph_providers
     from stofc.package.load import load
 
     m = run.case.name
@@ -354,6 +309,8 @@ def flex_row(run: ModelRun, mask: str, b: int, s: int, graphed: bool, rec: Recor
 def timed_graph(rec: Recorder, m: str, mask: str | None, impl: str, b: int, s: int, open_session,
                 feeds, plain_out: np.ndarray, real: np.ndarray, args) -> None:
     """One CUDA-graph row: a fresh session for this shape, timed, checked against plain."""
+    from stofc.package.bench import time_graph
+
     try:
         session = open_session()
         med, p10, p90, outs = time_graph(session, feeds, {"last_hidden_state": plain_out.shape},

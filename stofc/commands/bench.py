@@ -1,4 +1,8 @@
-"""``stofc bench DIR``: package vs ORT-optimised original latency (CUDA EP, IOBinding)."""
+"""``stofc bench DIR``: package vs ORT-optimised original latency (CUDA EP, IOBinding).
+
+``--cuda-graph`` adds a second table: both sides replayed as ONNX Runtime CUDA graphs
+(``stofc.package.bench``), with ORT's refusals named in footnotes.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import click
 
 from stofc.commands.verify import pair_cases
 from stofc.errors import StofcError
-from stofc.package.bench import bench_package, plot
+from stofc.package.bench import BenchResult, bench_package, plot
 
 
 @click.command("bench")
@@ -26,24 +30,50 @@ from stofc.package.bench import bench_package, plot
               help="Write the results as JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="Write a PNG bar chart here.")
+@click.option("--cuda-graph", is_flag=True,
+              help="Also time both sides as ONNX Runtime CUDA-graph replays (one session per "
+                   "shape); at small shapes a plain session is bound by launch overhead.")
 def bench(package: Path, model: Path | None, batches: tuple[int, ...], seq_lens: tuple[int, ...],
-          warmup: int, repeat: int, json_out: Path | None, plot_path: Path | None) -> None:
+          warmup: int, repeat: int, json_out: Path | None, plot_path: Path | None,
+          cuda_graph: bool) -> None:
     """Time PACKAGE against the original optimised by ORT's transformer optimizer (GPU only)."""
     if warmup < 0 or repeat < 3:
         raise StofcError("--warmup must be >= 0 and --repeat >= 3", hint="e.g. --repeat 50")
     cases = pair_cases(batches, seq_lens) or [(1, 128)]
-    results = bench_package(package, model=model, cases=cases, warmup=warmup, repeat=repeat)
+    result = bench_package(package, model=model, cases=cases, warmup=warmup, repeat=repeat,
+                           cuda_graph=cuda_graph)
+    doc: dict = {"package": str(package), "summary": _table(result, cases, graph=False)}
+    if cuda_graph:
+        click.echo("\nCUDA graphs (enable_cuda_graph, one session per shape):")
+        doc["cuda_graph"] = _table(result, cases, graph=True)
+        for i, r in enumerate(result.refusals, start=1):
+            click.echo(f"[{i}] {r.name} at B={r.batch} L={r.seq_len}: ONNX Runtime refused "
+                       f"CUDA-graph capture ({r.reason}); its plain time is used")
+    doc["timings"] = [t.to_dict() for t in result.timings]
+    doc["refusals"] = [r.to_dict() for r in result.refusals]
+    if json_out is not None:
+        json_out.write_text(json.dumps(doc, indent=1))
+    if plot_path is not None:
+        plot(result.timings, plot_path)
+
+
+def _table(result: BenchResult, cases: list[tuple[int, int]], *, graph: bool) -> list[dict]:
+    """Print one table (plain or CUDA-graph timings) and return its rows for the JSON.
+
+    In the CUDA-graph table a side ORT refused to capture falls back to its plain time,
+    marked ``[i]`` (the refusal's footnote) and ``*_graph: false`` in the JSON.
+    """
     click.echo(f"{'B':>3} {'L':>6} {'stofc ms':>10} {'ORT opt ms':>11} {'speed-up':>9}")
+    refused = {(r.name, r.batch, r.seq_len): i for i, r in enumerate(result.refusals, start=1)}
     rows = []
     for b, n in cases:
-        mine = next(t for t in results if t.name == "stofc" and (t.batch, t.seq_len) == (b, n))
-        base = next(t for t in results if t.name != "stofc" and (t.batch, t.seq_len) == (b, n))
-        speed = base.median_ms / mine.median_ms
-        rows.append({"batch": b, "seq_len": n, "stofc_ms": mine.median_ms,
-                     "ort_optimized_ms": base.median_ms, "speedup": speed})
-        click.echo(f"{b:>3} {n:>6} {mine.median_ms:>10.3f} {base.median_ms:>11.3f} {speed:>8.2f}x")
-    if json_out is not None:
-        json_out.write_text(json.dumps({"package": str(package), "summary": rows,
-                                        "timings": [t.to_dict() for t in results]}, indent=1))
-    if plot_path is not None:
-        plot(results, plot_path)
+        cells, row = [], {"batch": b, "seq_len": n}
+        for name, key in (("stofc", "stofc"), ("ort-optimized", "ort_optimized")):
+            t = result.get(name, b, n, graph) or result.get(name, b, n, False)
+            mark = f" [{refused[(name, b, n)]}]" if graph and (name, b, n) in refused else ""
+            row[f"{key}_ms"], row[f"{key}_graph"] = t.median_ms, t.graph
+            cells.append(f"{t.median_ms:.3f}{mark}")
+        row["speedup"] = row["ort_optimized_ms"] / row["stofc_ms"]
+        rows.append(row)
+        click.echo(f"{b:>3} {n:>6} {cells[0]:>10} {cells[1]:>11} {row['speedup']:>8.2f}x")
+    return rows

@@ -13,10 +13,21 @@ Timing: ``warmup`` runs, then ``repeat`` runs each timed with
 ``time.perf_counter`` around ``run_with_iobinding`` (which returns after ORT
 synchronised its stream); the median is reported, with p10/p90. Needs
 onnxruntime-gpu and a GPU: otherwise one clear DeviceError line.
+
+CUDA graphs (``cuda_graph=True``): each side is also timed with ONNX Runtime's
+``enable_cuda_graph`` provider option, one fresh session per shape (ORT captures one
+fixed shape), inputs and outputs bound once at fixed device buffers
+(:func:`time_graph`). At small shapes a plain session is bound by host launch
+overhead, so this is the figure a latency-sensitive deployment sees. Each graph
+replay's outputs are checked against the plain session's (relative difference <=
+:data:`GRAPH_TOLERANCE`, else a StofcError: a capture that computes something else
+must not be timed). ORT refuses capture when its optimizer left nodes on the CPU
+provider (GPT-2 exports): the refusal is returned as a :class:`Refusal`, not hidden.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import tempfile
 import time
@@ -30,6 +41,8 @@ from stofc.frontend import ModelGraph, load_model
 from stofc.package.load import CPU_EP, CUDA_EP, device_compute_capability, load, read_plan_document
 from stofc.package.verify import make_inputs, original_model
 
+GRAPH_TOLERANCE = 1e-3   # graph replay vs plain run, relative (same kernels: ~0 in practice)
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -39,9 +52,33 @@ class Timing:
     median_ms: float
     p10_ms: float
     p90_ms: float
+    graph: bool = False      # timed as CUDA-graph replays (``enable_cuda_graph``)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A side ONNX Runtime would not capture in a CUDA graph at one shape, and why."""
+
+    name: str
+    batch: int
+    seq_len: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    timings: list[Timing]
+    refusals: list[Refusal]
+
+    def get(self, name: str, batch: int, seq_len: int, graph: bool) -> Timing | None:
+        return next((t for t in self.timings if (t.name, t.batch, t.seq_len, t.graph)
+                     == (name, batch, seq_len, graph)), None)
 
 
 def require_cuda() -> None:
@@ -102,9 +139,81 @@ def time_session(session, feeds: dict[str, np.ndarray], *, warmup: int,
     return statistics.median(times), q[0], q[-1]
 
 
+_NUMPY_OF = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+             "tensor(double)": np.float64, "tensor(int64)": np.int64,
+             "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
+
+
+def graph_providers() -> list:
+    """The CUDA EP with ONNX Runtime's CUDA-graph capture on, then the CPU EP."""
+    return [(CUDA_EP, {"enable_cuda_graph": "1"}), CPU_EP]
+
+
+def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tuple], *,
+               warmup: int, repeat: int) -> tuple[float, float, float, dict[str, np.ndarray]]:
+    """:func:`time_session` for a CUDA-graph session: inputs and outputs at fixed buffers.
+
+    ORT replays a captured graph on the addresses it captured, so outputs are bound to
+    preallocated OrtValues of ``out_shapes`` (not ORT-allocated each run), filled with
+    NaN (floats) or -1 first. After timing they are filled again and replayed once
+    more: the outputs returned are that replay's (the caller compares them with a plain
+    run's). Returns median, p10, p90 ms and those outputs.
+    """
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    keep = []
+    for name, value in feeds.items():
+        v = ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0)
+        keep.append(v)
+        binding.bind_ortvalue_input(name, v)
+    outs, poison = {}, {}
+    for o in session.get_outputs():
+        dtype = _NUMPY_OF.get(o.type)
+        if dtype is None:
+            raise StofcError(f"output {o.name!r} has type {o.type}, which the CUDA-graph "
+                             "timing cannot preallocate", hint="time without --cuda-graph")
+        fill = np.nan if np.issubdtype(dtype, np.floating) else -1
+        poison[o.name] = np.full(out_shapes[o.name], fill, dtype)
+        outs[o.name] = ort.OrtValue.ortvalue_from_numpy(poison[o.name], "cuda", 0)
+        binding.bind_ortvalue_output(o.name, outs[o.name])
+    binding.synchronize_inputs()
+    for _ in range(warmup):
+        session.run_with_iobinding(binding)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        times.append((time.perf_counter() - start) * 1e3)
+    for name, value in outs.items():  # poison again: the checked output is one replay's
+        value.update_inplace(poison[name])
+    session.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    q = statistics.quantiles(times, n=10)
+    return statistics.median(times), q[0], q[-1], {k: v.numpy() for k, v in outs.items()}
+
+
+def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """``max|a - b| / max(max|b|, tiny)`` in float64; inf when ``a`` has a non-finite value."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.isfinite(a64).all():
+        return float("inf")
+    scale = max(float(np.abs(b64).max(initial=0.0)), 1e-30)
+    return float(np.abs(a64 - b64).max(initial=0.0)) / scale
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:300]
+
+
 def bench_package(package: str | Path, *, model: str | Path | None, cases: list[tuple[int, int]],
-                  warmup: int = 10, repeat: int = 50, seed: int = 0) -> list[Timing]:
-    """Time the package and the optimised original on every ``(batch, seq_len)``."""
+                  warmup: int = 10, repeat: int = 50, seed: int = 0,
+                  cuda_graph: bool = False) -> BenchResult:
+    """Time the package and the optimised original on every ``(batch, seq_len)``.
+
+    With ``cuda_graph`` each side is also timed as CUDA-graph replays (module doc).
+    """
     import onnxruntime as ort
 
     require_cuda()
@@ -114,38 +223,76 @@ def bench_package(package: str | Path, *, model: str | Path | None, cases: list[
     graph = load_model(source)
     pkg = load(package, providers=[CUDA_EP, CPU_EP])
     rng = np.random.default_rng(seed)
-    results = []
+    timings: list[Timing] = []
+    refusals: list[Refusal] = []
     with tempfile.TemporaryDirectory(prefix="stofc-bench-") as tmp:
-        base = ort.InferenceSession(str(optimized_baseline(graph, source, Path(tmp))),
-                                    providers=[CUDA_EP, CPU_EP])
+        base_path = optimized_baseline(graph, source, Path(tmp))
+        base = ort.InferenceSession(str(base_path), providers=[CUDA_EP, CPU_EP])
+        openers = {"stofc": lambda: load(package, providers=graph_providers()),
+                   "ort-optimized": lambda: ort.InferenceSession(str(base_path),
+                                                                 providers=graph_providers())}
         for batch, seq_len in cases:
             feeds, _ = make_inputs(graph, batch, seq_len, rng)
             for name, session in (("stofc", pkg), ("ort-optimized", base)):
                 try:
                     med, p10, p90 = time_session(session, feeds, warmup=warmup, repeat=repeat)
+                    plain = dict(zip([o.name for o in session.get_outputs()],
+                                     session.run(None, feeds), strict=True)) if cuda_graph else {}
                 except Exception as err:  # ORT's exception types: keep one line
-                    lines = str(err).strip().splitlines()
                     raise StofcError(f"ONNX Runtime failed running {name} at batch {batch}, "
-                                     f"length {seq_len} on the CUDA EP: "
-                                     f"{(lines[0] if lines else type(err).__name__)[:300]}",
+                                     f"length {seq_len} on the CUDA EP: {_one_line(err)}",
                                      hint="see OPS.md for which CUDA twins are wired") from None
-                results.append(Timing(name, batch, seq_len, med, p10, p90))
-    return results
+                timings.append(Timing(name, batch, seq_len, med, p10, p90))
+                if cuda_graph:
+                    result = _time_graph_side(name, openers[name], feeds, plain, batch, seq_len,
+                                              warmup=warmup, repeat=repeat)
+                    (timings if isinstance(result, Timing) else refusals).append(result)
+    return BenchResult(timings, refusals)
+
+
+def _time_graph_side(name: str, open_session, feeds: dict[str, np.ndarray],
+                     plain: dict[str, np.ndarray], batch: int, seq_len: int, *, warmup: int,
+                     repeat: int) -> Timing | Refusal:
+    """One side's CUDA-graph timing at one shape (a fresh session), checked against ``plain``."""
+    session = None
+    try:
+        session = open_session()
+        med, p10, p90, outs = time_graph(session, feeds, {k: v.shape for k, v in plain.items()},
+                                         warmup=warmup, repeat=repeat)
+    except StofcError:
+        raise
+    except Exception as err:  # ORT refuses capture with its own exception types
+        return Refusal(name, batch, seq_len, _one_line(err))
+    finally:
+        del session
+        gc.collect()
+    for out, value in outs.items():
+        diff = relative_difference(value, plain[out])
+        if not diff <= GRAPH_TOLERANCE:
+            raise StofcError(f"{name}'s CUDA-graph replay at batch {batch}, length {seq_len} "
+                             f"gives output {out!r} {diff:.3g} (relative) away from its plain "
+                             f"run, beyond {GRAPH_TOLERANCE:g}",
+                             hint="time without --cuda-graph and report the package to stofc")
+    return Timing(name, batch, seq_len, med, p10, p90, graph=True)
 
 
 def plot(results: list[Timing], path: Path) -> Path:
-    """A bar chart of median latency per case (PNG)."""
+    """A bar chart of median latency per case and side (PNG); CUDA-graph timings are their
+    own bars (``NAME (CUDA graph)``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def label(t: Timing) -> str:
+        return f"{t.name} (CUDA graph)" if t.graph else t.name
+
     cases = sorted({(t.batch, t.seq_len) for t in results})
-    names = sorted({t.name for t in results})
+    names = sorted({label(t) for t in results})
     fig, ax = plt.subplots(figsize=(1.6 * len(cases) + 2, 3.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        ys = [next((t.median_ms for t in results if t.name == name and (t.batch, t.seq_len) == c),
-                   0.0) for c in cases]
+        ys = [next((t.median_ms for t in results if label(t) == name
+                    and (t.batch, t.seq_len) == c), 0.0) for c in cases]
         ax.bar([x + i * width for x in range(len(cases))], ys, width, label=name)
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(cases))])
     ax.set_xticklabels([f"B={b}\nL={n}" for b, n in cases])

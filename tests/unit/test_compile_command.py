@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -118,11 +119,13 @@ def test_bench_table_json_and_plot_formatting(tmp_path, monkeypatch):
     The timings here are inputs to the formatting, not measurements: measuring
     needs onnxruntime-gpu and a GPU (see test_bad_inputs_exit_2_with_one_line).
     """
-    from stofc.package.bench import Timing
+    from stofc.package.bench import BenchResult, Timing
 
-    def given(package, *, model, cases, warmup, repeat):
-        return [t for b, n in cases for t in (Timing("stofc", b, n, 1.0 * b, 0.9, 1.1),
-                                              Timing("ort-optimized", b, n, 3.0 * b, 2.9, 3.1))]
+    def given(package, *, model, cases, warmup, repeat, cuda_graph):
+        assert not cuda_graph
+        return BenchResult([t for b, n in cases for t in (
+            Timing("stofc", b, n, 1.0 * b, 0.9, 1.1),
+            Timing("ort-optimized", b, n, 3.0 * b, 2.9, 3.1))], [])
 
     monkeypatch.setattr("stofc.commands.bench.bench_package", given)
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
@@ -134,3 +137,50 @@ def test_bench_table_json_and_plot_formatting(tmp_path, monkeypatch):
     assert [(r["batch"], r["seq_len"]) for r in summary] == [(1, 128), (4, 2048)]
     assert all(abs(r["speedup"] - 3.0) < 1e-9 for r in summary)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_cuda_graph_table_marks_refusals_and_keeps_both_tables(tmp_path, monkeypatch):
+    """--cuda-graph: a second table from the graph timings; a side ORT refused to capture
+    falls back to its plain time with a footnote naming ORT's reason (given timings)."""
+    from stofc.package.bench import BenchResult, Refusal, Timing
+
+    def given(package, *, model, cases, warmup, repeat, cuda_graph):
+        assert cuda_graph and cases == [(1, 128), (4, 2048)]
+        plain = [Timing(name, b, n, ms * b, 0.0, 0.0) for b, n in cases
+                 for name, ms in (("stofc", 1.0), ("ort-optimized", 3.0))]
+        graph = [Timing("stofc", 1, 128, 0.5, 0.0, 0.0, graph=True),
+                 Timing("ort-optimized", 1, 128, 0.6, 0.0, 0.0, graph=True),
+                 Timing("stofc", 4, 2048, 2.0, 0.0, 0.0, graph=True)]
+        return BenchResult(plain + graph, [Refusal("ort-optimized", 4, 2048, "nodes on CPU")])
+
+    monkeypatch.setattr("stofc.commands.bench.bench_package", given)
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run("bench", str(tmp_path), "--batch", "1", "--seq-len", "128", "--batch", "4",
+                 "--seq-len", "2048", "--cuda-graph", "--json-out", str(out), "--plot", str(png))
+    assert result.exit_code == 0, result.output
+    assert "CUDA graphs" in result.output
+    assert "[1] ort-optimized at B=4 L=2048: ONNX Runtime refused CUDA-graph capture " \
+        "(nodes on CPU); its plain time is used" in result.output
+    doc = json.loads(out.read_text())
+    assert [r["speedup"] for r in doc["summary"]] == [3.0, 3.0]
+    small, large = doc["cuda_graph"]
+    assert (small["stofc_ms"], small["ort_optimized_ms"]) == (0.5, 0.6)
+    assert small["stofc_graph"] and small["ort_optimized_graph"]
+    assert (large["stofc_ms"], large["ort_optimized_ms"]) == (2.0, 12.0)   # ORT: plain
+    assert large["stofc_graph"] and not large["ort_optimized_graph"]
+    assert abs(large["speedup"] - 6.0) < 1e-12
+    assert doc["refusals"] == [{"name": "ort-optimized", "batch": 4, "seq_len": 2048,
+                                "reason": "nodes on CPU"}]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_graph_replay_check_rejects_a_different_or_non_finite_output():
+    from stofc.package.bench import GRAPH_TOLERANCE, relative_difference
+
+    ref = np.array([[1.0, -2.0], [0.5, 4.0]], np.float64)
+    assert relative_difference(ref.copy(), ref) == 0.0
+    assert relative_difference(ref + 4e-3, ref) == pytest.approx(1e-3, rel=1e-12)  # / max|ref|
+    assert relative_difference(ref + 8e-3, ref) > GRAPH_TOLERANCE
+    nan = ref.copy()
+    nan[0, 0] = np.nan
+    assert relative_difference(nan, ref) == float("inf")
