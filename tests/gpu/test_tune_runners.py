@@ -104,19 +104,25 @@ def test_tune_plan_end_to_end_cold_then_warm(setup, tmp_path):
     with TuningDatabase.open(tmp_path / "tune.sqlite") as db:
         cold = tune_plan_buckets(plan, layers, fmt, profile, batch=2, seq_lens=(128, 256),
                                  budget_s=16, db=db, reporter=RecordingReporter())
-    assert cold.stats.measured > 10
+    # (one failure in a full tests/gpu run on 2026-11-24 passed alone and on rerun; every
+    # assertion says what it saw, so a recurrence can be diagnosed from the log)
+    assert cold.stats.measured > 10, cold.stats
     for group in cold.groups:
-        assert group.layers == (0, 1)
-        assert group.tuned_chain_ms is not None and group.default_chain_ms is not None
-        assert group.tuned_chain_ms <= group.default_chain_ms
-        assert all(t.verified for t in group.tuned_segments), group.tuned_segments
+        why = (f"L={group.seq_len} default {group.default_scheme} {group.default_chain_ms} ms "
+               f"{group.default_segments}; tuned {group.tuned_scheme} {group.tuned_chain_ms} ms "
+               f"{group.tuned_segments}; stage 1 {group.result.stage1.stopped}")
+        assert group.layers == (0, 1), why
+        assert group.tuned_chain_ms is not None and group.default_chain_ms is not None, why
+        assert group.tuned_chain_ms <= group.default_chain_ms, why
+        assert all(t.verified for t in group.tuned_segments), why
     started = time.monotonic()
     with TuningDatabase.open(tmp_path / "tune.sqlite") as db:
         warm = tune_plan_buckets(plan, layers, fmt, profile, batch=2, seq_lens=(128, 256),
                                  budget_s=16, db=db, reporter=RecordingReporter())
-    if all(g.result.stage1.stopped == "converged" for g in cold.groups):
-        assert warm.stats.measured == 0                 # schemes and winners from the database
+    stops = [g.result.stage1.stopped for g in cold.groups]
+    if all(s == "converged" for s in stops):
+        assert warm.stats.measured == 0, (warm.stats, stops)  # all from the database
         assert warm.plans == cold.plans
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 15, time.monotonic() - started
     else:                                               # stage 1 was cut: it goes on, once
-        assert warm.stats.measured < cold.stats.measured
+        assert warm.stats.measured < cold.stats.measured, (warm.stats, cold.stats, stops)
