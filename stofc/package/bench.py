@@ -127,7 +127,11 @@ def device_binding(session, feeds: dict[str, np.ndarray]):
 def time_session(session, feeds: dict[str, np.ndarray], *, warmup: int,
                  repeat: int) -> tuple[float, float, float]:
     """Median, p10, p90 ms of ``run_with_iobinding`` with device-resident IO."""
-    binding = device_binding(session, feeds)
+    return _timed_runs(session, device_binding(session, feeds), warmup=warmup, repeat=repeat)
+
+
+def _timed_runs(session, binding, *, warmup: int, repeat: int) -> tuple[float, float, float]:
+    """``warmup`` untimed runs of ``binding``, then median, p10, p90 ms of ``repeat`` timed."""
     for _ in range(warmup):
         session.run_with_iobinding(binding)
     times = []
@@ -178,19 +182,12 @@ def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tupl
         outs[o.name] = ort.OrtValue.ortvalue_from_numpy(poison[o.name], "cuda", 0)
         binding.bind_ortvalue_output(o.name, outs[o.name])
     binding.synchronize_inputs()
-    for _ in range(warmup):
-        session.run_with_iobinding(binding)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        session.run_with_iobinding(binding)
-        times.append((time.perf_counter() - start) * 1e3)
+    med, p10, p90 = _timed_runs(session, binding, warmup=warmup, repeat=repeat)
     for name, value in outs.items():  # poison again: the checked output is one replay's
         value.update_inplace(poison[name])
     session.run_with_iobinding(binding)
     binding.synchronize_outputs()
-    q = statistics.quantiles(times, n=10)
-    return statistics.median(times), q[0], q[-1], {k: v.numpy() for k, v in outs.items()}
+    return med, p10, p90, {k: v.numpy() for k, v in outs.items()}
 
 
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
