@@ -55,11 +55,13 @@
     X(B, i32)                  \
     X(H, i32)                  \
     X(L, i32)                  \
-    X(scale, f32)
+    X(scale, f32)              \
+    X(kv_group, i32)           \
+    X(softcap, f32)
 
 namespace stofc_ort {
 
-constexpr int64_t kAttentionKernelAbi = 2;
+constexpr int64_t kAttentionKernelAbi = 3;
 
 namespace abi {
 using ptr = const void*;

@@ -169,6 +169,17 @@ AttentionAttrs::AttentionAttrs(const OrtKernelInfo* info, const std::string& pac
         throw OpError("attributes num_heads and head_dim must be >= 1, got " + std::to_string(num_heads) + " and " +
                       std::to_string(head_dim));
     if (!try_attr(info, "scale", scale)) scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    if (!(scale > 0.0f) || !std::isfinite(scale))
+        throw OpError("attribute scale must be a finite number > 0, got " + std::to_string(scale));
+    kv_num_heads = num_heads;
+    try_attr(info, "kv_num_heads", kv_num_heads);
+    if (kv_num_heads < 1 || num_heads % kv_num_heads != 0)
+        throw OpError("attribute kv_num_heads=" + std::to_string(kv_num_heads) + " must be >= 1 and divide num_heads=" +
+                      std::to_string(num_heads) + " (grouped-query attention); rewrite the package");
+    try_attr(info, "softcap", softcap);
+    if (!(softcap >= 0.0f) || !std::isfinite(softcap))
+        throw OpError("attribute softcap must be a finite number >= 0 (0: no soft-capping), got " +
+                      std::to_string(softcap));
     const auto rel = require_attr<std::string>(info, "mask_file");
     try_attr(info, "kernel", kernel_ref);
     mask_path = resolve_package_path(package_dir, rel);
@@ -206,26 +217,30 @@ AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const
                               const Input& kpm, const Input& bias, const Input& key_state) {
     AttentionCall c;
     c.H = attrs.num_heads;
+    c.Hkv = attrs.kv_num_heads;
     c.D = attrs.head_dim;
-    const int64_t HD = c.H * c.D;
+    const int64_t HD = c.H * c.D, KD = c.Hkv * c.D;
     if (k.present() != v.present())
         throw OpError(std::string("input ") + (k.present() ? "v" : "k") + " is omitted but " +
                       (k.present() ? "k" : "v") +
-                      " is given; give both k and v, or omit both to pass q packed as [B, S, 3*H*D] = [Q | K | V]");
+                      " is given; give both k and v, or omit both to pass q packed as [B, S, (num_heads + "
+                      "2*kv_num_heads)*head_dim] = [Q | K | V]");
     c.packed = !k.present();
-    c.in_row = c.packed ? 3 * HD : HD;
+    c.in_row = c.packed ? HD + 2 * KD : HD;
+    c.kv_row = c.packed ? c.in_row : KD;
     c.k_offset = c.packed ? HD : 0;
-    c.v_offset = c.packed ? 2 * HD : 0;
+    c.v_offset = c.packed ? HD + KD : 0;
     if (q.shape.size() != 3 || q.shape[2] != c.in_row)
         throw OpError("input q has shape " + shape_str(q.shape) + ", expected [B, S, " + std::to_string(c.in_row) +
-                      "] (" + (c.packed ? "3 * num_heads * head_dim: k and v are omitted, so q is packed QKV"
-                                        : "num_heads * head_dim") +
+                      "] (" +
+                      (c.packed ? "(num_heads + 2*kv_num_heads) * head_dim: k and v are omitted, so q is packed QKV"
+                                : "num_heads * head_dim") +
                       ")");
     c.B = q.shape[0];
     c.S = q.shape[1];
     if (!c.packed) {
-        expect_same(k, q.shape, "k");
-        expect_same(v, q.shape, "v");
+        expect_same(k, {c.B, c.S, KD}, "k");
+        expect_same(v, {c.B, c.S, KD}, "v");
         if (k.type != q.type || v.type != q.type) throw OpError("inputs q, k and v must have one element type");
     }
     if (c.S > attrs.mask->seq_len)

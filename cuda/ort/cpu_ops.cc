@@ -73,8 +73,10 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
         const T* vp = c.packed ? qp + c.v_offset : v.data<T>();
         const T* bp = bias.present() ? bias.data<T>() : nullptr;
         const int64_t row = H * D;     // elements between consecutive positions of out
-        const int64_t in_row = c.in_row;  // ... of q, k, v (3*H*D when packed)
+        const int64_t in_row = c.in_row;  // ... of q ((H + 2*Hkv)*D when packed)
+        const int64_t kv_row = c.kv_row;  // ... of k and v
         const float scale = attrs.scale;
+        const float cap = attrs.softcap;  // > 0: soft-capped scores (before bias and mask)
 
         auto one_row = [&](size_t item) {
             const int64_t qi = static_cast<int64_t>(item) % S;
@@ -82,6 +84,7 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
             const int64_t b = static_cast<int64_t>(item) / (S * H);
             const int mh = m.num_heads == 1 ? 0 : static_cast<int>(h);
             const T* qrow = qp + b * S * in_row + qi * in_row + h * D;
+            const int64_t kh = c.kv_head(h);
             std::vector<float> qf(D), acc(D, 0.0f);
             for (int64_t d = 0; d < D; ++d) qf[d] = to_float(qrow[d]);
             std::vector<int> keys;
@@ -92,10 +95,11 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
                 for (int key = k0; key < k1; ++key) {
                     if (!kv_valid[key]) continue;
                     if (part >= 0 && !m.part_bit(part, static_cast<int>(qi), key)) continue;
-                    const T* krow = kp + b * S * in_row + key * in_row + h * D;
+                    const T* krow = kp + b * S * kv_row + key * kv_row + kh * D;
                     float s = 0.0f;
                     for (int64_t d = 0; d < D; ++d) s += qf[d] * to_float(krow[d]);
                     s *= scale;
+                    if (cap > 0.0f) s = cap * std::tanh(s / cap);
                     if (brow) s += to_float(brow[key]);
                     keys.push_back(key);
                     scores.push_back(s);
@@ -112,7 +116,7 @@ OrtStatusPtr SparseAttentionCpu<T>::ComputeV2(OrtKernelContext* context) {
             for (size_t j = 0; j < keys.size(); ++j) {
                 const float p = std::exp(scores[j] - mx);
                 denom += p;
-                const T* vrow = vp + b * S * in_row + keys[j] * in_row + h * D;
+                const T* vrow = vp + b * S * kv_row + keys[j] * kv_row + kh * D;
                 for (int64_t d = 0; d < D; ++d) acc[d] += p * to_float(vrow[d]);
             }
             for (int64_t d = 0; d < D; ++d) orow[d] = from_float<T>(acc[d] / denom);

@@ -1,4 +1,4 @@
-// stofc ONNX Runtime custom-op library: the CUDA twin of SparseAttention (kernel_abi 2).
+// stofc ONNX Runtime custom-op library: the CUDA twin of SparseAttention (kernel_abi 3).
 //
 // Launches the package's attention kernel with exactly the argument list of
 // attention_abi.h (= stofc/runtime/attention.py, AttentionOp.bind), grid
@@ -221,13 +221,19 @@ struct SparseAttentionCuda {
             throw OpError("kernel " + launch.kernel.entry + " is compiled for key_padding_mask " +
                           (var.has_key_bits ? "present" : "absent") + " and bias " +
                           (var.has_bias ? "present" : "absent") + ", the node's inputs differ; rewrite the package");
+        if ((attrs.softcap > 0.0f) != var.softcap)
+            throw OpError("kernel " + launch.kernel.entry + " is compiled " + (var.softcap ? "with" : "without") +
+                          " logit soft-capping but the node's softcap attribute is " + std::to_string(attrs.softcap) +
+                          "; rewrite the package");
         auto out = ctx.GetOutput(0, c.out_shape());
         const AttentionPlan& p = *unit.slot->plan;
         AttentionLaunchShape shape;
         shape.B = c.B;
         shape.S = c.S;
         shape.H = c.H;
+        shape.Hkv = c.Hkv;
         shape.D = c.D;
+        shape.softcap = attrs.softcap;
         shape.has_key_bits = c.has_kpm;
         shape.has_bias = c.has_bias;
         shape.bias_sb = c.bias_sb;
@@ -273,9 +279,12 @@ struct SparseAttentionCuda {
         a.k = c.packed ? q_bytes + sc.k_offset * kElem : k.value.GetTensorRawData();
         a.v = c.packed ? q_bytes + sc.v_offset * kElem : v.value.GetTensorRawData();
         a.o = out.GetTensorMutableRawData();
-        a.q_sb = a.k_sb = a.v_sb = sc.q_sb;
-        a.q_ss = a.k_ss = a.v_ss = sc.q_ss;
-        a.q_sh = a.k_sh = a.v_sh = sc.q_sh;
+        a.q_sb = sc.q_sb;
+        a.q_ss = sc.q_ss;
+        a.q_sh = sc.q_sh;
+        a.k_sb = a.v_sb = sc.k_sb;
+        a.k_ss = a.v_ss = sc.k_ss;
+        a.k_sh = a.v_sh = sc.k_sh;
         a.o_sb = sc.o_sb;
         a.o_ss = sc.o_ss;
         a.o_sh = sc.o_sh;
@@ -299,6 +308,8 @@ struct SparseAttentionCuda {
         a.H = sc.H;
         a.L = sc.L;
         a.scale = sc.scale;
+        a.kv_group = sc.kv_group;
+        a.softcap = sc.softcap;
 #define STOFC_ABI_ADDR(name, type) static_cast<void*>(&a.name),
         void* args[] = {STOFC_ATTENTION_ABI(STOFC_ABI_ADDR)};
 #undef STOFC_ABI_ADDR

@@ -38,7 +38,7 @@ KernelRef parse_kernel_ref(const std::string& ref, const char* attr) {
 }
 
 AttentionVariant parse_attention_entry(const std::string& entry) {
-    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o.._b{0|1}_k{0|1}
+    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o..[_wg][_c]_b{0|1}_k{0|1}
     const auto parts = split(entry, '_');
     const auto bad = [&] {
         return AttrError("attention kernel entry '" + entry +
@@ -57,6 +57,7 @@ AttentionVariant parse_attention_entry(const std::string& entry) {
     if ((b != "b0" && b != "b1") || (k != "k0" && k != "k1")) throw bad();
     v.has_bias = b == "b1";
     v.has_key_bits = k == "k1";
+    v.softcap = parts[parts.size() - 3] == "c";
     return v;
 }
 
@@ -166,7 +167,7 @@ std::vector<AttentionLaunch> parse_attention_variants(const AttrSource& a, const
         }
         const AttentionVariant& v = l.variant;
         if (v.bf16 != base.variant.bf16 || v.has_bias != base.variant.has_bias ||
-            v.has_key_bits != base.variant.has_key_bits)
+            v.has_key_bits != base.variant.has_key_bits || v.softcap != base.variant.softcap)
             throw AttrError("attribute '" + kname + "' names " + l.kernel.entry +
                             ", compiled for other inputs or another dtype than 'kernel' (" + base.kernel.entry +
                             "); every variant must be compiled for the node's dtype, bias and key_padding_mask");

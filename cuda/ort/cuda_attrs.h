@@ -16,7 +16,7 @@
 namespace stofc_ort {
 
 /// The value of the `kernel_abi` attribute every CUDA twin requires (OPS.md).
-constexpr int64_t kCudaLaunchAbi = 2;
+constexpr int64_t kCudaLaunchAbi = 3;
 
 struct AttrError : std::runtime_error {
     explicit AttrError(const std::string& msg) : std::runtime_error(msg) {}
@@ -38,12 +38,14 @@ struct KernelRef {
 KernelRef parse_kernel_ref(const std::string& ref, const char* attr);
 
 /// What an attention kernel's entry name says about its variant:
-/// stofc_attn_{block|row}_{f16|bf16}_..._b{0|1}_k{0|1} (KernelSpec.name).
+/// stofc_attn_{block|row}_{f16|bf16}_...[_c]_b{0|1}_k{0|1} (KernelSpec.name; `_c`:
+/// compiled with logit soft-capping).
 struct AttentionVariant {
     bool block = true;
     bool bf16 = false;
     bool has_bias = false;
     bool has_key_bits = false;
+    bool softcap = false;
 };
 AttentionVariant parse_attention_entry(const std::string& entry);
 

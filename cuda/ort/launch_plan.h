@@ -38,23 +38,28 @@ struct AttentionPlan {
 /// [B, S, H*D] tensors; pure host code, unit-tested against AttentionOp.bind.
 struct AttentionLaunchShape {
     int64_t B = 0, S = 0, H = 0, D = 0;
+    int64_t Hkv = 0;  // K/V heads (0: = H)
     bool has_key_bits = false, has_bias = false;
     int64_t bias_sb = 0, bias_sh = 0;  // element strides of bias (0 = broadcast)
     int64_t blocks_per_tile_row = 1;
     float scale = 1.0f;
-    bool packed = false;  // q is packed QKV [B, S, 3*H*D] (k and v omitted)
+    float softcap = 0.0f;
+    bool packed = false;  // q is packed QKV [B, S, (H + 2*Hkv)*D] (k and v omitted)
 };
 struct AttentionLaunchScalars {
     int rows = 0;              // tile rows launched
     int64_t grid = 0;          // H * B * rows * blocks_per_tile_row
     size_t order_offset = 0;   // elements into row_orders
-    long long q_sb = 0, q_ss = 0, q_sh = 0;  // also k and v (their own tensors, or q's packed rows)
+    long long q_sb = 0, q_ss = 0, q_sh = 0;
+    long long k_sb = 0, k_ss = 0, k_sh = 0;  // also v (its own tensor like k, or q's packed rows)
     long long o_sb = 0, o_ss = 0, o_sh = 0;  // out: always contiguous [B, S, H*D]
     long long k_offset = 0, v_offset = 0;    // elements from q's data to k's / v's (packed QKV only)
     int permuted = 0, fmt_head_stride = 0, key_words = 0;
     long long bias_sb = 0, bias_sh = 0, bias_sq = 0;
     int B = 0, H = 0, L = 0;
     float scale = 0.0f;
+    int kv_group = 1;      // query heads per K/V head
+    float softcap = 0.0f;
 };
 AttentionLaunchScalars attention_scalars(const AttentionPlan& plan, const AttentionLaunchShape& shape);
 

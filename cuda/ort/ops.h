@@ -22,8 +22,10 @@ namespace stofc_ort {
 /// Attributes of SparseAttention shared by both twins, validated at creation.
 struct AttentionAttrs {
     int64_t num_heads = 0;
+    int64_t kv_num_heads = 0;  // K/V heads (grouped-query attention); = num_heads by default
     int64_t head_dim = 0;
     float scale = 0.0f;
+    float softcap = 0.0f;      // > 0: scores become softcap * tanh(scale * q.k / softcap)
     std::string mask_path;   // resolved absolute path of mask.bin
     std::string kernel_ref;  // "kernels/x.cubin:entry" (CUDA twin only)
     std::shared_ptr<const MaskData> mask;
@@ -33,13 +35,17 @@ struct AttentionAttrs {
 /// The checked geometry of one SparseAttention call (shared by both twins).
 struct AttentionCall {
     int64_t B = 0, S = 0, H = 0, D = 0;
+    int64_t Hkv = 0;  // K/V heads: query head h reads K/V head h / (H / Hkv)
     bool has_kpm = false, has_bias = false;
     int64_t bias_sb = 0, bias_sh = 0;  // element strides of bias (0 = broadcast)
-    /// Packed QKV (k and v omitted): q is [B, S, 3*H*D] = [Q | K | V]. The element
-    /// pointers of q, k, v are q + 0, q + k_offset, q + v_offset, each with sequence
-    /// stride in_row (3*H*D packed, else H*D; k and v are their own tensors then).
+    /// Packed QKV (k and v omitted): q is [B, S, (H + 2*Hkv)*D] = [Q | K | V]. The
+    /// element pointers of q, k, v are q + 0, q + k_offset, q + v_offset, each with
+    /// sequence stride in_row ((H + 2*Hkv)*D packed; else q's is H*D and k's and v's
+    /// kv_row = Hkv*D: they are their own tensors then).
     bool packed = false;
-    int64_t in_row = 0, k_offset = 0, v_offset = 0;
+    int64_t in_row = 0, kv_row = 0, k_offset = 0, v_offset = 0;
+    /// The K/V head query head h reads.
+    int64_t kv_head(int64_t h) const { return h / (H / Hkv); }
     /// key_state (input 5, from KeyPrep) given: its size is checked against (B, S).
     bool has_key_state = false;
     /// out is always [B, S, H*D].
@@ -48,8 +54,8 @@ struct AttentionCall {
 
 /// Validates q, k, v, key_padding_mask, bias and key_state against the node and its
 /// mask; throws OpError naming the input, its shape and the expected one. k and v are
-/// both given ([B, S, H*D] like q) or both omitted (q packed [B, S, 3*H*D]); one
-/// of them alone is an error. key_state needs key_padding_mask and must be uint8
+/// both given ([B, S, Hkv*D]; q is [B, S, H*D]) or both omitted (q packed
+/// [B, S, (H + 2*Hkv)*D]); one of them alone is an error. key_state needs key_padding_mask and must be uint8
 /// [key_state_layout(B, S).bytes].
 AttentionCall check_attention(const AttentionAttrs& attrs, const Input& q, const Input& k, const Input& v,
                               const Input& kpm, const Input& bias, const Input& key_state = Input());

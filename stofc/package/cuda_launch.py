@@ -1,4 +1,4 @@
-"""The CUDA launch attributes of a package's ai.stofc nodes (``cuda/ort/OPS.md``, kernel_abi 2).
+"""The CUDA launch attributes of a package's ai.stofc nodes (``cuda/ort/OPS.md``, kernel_abi 3).
 
 The package writer's last pass over the rewritten model (:func:`annotate_cuda`).
 The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
@@ -44,7 +44,7 @@ from stofc.kernels import norm as norm_family
 from stofc.kernels.epilogue import Epilogue
 from stofc.package.maskbin import attention_launch_data, write_attention_plan
 
-KERNEL_ABI = 2          # cuda/ort/attention_abi.h kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi
+KERNEL_ABI = 3          # cuda/ort/attention_abi.h kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi
 LT_DEFAULT, LT_BIAS, LT_GELU, LT_GELU_BIAS = 1, 4, 32, 36
 TOKENS_HINT = 4096
 

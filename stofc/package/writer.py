@@ -127,7 +127,7 @@ def _provenance(contents: PackageContents) -> dict:
 def launch_attributes(ak: AttentionKernel) -> tuple[tuple[str, int], ...]:
     """SparseAttention's launch attributes (OPS.md): threads, blocks per tile row, smem.
 
-    The CUDA twin launches with them (``kernel_abi`` 2, cuda/ort/attention_abi.h).
+    The CUDA twin launches with them (``kernel_abi`` 3, cuda/ort/attention_abi.h).
     """
     return _launch(ak.choice.config, ak.spec.head_dim)
 

@@ -349,3 +349,80 @@ def test_attention_with_encoded_masks(lib, tmp_path, spec, L, tile):
     allowed = np.broadcast_to(dense, (H, L, L))
     np.testing.assert_allclose(out, attention_ref(q, k, v, allowed, kpm, None, H, 1 / math.sqrt(D)),
                                **TOL[F32])
+
+
+# ---------------------------------------------------------------- grouped-query attention, soft-capping
+
+
+def _gqa_ref(q, k, v, allowed, kpm, H, Hkv, D, scale, softcap):
+    """float64 reference with K/V heads repeated (query head h reads K/V head h // (H/Hkv))."""
+    B, S, _ = q.shape
+    rep = lambda t, n: np.repeat(t.astype(np.float64).reshape(B, S, n, D), H // n, axis=2)  # noqa: E731
+    qh = q.astype(np.float64).reshape(B, S, H, D).transpose(0, 2, 1, 3)
+    kh, vh = (rep(t, Hkv).transpose(0, 2, 1, 3) for t in (k, v))
+    s = np.einsum("bhqd,bhkd->bhqk", qh, kh) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    ok = np.broadcast_to(allowed[None, :, :S, :S], s.shape) & (kpm != 0)[:, None, None, :]
+    s = np.where(ok, s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    e = np.where(ok, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0.0)
+    den = e.sum(-1, keepdims=True)
+    p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+    return np.einsum("bhqk,bhkd->bhqd", p, vh).transpose(0, 2, 1, 3).reshape(B, S, H * D)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["separate", "packed"])
+@pytest.mark.parametrize(("Hkv", "softcap"), [(1, 0.0), (2, 0.0), (2, 5.0), (6, 5.0)])
+def test_attention_grouped_query_and_softcap(lib, tmp_path, Hkv, softcap, packed):
+    """kv_num_heads < num_heads reads K/V head h // (H / Hkv) without expanding them, in
+    separate [B, S, Hkv*D] tensors or packed [Q | K | V] rows; softcap caps the scaled
+    scores before the mask (large scores so that the tanh saturates)."""
+    B, S, H, D = 2, 70, 6, 16
+    rng = np.random.default_rng(3)
+    mask = masks(S, 1, rng)["sliding"]
+    write_mask_binary(dense_to_format(mask, 16), tmp_path / "masks" / "m.bin")
+    q = (rng.standard_normal((B, S, H * D)) * 3).astype(np.float32)
+    k, v = (rng.standard_normal((B, S, Hkv * D)).astype(np.float32) for _ in range(2))
+    kpm = np.ones((B, S), np.int64)
+    kpm[1, 50:] = 0
+    attrs = dict(num_heads=H, head_dim=D, mask_file="masks/m.bin", kv_num_heads=Hkv)
+    if softcap:
+        attrs["softcap"] = softcap
+    if packed:
+        qkv = np.concatenate([q, k, v], axis=-1)
+        node = helper.make_node("SparseAttention", ["qkv", "", "", "kpm"], ["out0"],
+                                domain="ai.stofc", **attrs)
+        inputs = [vi("qkv", F32, ["B", "S", (H + 2 * Hkv) * D]), vi("kpm", TensorProto.INT64, ["B", "S"])]
+        feeds = {"qkv": qkv, "kpm": kpm}
+    else:
+        node = helper.make_node("SparseAttention", ["q", "k", "v", "kpm"], ["out0"],
+                                domain="ai.stofc", **attrs)
+        inputs = [vi("q", F32, ["B", "S", H * D]), vi("k", F32, ["B", "S", Hkv * D]),
+                  vi("v", F32, ["B", "S", Hkv * D]), vi("kpm", TensorProto.INT64, ["B", "S"])]
+        feeds = {"q": q, "k": k, "v": v, "kpm": kpm}
+    (out,) = run_node(lib, node, inputs, feeds, package_dir=tmp_path)
+    ref = _gqa_ref(q, k, v, np.broadcast_to(mask, (H, S, S)), kpm, H, Hkv, D, 1 / math.sqrt(D),
+                   softcap)
+    np.testing.assert_allclose(out, ref, **TOL[F32])
+    if softcap:   # the cap changes the result (the test would pass without it otherwise)
+        plain = _gqa_ref(q, k, v, np.broadcast_to(mask, (H, S, S)), kpm, H, Hkv, D,
+                         1 / math.sqrt(D), 0.0)
+        assert np.abs(plain - ref).max() > 1e-2
+
+
+@pytest.mark.parametrize(("attrs", "message"), [
+    (dict(kv_num_heads=4), "kv_num_heads=4 must be >= 1 and divide num_heads=6"),
+    (dict(softcap=-1.0), "softcap must be a finite number >= 0"),
+    (dict(kv_num_heads=2), "input k has shape"),
+])
+def test_attention_grouped_query_errors(lib, tmp_path, attrs, message):
+    B, S, H, D = 1, 16, 6, 16
+    write_mask_binary(dense_to_format(np.ones((1, S, S), bool), 16), tmp_path / "masks" / "m.bin")
+    x = np.zeros((B, S, H * D), np.float32)
+    node = helper.make_node("SparseAttention", ["q", "k", "v"], ["out0"], domain="ai.stofc",
+                            num_heads=H, head_dim=D, mask_file="masks/m.bin", **attrs)
+    inputs = [vi("q", F32, ["B", "S", H * D]), vi("k", F32, ["B", "S", H * D]),
+              vi("v", F32, ["B", "S", H * D])]
+    with pytest.raises(Exception, match=message):
+        run_node(lib, node, inputs, {"q": x, "k": x, "v": x}, package_dir=tmp_path)

@@ -26,7 +26,7 @@ from stofc.package.ort_headers import find_ort_headers
 from stofc.package.ortlib import cuda_include_dir, sources_dir
 
 ENTRY = "stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k1"
-ATTN_OK = {"kernel_abi": 2, "kernel": f"kernels/a.sm_90.cubin:{ENTRY}",
+ATTN_OK = {"kernel_abi": 3, "kernel": f"kernels/a.sm_90.cubin:{ENTRY}",
            "launch_plan": "masks/m.block.plan.bin", "block_threads": 128,
            "blocks_per_tile_row": 1, "smem_bytes": 55296}
 
@@ -85,8 +85,8 @@ def test_valid_attention_attributes_parse(driver):
 
 
 BAD_ATTENTION = [
-    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 2)"),
-    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 2"),
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 3)"),
+    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 3"),
     ({"kernel": None}, "attribute 'kernel' (FILE.cubin:ENTRY) is required"),
     ({"kernel": "nocolon.cubin"}, "attribute 'kernel' must be 'FILE.cubin:ENTRY'"),
     ({"kernel": "a.cubin:my_kernel"}, "is not a stofc attention kernel"),
@@ -109,17 +109,17 @@ def test_invalid_attention_attributes_fail_with_one_clear_line(driver, change, m
 
 
 NORM_ENTRY = "stofc_add_norm_bfloat16_r_ln_s_n768_t32x4"
-EPI_OK = {"kernel_abi": 2, "epilogue_kernel": f"kernels/n.sm_90.cubin:{NORM_ENTRY}",
+EPI_OK = {"kernel_abi": 3, "epilogue_kernel": f"kernels/n.sm_90.cubin:{NORM_ENTRY}",
           "epilogue": "r-ln-s", "epilogue_threads": 128, "epilogue_rows": 1}
 
 
 def test_epilogue_attributes(driver):
     ok, none, bad_tag, odd_tag, missing, warps, no_abi, not_norm = ask(
         driver, ("epilogue:AddLayerNorm", EPI_OK),
-        ("epilogue:FusedGemm", {"kernel_abi": 2, "epilogue_kernel": ""}),
+        ("epilogue:FusedGemm", {"kernel_abi": 3, "epilogue_kernel": ""}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="r-layernorm")),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="ln-r")),
-        ("epilogue:FusedGemm", {"kernel_abi": 2}),
+        ("epilogue:FusedGemm", {"kernel_abi": 3}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_threads=96, epilogue_rows=2)),
         ("epilogue:FusedGemm", {"epilogue_kernel": ""}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_kernel="k.cubin:stofc_attn_block_x")))
@@ -207,7 +207,7 @@ def test_cuda_launch_scalars_equal_attention_op_bind(driver, cpu_runtime, tmp_pa
     path = write_attention_plan(attention_launch_data(fmt, config), tmp_path / "a.plan.bin")
     heads, head_dim = 3, 64
     op = rt.AttentionOp(fmt, config, "float16", head_dim, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
     per_row = config.q_split if config.kind == "block" else config.tile // config.rows_per_block
     rng = np.random.default_rng(1)
     names = [n for n, _ in abi_table()]
@@ -262,7 +262,7 @@ def test_key_prep_equals_attention_op_bind(key_prep, cpu_runtime, kpm_type):  # 
     fmt = encode("sliding:window=96", 300)
     op = rt.AttentionOp(fmt, AttentionConfig("row", 64, 2, 4), "float16", 64,
                         profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
     rng = np.random.default_rng(kpm_type)
     names = [n for n, _ in abi_table()]
     for batch, seq in ((1, 1), (3, 64), (4, 130), (2, 300)):

@@ -172,7 +172,7 @@ def test_attention_launch_equals_attention_op(fake, cpu_runtime, tmp_path, spec,
     assert [r["call"] for r in first].count("mem_alloc") == 1          # the plan, once
     assert not [r for r in second if r["call"] in ("mem_alloc", "htod", "module_load")]
     op = rt.AttentionOp(fmt, config, "float16", D, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
     names = dict(abi_table())
     for (B, S), f, recs in zip(shapes, feeds, (first, second), strict=True):
         prep, attn = [r for r in recs if r["call"] == "launch"]
@@ -208,8 +208,8 @@ def test_attention_launch_equals_attention_op(fake, cpu_runtime, tmp_path, spec,
 
 
 BAD = [
-    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 2)"),
-    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 2"),
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 3)"),
+    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 3"),
     ({"launch_plan": None}, "attribute 'launch_plan'"),
     ({"launch_plan": "nope.plan.bin"}, "cannot be opened"),
     ({"kernel": "missing.cubin:stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k0"},

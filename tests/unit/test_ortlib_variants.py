@@ -148,7 +148,7 @@ def test_one_of_k_v_omitted_fails_the_run(lib, tmp_path, names, given, missing):
     msg = _run_error(lib, tmp_path, node, [vi(n, F32, [B, S, H * D]) for n in present],
                      {n: rng.standard_normal((B, S, H * D)).astype(np.float32) for n in present})
     assert f"stofc SparseAttention: input {missing} is omitted but {given} is given" in msg, msg
-    assert "omit both to pass q packed as [B, S, 3*H*D]" in msg
+    assert "omit both to pass q packed as [B, S, (num_heads + 2*kv_num_heads)*head_dim]" in msg
 
 
 def test_packed_q_of_the_wrong_width_fails_the_run(lib, tmp_path):  # noqa: F811
@@ -337,7 +337,7 @@ def check_launch(records, attn, fmt, config, q, k, v, kpm):
     from stofc.targets import get_profile
 
     op = rt.AttentionOp(fmt, config, "float16", FAKE_D, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
     kw = {"scale": 0.125, **({"key_mask": kpm} if kpm is not None else {})}
     want = op.bind(q, k, v, **kw)
     names = dict(abi_table())
