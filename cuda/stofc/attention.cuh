@@ -47,6 +47,18 @@ __device__ __forceinline__ float safe_max(float m) {
     return m == STOFC_NEG_INF ? 0.0f : m;
 }
 
+/// Logit soft-capping, `c * tanh(x / c)` for c > 0, in x's own units (raw scores:
+/// c = softcap / scale; log2 units: c = softcap * log2 e). tanh(y) = 1 - 2 / (e^2|y| + 1)
+/// with the sign of y: ex2.approx (2^-22 relative) and no cancellation issue for the
+/// absolute error (<= 2e-7 * c); large |y| overflows e to inf and gives exactly +-c.
+/// Never called on -inf (masking comes after).
+__device__ __forceinline__ float soft_cap(float x, float c, float inv_c) {
+    const float y = x * inv_c;
+    const float e = exp2_fast(2.0f * STOFC_LOG2E * fabsf(y));
+    const float t = 1.0f - __fdividef(2.0f, e + 1.0f);
+    return copysignf(t, y) * c;
+}
+
 /// Bit `key` (>= 0) of the packed key-validity words of one sequence.
 __device__ __forceinline__ u32 key_bit(const u64* words, int key) {
     return static_cast<u32>((words[key >> 6] >> (key & 63)) & 1ull);

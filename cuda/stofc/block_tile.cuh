@@ -37,6 +37,16 @@ __device__ __forceinline__ u64 step_key_word(int kbase, int kvl, const u64* key_
     return w;
 }
 
+/// Soft-cap every raw score of the step (c = softcap / scale, inv_c = 1 / c); before
+/// mask_step, which then overwrites disallowed scores with -inf.
+template <int NB>
+__device__ __forceinline__ void soft_cap_step(float (&s)[NB][4], float c, float inv_c) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = soft_cap(s[n][e], c, inv_c);
+}
+
 /// Set disallowed scores of the step to -inf and add the bias to allowed ones.
 ///
 /// `bm32` points at the 32-bit half (g >> 2) of the part tile's first 8x8 word

@@ -67,6 +67,16 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
         asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3]) :: "memory");
 }
 
+/// Keep `n` register-A fragments alive (unmodified, in their registers) up to this
+/// point: after the wgmma_wait that retires the GEMM reading them, so the compiler
+/// cannot reuse their registers while the asynchronous GEMM still reads them.
+template <int N>
+__device__ __forceinline__ void wgmma_keep(u32 (&a)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+        asm volatile("" : "+r"(a[n][0]), "+r"(a[n][1]), "+r"(a[n][2]), "+r"(a[n][3]) :: "memory");
+}
+
 #define STOFC_ACC1(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
 #define STOFC_ACC8(d) \
     STOFC_ACC1(d, 0), STOFC_ACC1(d, 1), STOFC_ACC1(d, 2), STOFC_ACC1(d, 3), \
@@ -82,6 +92,19 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+#define STOFC_ACC8_AT(d, o) \
+    STOFC_ACC1(d, o + 0), STOFC_ACC1(d, o + 1), STOFC_ACC1(d, o + 2), STOFC_ACC1(d, o + 3), \
+    STOFC_ACC1(d, o + 4), STOFC_ACC1(d, o + 5), STOFC_ACC1(d, o + 6), STOFC_ACC1(d, o + 7)
+#define STOFC_D128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 /// d (64 x N) = A (64 x 16, smem, K-major) * B (16 x N, smem, K-major) [+ d if accumulate],
 /// N = 64 (the block kernels' softmax step).
@@ -107,7 +130,34 @@ __device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 64>(float (&d)[8][4], u6
                  : STOFC_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-/// d (64 x N) += A (64 x 16, registers) * B (16 x N, smem, N-major: transposed), N = 64 or 128.
+/// d (64 x N) = A (64 x 16, registers) * B (16 x N, smem, K-major) [+ d if accumulate], N = 64:
+/// S = Q K^T with Q's fragments held in registers (the warp-specialised kernel).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b,
+                                         int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_rs<__half, 64>(float (&d)[8][4], const u32 (&a)[4],
+                                                     u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " STOFC_D32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : STOFC_ACC8(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<__nv_bfloat16, 64>(float (&d)[8][4], const u32 (&a)[4],
+                                                            u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " STOFC_D32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : STOFC_ACC8(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+/// d (64 x N) += A (64 x 16, registers) * B (16 x N, smem, N-major: transposed), N = 64, 128
+/// or 256 (head_dim 256: the V descriptor's lbo steps over the four 64-column panels).
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b);
 
@@ -145,7 +195,29 @@ __device__ __forceinline__ void wgmma_rs_tb<__nv_bfloat16, 128>(float (&d)[16][4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+template <>
+__device__ __forceinline__ void wgmma_rs_tb<__half, 256>(float (&d)[32][4], const u32 (&a)[4],
+                                                         u64 desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " STOFC_D128
+                 ", {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+                 : STOFC_ACC8_AT(d, 0), STOFC_ACC8_AT(d, 8), STOFC_ACC8_AT(d, 16),
+                   STOFC_ACC8_AT(d, 24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs_tb<__nv_bfloat16, 256>(float (&d)[32][4],
+                                                                const u32 (&a)[4], u64 desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " STOFC_D128
+                 ", {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+                 : STOFC_ACC8_AT(d, 0), STOFC_ACC8_AT(d, 8), STOFC_ACC8_AT(d, 16),
+                   STOFC_ACC8_AT(d, 24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
 #undef STOFC_ACC1
+#undef STOFC_ACC8_AT
+#undef STOFC_D128
 #undef STOFC_ACC8
 #undef STOFC_ACC8_HI
 #undef STOFC_D32

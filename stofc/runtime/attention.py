@@ -28,7 +28,9 @@ from stofc.kernels.attention.config import (
 from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 from stofc.kernels.attention.render import compile_kernel
+from stofc.kernels.attention.ws_plan import plan_ws
 from stofc.masks.format import MaskFormat
+from stofc.runtime.attention_ws import TensorView, WsLaunchData
 from stofc.runtime.module import BoundLaunch, LoadedKernel, _cupy, device_arch, load_kernel
 from stofc.targets import GpuProfile, detect
 
@@ -87,7 +89,13 @@ class AttentionOp:
         cp = _cupy()
         self._cp = cp
         perm = None
-        if config.kind == "block" and config.permute:     # residue permutation (dilation)
+        self._ws: WsLaunchData | None = None
+        if config.kind == "ws":                           # warp-specialised: pair rows, items
+            self._ws = WsLaunchData(plan_ws(fmt, split_tiles=config.split), cp, dtype, head_dim)
+            self.plan = None
+            row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
+            words, gk, self._work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
+        elif config.kind == "block" and config.permute:   # residue permutation (dilation)
             chosen = choose_permutation(fmt)
             if chosen is None:
                 raise StofcError("the config asks for a residue permutation but none pays "
@@ -100,7 +108,7 @@ class AttentionOp:
             row_ptr, keys, parts = plan.row_ptr, plan.key_base, plan.part_idx
             words, gk, self._work = plan.bitmaps, plan.gather_keys, plan.tiles_per_row
             self.plan = plan
-        else:                                             # row-wise walks the format itself
+        elif config.kind == "row":                        # row-wise walks the format itself
             row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
             words, gk, self._work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
             self.plan = None
@@ -119,19 +127,24 @@ class AttentionOp:
         self._dummy = cp.zeros(8, dtype=cp.float16 if dtype == "float16" else cp.uint16)
         self._dummy_words = cp.zeros(1, dtype=cp.uint64)
         self._orders: dict[int, tuple[object, int]] = {}
-        self._kernels: dict[tuple[bool, bool], LoadedKernel] = {}
+        self._kernels: dict[tuple[bool, bool, bool], LoadedKernel] = {}
+        self._combines: dict[tuple[bool, bool, bool], LoadedKernel] = {}
 
     # ------------------------------------------------------------------ helpers
-    def spec(self, *, has_bias: bool, has_key_bits: bool) -> KernelSpec:
-        return KernelSpec(self.config, self.dtype, self.head_dim, has_bias, has_key_bits)
+    def spec(self, *, has_bias: bool, has_key_bits: bool, has_softcap: bool = False) -> KernelSpec:
+        return KernelSpec(self.config, self.dtype, self.head_dim, has_bias, has_key_bits,
+                          has_softcap)
 
-    def _kernel(self, has_bias: bool, has_key_bits: bool) -> LoadedKernel:
-        key = (has_bias, has_key_bits)
+    def _kernel(self, has_bias: bool, has_key_bits: bool, has_softcap: bool) -> LoadedKernel:
+        key = (has_bias, has_key_bits, has_softcap)
         if key not in self._kernels:
-            spec = self.spec(has_bias=has_bias, has_key_bits=has_key_bits)
+            spec = self.spec(has_bias=has_bias, has_key_bits=has_key_bits,
+                             has_softcap=has_softcap)
             compiled = compile_kernel(spec, self.target)
-            smem = smem_bytes(self.config, self.head_dim) if self.config.kind == "block" else 0
+            smem = smem_bytes(self.config, self.head_dim) if self.config.kind != "row" else 0
             self._kernels[key] = load_kernel(compiled, spec.name, dynamic_smem=smem)
+            if self.config.kind == "ws":
+                self._combines[key] = load_kernel(compiled, f"{spec.name}_combine")
         return self._kernels[key]
 
     def _order(self, seq_len: int):
@@ -147,23 +160,26 @@ class AttentionOp:
 
     # ------------------------------------------------------------------ run
     def run(self, q, k, v, out=None, *, layout: str = "bshd", seq_lens=None, key_mask=None,
-            bias=None, scale: float | None = None, stream=None):
+            bias=None, scale: float | None = None, softcap: float = 0.0, stream=None):
         """Attention of ``q`` over ``k, v`` under the mask on ``stream``; returns ``out``.
 
         See :meth:`bind` for the arguments; ``run`` binds and launches once.
         """
         with stream if stream is not None else contextlib.nullcontext():
             bound = self.bind(q, k, v, out, layout=layout, seq_lens=seq_lens,
-                              key_mask=key_mask, bias=bias, scale=scale)
+                              key_mask=key_mask, bias=bias, scale=scale, softcap=softcap)
         return bound.launch(stream)
 
     def bind(self, q, k, v, out=None, *, layout: str = "bshd", seq_lens=None, key_mask=None,
-             bias=None, scale: float | None = None) -> BoundLaunch:
+             bias=None, scale: float | None = None, softcap: float = 0.0) -> BoundLaunch:
         """Check and pack one launch; ``.launch(stream)`` runs it and returns ``out``.
 
+        ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention: query head
+        ``h`` reads K/V head ``h // (H / Hkv)``; K/V are never expanded);
         ``seq_lens`` int ``[B]`` and/or ``key_mask`` 0/1 ``[B, >=L]`` drop padding keys;
         ``bias`` ``[B|1, H|1, >=L, >=L]`` (q's dtype) is added to the scaled scores;
-        ``scale`` defaults to ``1/sqrt(head_dim)``.
+        ``scale`` defaults to ``1/sqrt(head_dim)``; ``softcap > 0`` soft-caps the scaled
+        scores (``softcap * tanh(s / softcap)``, before bias and mask).
         """
         cp = self._cp
         q, k, v = (cp.asarray(x) for x in (q, k, v))
@@ -175,10 +191,17 @@ class AttentionOp:
                 raise StofcError(f"attention {name} has head_dim {x.shape[-1]}, the op was built for {self.head_dim}",
                                  hint="build the op for this head_dim")
         vq, vk, vv = _views(q, layout, "q"), _views(k, layout, "k"), _views(v, layout, "v")
-        if not ((vq.batch, vq.seq, vq.heads) == (vk.batch, vk.seq, vk.heads) == (vv.batch, vv.seq, vv.heads)):
+        if not ((vq.batch, vq.seq) == (vk.batch, vk.seq) == (vv.batch, vv.seq)
+                and vk.heads == vv.heads and vk.heads >= 1 and vq.heads % vk.heads == 0):
             raise StofcError("attention q, k, v shapes differ",
-                             hint="pass q, k, v with the same batch, length and heads")
+                             hint="pass q, k, v with the same batch and length, and k, v with "
+                                  "a number of heads that divides q's (grouped-query attention)")
         batch, seq, heads = vq.batch, vq.seq, vq.heads
+        kv_group = heads // vk.heads
+        softcap = float(softcap)
+        if not (softcap >= 0.0 and math.isfinite(softcap)):
+            raise StofcError(f"attention softcap must be finite and >= 0, got {softcap}",
+                             hint="pass 0 for no soft-capping")
         if seq > self.fmt.seq_len or seq < 1:
             raise StofcError(f"sequence length {seq} exceeds the mask's L_max {self.fmt.seq_len}",
                              hint="compile the mask for a larger --max-seq-len")
@@ -231,11 +254,22 @@ class AttentionOp:
         if not scale > 0:
             raise StofcError(f"attention scale must be > 0, got {scale}", hint="pass a positive scale")
 
+        kern = self._kernel(bias is not None, key_mask is not None, softcap > 0.0)
+        if self._ws is not None:
+            combine = self._combines[(bias is not None, key_mask is not None, softcap > 0.0)]
+
+            def tv(x, vw):
+                return TensorView(int(x.data.ptr), vw.batch, vw.seq, vw.heads, vw.strides)
+
+            return self._ws.bind(
+                kern, combine, q=tv(q, vq), k=tv(k, vk), v=tv(v, vv), out=out,
+                out_strides=vo.strides, kv_len=kv_len, key_words=key_words, key_bits=words,
+                bias=bias_arr, bias_strides=(bsb, bsh, bsq), scale=scale, kv_group=kv_group,
+                softcap=softcap, batch=batch, heads=heads, seq=seq)
         order, rows = self._order(seq)
         c = self.config
         per_row = c.q_split if c.kind == "block" else c.tile // c.rows_per_block
         grid = heads * batch * rows * per_row
-        kern = self._kernel(bias is not None, key_mask is not None)
         i64, i32 = np.int64, np.int32
         args = (q, k, v, out,
                 *(i64(s) for s in vq.strides), *(i64(s) for s in vk.strides),
@@ -244,7 +278,8 @@ class AttentionOp:
                 self._q_perm, i32(self.permutation is not None),
                 i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
                 bias_arr, i64(bsb), i64(bsh), i64(bsq),
-                i32(batch), i32(heads), i32(seq), np.float32(scale))
+                i32(batch), i32(heads), i32(seq), np.float32(scale), i32(kv_group),
+                np.float32(softcap))
         return BoundLaunch(kern, grid, c.threads, args, result=out)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from stofc.compile import CompiledKernel
 from stofc.errors import DeviceError
+from stofc.runtime.tensor_map import TensorMap
 
 _MODULES: dict[str, Any] = {}
 
@@ -80,22 +81,28 @@ def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0) ->
 class BoundLaunch:
     """A kernel launch with its arguments packed once: ``launch()`` is one driver call.
 
-    ``args`` holds CuPy arrays (passed as device pointers) and numpy scalars
-    (int32, int64, float32). The arrays are kept alive as long as this object.
-    Meant for repeated launches on fixed buffers (timing, the tuner, graphs).
+    ``args`` holds CuPy arrays (passed as device pointers), numpy scalars (int32,
+    int64, float32) and tensor maps (:class:`~stofc.runtime.tensor_map.TensorMap`,
+    passed by value). The arrays are kept alive as long as this object. ``then``
+    is a launch made right after this one on the same stream (the warp-specialised
+    attention's combine kernel). Meant for repeated launches on fixed buffers
+    (timing, the tuner, graphs).
     """
 
     def __init__(self, kernel: LoadedKernel, grid: int, block: int, args: tuple, *,
-                 result=None) -> None:
+                 result=None, then: BoundLaunch | None = None) -> None:
         import ctypes
 
         import numpy as np
 
         self.kernel, self.grid, self.block, self.result = kernel, grid, block, result
+        self.then = then
         self._keep = list(args)
-        values = []
+        values: list = []
         for a in args:
-            if isinstance(a, np.int64):
+            if isinstance(a, TensorMap):
+                values.append(a.as_param())
+            elif isinstance(a, np.int64):
                 values.append(ctypes.c_int64(int(a)))
             elif isinstance(a, np.int32):
                 values.append(ctypes.c_int32(int(a)))
@@ -123,4 +130,6 @@ class BoundLaunch:
             except Exception as err:
                 raise DeviceError(f"launch of {self.kernel.name} failed ({err})",
                                   hint="check the inputs' shapes and the GPU state") from None
+        if self.then is not None:
+            self.then.launch(stream)
         return self.result

@@ -107,7 +107,7 @@ def test_per_head_composed_yaml(tmp_path, kind):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256])
 @pytest.mark.parametrize("kind", ["block", "row"])
 def test_head_dims_and_dtypes(kind, head_dim, dtype):
     fmt, dense = encoded("longformer:window=100,global=20", 450)
@@ -265,3 +265,34 @@ def test_user_errors_are_clear():
         op.run(q[0], q[0], q[0])
     with pytest.raises(StofcError, match="tile"):
         AttentionOp(fmt, AttentionConfig("block", 128, 16, 8, 2, 1), "float16", 64, detect())
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["separate", "packed"])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("kind", ["block", "gather", "row"])
+def test_grouped_query_attention(kind, kv_heads, packed):
+    """K/V with fewer heads than Q (MQA: 1, GQA: 2 of 6): head h reads K/V head h // 3."""
+    fmt, dense = encoded("sliding:window=150,causal=true", 500)
+    res = run_case(fmt, dense, KINDS[kind], batch=2, heads=6, seq=500, head_dim=64,
+                   kv_heads=kv_heads, packed=packed, seq_lens=[500, 431],
+                   seed=_seed("gqa", kind, kv_heads, packed))
+    _check(res, "float16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("kind", ["block", "gather", "row"])
+def test_logit_softcap(kind, head_dim, dtype):
+    """Gemma 2's soft-capping, with scores large enough to saturate the tanh, plus bias and
+    padding (the cap comes before both)."""
+    fmt, dense = encoded("longformer:window=64,global=8", 300)
+    res = run_case(fmt, dense, KINDS[kind], batch=2, heads=2, seq=300, head_dim=head_dim,
+                   dtype=dtype, softcap=20.0, score_scale=8.0, key_mask=_pad_mask(2, 300),
+                   bias_shape=(1, 2, 300, 300), seed=_seed("cap", kind, head_dim, dtype))
+    _check(res, dtype)
+
+
+def _pad_mask(batch: int, seq: int) -> np.ndarray:
+    m = np.ones((batch, seq), np.int32)
+    m[-1, seq * 3 // 4:] = 0
+    return m

@@ -44,19 +44,28 @@ def encoded(spec: str, seq_len: int, *, tile: int = 64, num_heads: int | None = 
 def run_case(fmt, dense, config, *, batch: int, heads: int, seq: int, head_dim: int,
              dtype: str = "float16", seq_lens=None, key_mask=None, bias_shape=None,
              layout: str = "bshd", packed: bool = False, scale: float | None = None,
-             seed: int | None = None) -> Result:
-    """Fresh random inputs, NaN-poisoned output, one launch, compare to float64."""
+             seed: int | None = None, kv_heads: int | None = None, softcap: float = 0.0,
+             score_scale: float = 1.0) -> Result:
+    """Fresh random inputs, NaN-poisoned output, one launch, compare to float64.
+
+    ``kv_heads`` < heads: grouped-query attention (K/V have kv_heads heads);
+    ``softcap``: logit soft-capping; ``score_scale`` multiplies q (large values
+    push the soft-capping tanh into saturation).
+    """
     import cupy as cp
 
     rng = np.random.default_rng(seed)
     shape = (batch, seq, heads, head_dim)
-    if packed:                                   # [B, S, 3, H, D] QKV projection output
-        qkv_dev, qkv = quantise(rng.standard_normal((batch, seq, 3, heads, head_dim)), dtype)
+    hk = heads if kv_heads is None else kv_heads
+    if packed:                                   # [B, S, H + 2*Hkv, D] QKV projection output
+        qkv_dev, qkv = quantise(rng.standard_normal((batch, seq, heads + 2 * hk, head_dim)), dtype)
         dev = cp.asarray(qkv_dev)
-        q_d, k_d, v_d = dev[:, :, 0], dev[:, :, 1], dev[:, :, 2]
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q_d, k_d, v_d = dev[:, :, :heads], dev[:, :, heads:heads + hk], dev[:, :, heads + hk:]
+        q, k, v = qkv[:, :, :heads], qkv[:, :, heads:heads + hk], qkv[:, :, heads + hk:]
     else:
-        parts = [quantise(rng.standard_normal(shape) * s, dtype) for s in (1.0, 1.0, 1.0)]
+        kv_shape = (batch, seq, hk, head_dim)
+        parts = [quantise(rng.standard_normal(sh) * s, dtype)
+                 for sh, s in ((shape, score_scale), (kv_shape, 1.0), (kv_shape, 1.0))]
         (q_h, q), (k_h, k), (v_h, v) = parts
         q_d, k_d, v_d = (cp.asarray(x) for x in (q_h, k_h, v_h))
         if layout == "bhsd":
@@ -69,7 +78,7 @@ def run_case(fmt, dense, config, *, batch: int, heads: int, seq: int, head_dim: 
     out_shape = (batch, heads, seq, head_dim) if layout == "bhsd" else shape
     out = cp.full(out_shape, poison, dtype=np.float16 if dtype == "float16" else np.uint16)
     op = AttentionOp(fmt, config, dtype, head_dim, detect())
-    op.run(q_d, k_d, v_d, out, layout=layout, scale=scale,
+    op.run(q_d, k_d, v_d, out, layout=layout, scale=scale, softcap=softcap,
            seq_lens=None if seq_lens is None else cp.asarray(np.asarray(seq_lens, np.int32)),
            key_mask=None if key_mask is None else cp.asarray(np.asarray(key_mask, np.int32)),
            bias=bias_d)
@@ -79,7 +88,7 @@ def run_case(fmt, dense, config, *, batch: int, heads: int, seq: int, head_dim: 
     if layout == "bhsd":
         got = got.transpose(0, 2, 1, 3)
     ref = reference_attention(q, k, v, dense, scale or 1.0 / np.sqrt(head_dim),
-                              seq_lens=seq_lens, key_mask=key_mask, bias=bias)
+                              seq_lens=seq_lens, key_mask=key_mask, bias=bias, softcap=softcap)
     nan = bool(np.isnan(got).any())
     denom = max(np.linalg.norm(ref), 1e-30)
     err = float(np.linalg.norm(np.nan_to_num(got, nan=1e6) - ref) / denom)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stofc.kernels.attention import AttentionConfig, search_space
+from stofc.kernels.attention import AttentionConfig, prune, search_space
 from stofc.kernels.attention.reference import format_from_dense
 from stofc.targets import detect
 from tests.gpu.test_attention import FAMILIES, _seed, check_padding_bias_layouts
@@ -50,9 +50,12 @@ def test_every_family(spec, kind):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("cfg", [WG, WG_T128, WG_T128_SPLIT], ids=["t64", "t128", "t128q2"])
 def test_head_dims_dtypes_tiles(cfg, head_dim, dtype):
+    if head_dim == 256 and cfg.tile == 128:   # K/V tiles of 128 x 256 do not fit twice
+        assert "shared memory" in prune(cfg, head_dim, detect())
+        return
     fmt, dense = encoded("longformer:window=100,global=20", 450, tile=cfg.tile)
     res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=450, head_dim=head_dim, dtype=dtype,
                    seed=_seed("wgdims", cfg, head_dim, dtype))
@@ -85,3 +88,24 @@ def test_every_wgmma_config_of_the_search_space(tile):
         res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=600, head_dim=64,
                        seed=_seed("wgspace", tile, cfg))
         _check(res, "float16", cfg.describe())
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("kind", ["wg", "gather"])
+def test_grouped_query_attention(kind, kv_heads):
+    fmt, dense = encoded("sliding:window=150,causal=true", 500)
+    res = run_case(fmt, dense, KINDS[kind], batch=2, heads=6, seq=500, head_dim=128,
+                   dtype="bfloat16", kv_heads=kv_heads, packed=kv_heads == 2,
+                   seq_lens=[500, 431], seed=_seed("wggqa", kind, kv_heads))
+    _check(res, "bfloat16")
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_logit_softcap(head_dim):
+    fmt, dense = encoded("longformer:window=64,global=8", 300)
+    key_mask = np.ones((2, 300), np.int32)
+    key_mask[1, 225:] = 0
+    res = run_case(fmt, dense, WG, batch=2, heads=2, seq=300, head_dim=head_dim,
+                   dtype="bfloat16", softcap=20.0, score_scale=8.0, key_mask=key_mask,
+                   bias_shape=(1, 2, 300, 300), seed=_seed("wgcap", head_dim))
+    _check(res, "bfloat16")

@@ -36,8 +36,10 @@ def representative_specs() -> list[KernelSpec]:
             for d in HEAD_DIMS:
                 add(KernelSpec(cfg, dtype, d))
             add(KernelSpec(cfg, dtype, 64, has_bias=True, has_key_bits=True))
+            add(KernelSpec(cfg, dtype, 256, has_softcap=True, has_key_bits=True))
         add(KernelSpec(cfg, "float16", 64, has_bias=True))
         add(KernelSpec(cfg, "float16", 64, has_key_bits=True))
+        add(KernelSpec(cfg, "float16", 128, has_softcap=True, has_bias=True))
         seen: set[tuple] = set()
         for tile in (64, 128):
             for c in search_space(kind, 64, "float16", profile, tile=tile):
@@ -119,7 +121,7 @@ def test_compile_error_shows_log_and_dump(tmp_path, monkeypatch):
     assert "warp_maxx" in Path(info.value.source_path).read_text()
 
 
-@pytest.mark.parametrize("head_dim", [16, 48, 100, 256])
+@pytest.mark.parametrize("head_dim", [16, 48, 100, 512])
 def test_unsupported_head_dim_is_a_user_error(head_dim):
     with pytest.raises(StofcError, match="head_dim"):
         render_kernel(KernelSpec(AttentionConfig("row", 64, 1, 4), "float16", head_dim))

@@ -84,6 +84,8 @@ def _wgmma_specs() -> list[KernelSpec]:
     specs = [KernelSpec(c, dt, d, flags, flags) for c in configs[:1]
              for dt in ("float16", "bfloat16") for d in (64, 128) for flags in (False, True)]
     specs += [KernelSpec(c, "float16", d, True, True) for c in configs[1:] for d in (64, 128)]
+    specs += [KernelSpec(configs[0], dt, 256, True, True, has_softcap=True)
+              for dt in ("float16", "bfloat16")]
     return specs
 
 

@@ -1,4 +1,4 @@
-"""The attention kernels' frozen launch ABI (kernel_abi 2), checked on every side without a GPU.
+"""The attention kernels' frozen launch ABI (kernel_abi 3), checked on every side without a GPU.
 
 ``cuda/ort/attention_abi.h`` is the one machine-readable table: the CUDA twin builds
 its argument struct and launch array from it. Here it must equal both templates'
@@ -49,7 +49,7 @@ def template_params(name: str) -> list[tuple[str, str]]:
 
 def test_abi_table_matches_both_templates():
     table = abi_table()
-    assert len(table) == 36
+    assert len(table) == 38
     block, row = template_params("block.cu.j2"), template_params("row.cu.j2")
     assert block == table                                   # names and types, in order
     assert [t for _, t in row] == [t for _, t in table]     # row-wise: same types, own names
@@ -92,8 +92,9 @@ FAKE_CUPY = types.SimpleNamespace(
 
 
 class _Recorder:
-    def __init__(self, kernel, grid, block, args, *, result=None) -> None:
+    def __init__(self, kernel, grid, block, args, *, result=None, then=None) -> None:
         self.kernel, self.grid, self.block, self.args = kernel, grid, block, args
+        self.then = then
 
 
 @pytest.fixture
@@ -129,7 +130,8 @@ def test_runtime_launch_matches_abi_and_launch_plan(cpu_runtime, tmp_path, spec,
     fmt = encode(spec, L)
     heads, batch, head_dim, seq = 2, 2, 64, L - 37
     op = rt.AttentionOp(fmt, config, "float16", head_dim, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits: ("kernel", has_bias, has_key_bits)
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (
+        "kernel", has_bias, has_key_bits, has_softcap)
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float16)
                for _ in range(3))
@@ -156,7 +158,8 @@ def test_runtime_launch_matches_abi_and_launch_plan(cpu_runtime, tmp_path, spec,
         per_row = config.q_split if config.kind == "block" else config.tile // config.rows_per_block
         assert launch.grid == heads * batch * rows * per_row and launch.block == config.threads
         assert (int(args["B"]), int(args["H"]), int(args["L"])) == (batch, heads, seq)
-        assert launch.kernel[1:] == ("bias" in kw, "key_mask" in kw)
+        assert launch.kernel[1:] == ("bias" in kw, "key_mask" in kw, False)
+        assert int(args["kv_group"]) == 1 and float(args["softcap"]) == 0.0
         # what key_prep.cu computes on the device from key_padding_mask
         if "key_mask" in kw:
             assert np.asarray(args["kv_len"]).tolist() == [seq, seq - 5]
@@ -178,3 +181,27 @@ def test_launch_plan_roundtrip_and_permutation(tmp_path):
     assert (back.q_perm[1000:] == -1).all()
     assert back.row_orders.size == fmt.tile_rows * (fmt.tile_rows + 1) // 2
     assert (back.tile, back.seq_len, back.spec_hash) == (64, 1000, fmt.spec_hash[:32])
+
+
+def test_grouped_query_and_softcap_launch_arguments(cpu_runtime):
+    """K/V with fewer heads pass their own strides and kv_group = H / Hkv; softcap picks
+    the soft-capping kernel and is passed as its last argument (launch_plan.cc mirrors it)."""
+    fmt = encode("causal", 256)
+    op = rt.AttentionOp(fmt, AttentionConfig("block", 64, 16, 4, 2, 1), "float16", 64,
+                        profile=get_profile("h100"))
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: ("kernel", has_softcap)
+    batch, seq, heads, kv_heads = 2, 200, 8, 2
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((batch, seq, heads, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((batch, seq, kv_heads, 64)).astype(np.float16) for _ in range(2))
+    args = dict(zip([n for n, _ in abi_table()], op.bind(q, k, v, softcap=30.0).args, strict=True))
+    assert int(args["kv_group"]) == heads // kv_heads
+    assert float(args["softcap"]) == 30.0
+    assert [int(args[f"k_s{x}"]) for x in "bsh"] == [seq * kv_heads * 64, kv_heads * 64, 64]
+    assert [int(args[f"q_s{x}"]) for x in "bsh"] == [seq * heads * 64, heads * 64, 64]
+    assert op.bind(q, k, v, softcap=30.0).kernel == ("kernel", True)
+    assert op.bind(q, k, v).kernel == ("kernel", False)
+    with pytest.raises(rt.StofcError, match="number of heads that divides"):
+        op.bind(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
+    with pytest.raises(rt.StofcError, match="softcap"):
+        op.bind(q, k, v, softcap=-1.0)

@@ -15,6 +15,12 @@ owns 64 rows, Q/K/V sit in 128B-swizzled shared memory, head_dim 64 or 128).
 Row-wise (``kind="row"``): a warp owns ``warp_m`` (1, 2 or 4) query rows, a
 block ``warps * warp_m`` consecutive rows inside one tile row; ``stages`` and
 ``q_split`` are 1 (unused).
+
+Warp-specialised (``kind="ws"``, Hopper, :mod:`.ws`): a producer warpgroup streams
+K/V with the Tensor Memory Accelerator into a ``stages``-deep ring, two consumer
+warpgroups own 64 query rows each (two tile rows of T=64); ``pingpong`` makes the
+consumers alternate their GEMMs; ``split`` cuts walks longer than that many tiles
+into chunks merged by a combine kernel (0: no split).
 """
 
 from __future__ import annotations
@@ -23,19 +29,29 @@ import itertools
 from dataclasses import dataclass
 
 from stofc.errors import StofcError
+from stofc.kernels.attention.ws import (
+    SPLITS,
+    WS_STAGES,
+    WS_TILE,
+    WS_WARPS,
+    ws_prune,
+    ws_registers,
+    ws_smem_bytes,
+)
 from stofc.targets import GpuProfile
 
-HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 128)
+HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 128, 256)
 DTYPES: dict[str, str] = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
-KINDS: tuple[str, ...] = ("block", "row")
+KINDS: tuple[str, ...] = ("block", "row", "ws")
 MMAS: tuple[str, ...] = ("sync", "wgmma")
 WGMMA_CC = (9, 0)        # wgmma is sm_90a only: H100 / H200 (not forward compatible)
-WGMMA_HEAD_DIMS = (64, 128)   # whole 128-byte swizzle panels
+WGMMA_HEAD_DIMS = (64, 128, 256)   # whole 128-byte swizzle panels
 SMEM_ALIGN_SLACK = 1024  # wgmma: the kernel aligns its swizzle panels to 1024 bytes
 ELEM_BYTES = 2
 REG_LIMIT = 255          # registers per thread the hardware allows
 MIN_REG_CAP = 96         # below this, __launch_bounds__ caps force heavy spills
 REG_OVERHEAD = 64        # addresses, loop state, masks (ptxas -v on sm_90: 137 regs for T=64,D=64)
+Q_REG_HEAD_DIM = 128     # larger head_dims re-read Q from smem: the O accumulators need the registers
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,8 @@ class AttentionConfig:
     min_blocks: int = 1    # block-wise: __launch_bounds__ min blocks/SM (caps registers)
     permute: bool = False  # block-wise: residue permutation of queries and keys (runtime data)
     mma: str = "sync"      # block-wise: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
+    split: int = 0         # ws: walks longer than this many tiles are split (0: never)
+    pingpong: bool = True  # ws: the two consumer warpgroups alternate their GEMMs
 
     @property
     def threads(self) -> int:
@@ -62,6 +80,8 @@ class AttentionConfig:
         """Query rows one thread block owns."""
         if self.kind == "block":
             return self.tile // self.q_split
+        if self.kind == "ws":
+            return 2 * self.tile
         return self.warps * self.warp_m
 
     def describe(self) -> str:
@@ -71,6 +91,10 @@ class AttentionConfig:
                     f"{f' minblocks={self.min_blocks}' if self.min_blocks > 1 else ''}"
                     f"{' gather' if self.gather else ''}{' permute' if self.permute else ''}"
                     f"{' wgmma' if self.mma == 'wgmma' else ''}")
+        if self.kind == "ws":
+            return (f"warp-specialised T={self.tile} rows/block=128 stages={self.stages}"
+                    f"{' pingpong' if self.pingpong else ''}"
+                    f"{f' split={self.split}' if self.split else ''}")
         return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
 
 
@@ -83,14 +107,25 @@ class KernelSpec:
     head_dim: int
     has_bias: bool = False
     has_key_bits: bool = False
+    has_softcap: bool = False   # logit soft-capping (the value is a launch argument)
 
     @property
     def name(self) -> str:
+        """The kernel's entry name; the ORT library parses its tail ``[_c]_b?_k?``."""
         c = self.config
         dt = "f16" if self.dtype == "float16" else "bf16"
         return (f"stofc_attn_{c.kind}_{dt}_d{self.head_dim}_t{c.tile}_w{c.warps}_m{c.warp_m}"
-                f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}{'_wg' if c.mma == 'wgmma' else ''}"
+                f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}"
+                f"{'_wg' if c.mma == 'wgmma' and c.kind != 'ws' else ''}"
+                f"{'_pp' if c.kind == 'ws' and c.pingpong else ''}"
+                f"{'_c' if self.has_softcap else ''}"
                 f"_b{int(self.has_bias)}_k{int(self.has_key_bits)}")
+
+    @property
+    def q_in_regs(self) -> bool:
+        """Whether the kernel keeps Q (block-wise: its fragments; row-wise: the row) in
+        registers; above ``Q_REG_HEAD_DIM`` it re-reads Q from shared memory."""
+        return q_in_registers(self.head_dim)
 
     @property
     def template(self) -> str:
@@ -98,8 +133,15 @@ class KernelSpec:
         return template_name(self.config.kind, self.config.mma)
 
 
+def q_in_registers(head_dim: int) -> bool:
+    """Whether a kernel of this head_dim keeps Q in registers (see ``KernelSpec.q_in_regs``)."""
+    return head_dim <= Q_REG_HEAD_DIM
+
+
 def template_name(kind: str, mma: str = "sync") -> str:
     """The attention template of a kernel kind and MMA instruction."""
+    if kind == "ws":
+        return "attention/block_ws.cu.j2"
     return "attention/block_wgmma.cu.j2" if mma == "wgmma" else f"attention/{kind}.cu.j2"
 
 
@@ -130,7 +172,10 @@ def check_dtype(dtype: str) -> None:
 def smem_bytes(config: AttentionConfig, head_dim: int) -> int:
     """Shared memory one block needs (dynamic for block-wise, static for row-wise)."""
     if config.kind == "row":
-        return config.warps * 64 * 4
+        q_row = 0 if q_in_registers(head_dim) else config.warps * head_dim * 4
+        return config.warps * 64 * 4 + q_row
+    if config.kind == "ws":
+        return ws_smem_bytes(config.stages, head_dim)
     if config.mma == "wgmma":           # unpadded swizzled rows + the alignment slack
         srow, slack = head_dim * ELEM_BYTES, SMEM_ALIGN_SLACK
     else:                               # padded rows: conflict-free ldmatrix
@@ -143,12 +188,16 @@ def smem_bytes(config: AttentionConfig, head_dim: int) -> int:
 def estimate_registers(config: AttentionConfig, head_dim: int) -> int:
     """Registers per thread the kernel's live arrays need (accumulators, S, Q, P)."""
     if config.kind == "row":
-        return head_dim + 2 * ((head_dim // 2 + 31) // 32) + 16 + REG_OVERHEAD // 2
+        q = head_dim if q_in_registers(head_dim) else 0
+        return q + 2 * ((head_dim // 2 + 31) // 32) + 16 + REG_OVERHEAD // 2
+    if config.kind == "ws":
+        return ws_registers(head_dim)
     mt = config.warp_m // 16
     acc = mt * (head_dim // 8) * 4
     keys = min(config.tile, 64)               # the kernel's softmax step (KN)
     s = mt * (keys // 8) * 4
-    qf = 0 if config.mma == "wgmma" else mt * (head_dim // 16) * 4   # wgmma reads Q from smem
+    # wgmma reads Q from smem; mma.sync keeps its fragments unless head_dim is large
+    qf = 0 if config.mma == "wgmma" or not q_in_registers(head_dim) else mt * (head_dim // 16) * 4
     pf = mt * (keys // 16) * 4
     return acc + s + qf + pf + REG_OVERHEAD
 
@@ -160,6 +209,8 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
         return f"unknown kernel kind {c.kind!r}"
     if c.tile not in (16, 32, 64, 128):
         return f"tile {c.tile} is not a mask-format tile size"
+    if c.kind == "ws":
+        return ws_prune(c, head_dim, profile)
     if c.kind == "block":
         if c.tile < 64:
             return "block-wise needs T >= 64: smaller key tiles starve the tensor cores"
@@ -179,7 +230,7 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
             if c.warp_m != 16 or c.rows_per_block % 64:
                 return "wgmma: a warpgroup (4 warps x 16 rows) owns 64 rows of the block"
             if head_dim not in WGMMA_HEAD_DIMS:
-                return "wgmma: head_dim must be 64 or 128 (whole 128-byte swizzle panels)"
+                return "wgmma: head_dim must be 64, 128 or 256 (whole 128-byte swizzle panels)"
         if c.min_blocks < 1 or profile.regs_per_sm // (c.min_blocks * c.threads) < MIN_REG_CAP:
             return (f"min_blocks={c.min_blocks} caps registers below {MIN_REG_CAP} per thread: "
                     "the accumulators would spill")
@@ -251,6 +302,13 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                                                   gather, mb, permute, mma)
                             if prune(cfg, head_dim, profile) is None and cfg not in out:
                                 out.append(cfg)
+    elif kind == "ws":
+        if tile == WS_TILE:
+            for stages, pingpong, split in itertools.product(WS_STAGES, (True, False), SPLITS):
+                cfg = AttentionConfig("ws", WS_TILE, 16, WS_WARPS, stages, 1, mma="wgmma",
+                                      split=split, pingpong=pingpong)
+                if prune(cfg, head_dim, profile) is None:
+                    out.append(cfg)
     elif kind == "row":
         for warps in (1, 2, 4, 8):
             for warp_m in (1, 2, 4):
@@ -258,5 +316,5 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                 if prune(cfg, head_dim, profile) is None:
                     out.append(cfg)
     else:
-        raise StofcError(f"unknown attention kernel {kind!r}", hint="use 'block' or 'row'")
+        raise StofcError(f"unknown attention kernel {kind!r}", hint="use 'block', 'row' or 'ws'")
     return out

@@ -100,20 +100,27 @@ def key_valid(batch: int, seq_len: int, *, seq_lens=None, key_mask=None) -> np.n
 
 
 def reference_attention(q, k, v, dense_mask, scale: float, *, seq_lens=None, key_mask=None,
-                        bias=None) -> np.ndarray:
+                        bias=None, softcap: float = 0.0) -> np.ndarray:
     """float64 attention on ``[B, L, H, D]`` inputs; returns ``[B, L, H, D]`` float64.
 
-    ``dense_mask`` is bool ``[L_max, L_max]`` or ``[H, L_max, L_max]`` (top-left ``L x L``
-    corner used); ``seq_lens`` int ``[B]`` and ``key_mask`` 0/1 ``[B, >=L]`` drop keys;
-    ``bias`` ``[B|1, H|1, L, L]`` is added to the scaled scores. Rows with no allowed
-    key are 0.
+    ``k``/``v`` may be ``[B, L, Hkv, D]`` with ``Hkv`` dividing H (grouped-query
+    attention: head h reads K/V head ``h // (H // Hkv)``). ``dense_mask`` is bool
+    ``[L_max, L_max]`` or ``[H, L_max, L_max]`` (top-left ``L x L`` corner used);
+    ``seq_lens`` int ``[B]`` and ``key_mask`` 0/1 ``[B, >=L]`` drop keys; ``softcap > 0``
+    maps the scaled scores to ``softcap * tanh(s / softcap)``; ``bias`` ``[B|1, H|1, L, L]``
+    is then added. Rows with no allowed key are 0.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    b, n, _, _ = q.shape
+    b, n, heads, _ = q.shape
+    if k.shape[2] != heads:                      # grouped-query attention: repeat K/V heads
+        k = np.repeat(k, heads // k.shape[2], axis=2)
+        v = np.repeat(v, heads // v.shape[2], axis=2)
     m = np.asarray(dense_mask, dtype=bool)
     m = (m[None] if m.ndim == 2 else m)[:, :n, :n]                       # [H|1, L, L]
     allowed = m[None] & key_valid(b, n, seq_lens=seq_lens, key_mask=key_mask)[:, None, None, :]
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
     if bias is not None:
         s = s + np.asarray(bias, dtype=np.float64)[..., :n, :n]
     s = np.where(allowed, s, -np.inf)

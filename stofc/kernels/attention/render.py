@@ -13,6 +13,12 @@ from stofc.kernels.attention.config import (
     check_head_dim,
     kernel_target,
 )
+from stofc.kernels.attention.ws import (
+    CONSUMER_REGS,
+    MAX_CHUNKS,
+    PRODUCER_REGS,
+    Q_REGS_MAX_HEAD_DIM,
+)
 
 # -lineinfo costs nothing at run time and lets ncu map stalls to source lines.
 COMPILE_OPTIONS: tuple[str, ...] = ("-lineinfo",)
@@ -24,7 +30,18 @@ def render_kernel(spec: KernelSpec) -> Source:
     check_dtype(spec.dtype)
     c = spec.config
     if c.kind not in KINDS:
-        raise StofcError(f"unknown attention kernel {c.kind!r}", hint="use 'block' or 'row'")
+        raise StofcError(f"unknown attention kernel {c.kind!r}", hint="use 'block', 'row' or 'ws'")
+    if c.kind == "ws":
+        return render(
+            spec.template, spec.name, (spec.name, f"{spec.name}_combine"),
+            kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
+            stages=c.stages, pingpong="true" if c.pingpong else "false",
+            producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS, max_chunks=MAX_CHUNKS,
+            has_bias="true" if spec.has_bias else "false",
+            has_key_bits="true" if spec.has_key_bits else "false",
+            has_softcap="true" if spec.has_softcap else "false",
+            q_in_regs="true" if spec.head_dim <= Q_REGS_MAX_HEAD_DIM else "false",
+        )
     return render(
         spec.template, spec.name, (spec.name,),
         kernel_name=spec.name,
@@ -38,6 +55,8 @@ def render_kernel(spec: KernelSpec) -> Source:
         min_blocks=c.min_blocks,
         has_bias="true" if spec.has_bias else "false",
         has_key_bits="true" if spec.has_key_bits else "false",
+        has_softcap="true" if spec.has_softcap else "false",
+        q_in_regs="true" if spec.q_in_regs else "false",
     )
 
 

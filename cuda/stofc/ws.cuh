@@ -1,0 +1,116 @@
+// stofc Hopper warp-specialisation helpers: mbarriers, the Tensor Memory Accelerator
+// (TMA), bulk copies, named barriers and register reallocation (sm_90a).
+//
+// Contract (read-only for every template that includes it):
+//   * Compile with -arch=sm_90a: setmaxnreg and wgmma need the arch-specific target;
+//     the mbarrier / cp.async.bulk forms used here exist from sm_90.
+//   * A TmaDesc is the 128-byte CUtensorMap the host encodes with
+//     cuTensorMapEncodeTiled; kernels take it by value as a `const __grid_constant__`
+//     parameter and pass its address (param space, generic) to tma_load_4d.
+//   * An mbarrier lives in shared memory, 8-byte aligned; its phase parity starts at 0.
+//     A "full" barrier is armed by one producer thread with arrive_expect_tx(bytes)
+//     and completes when every byte of the copies issued against it has landed; an
+//     "empty" barrier counts one arrival per consumer warpgroup. Waiters spin on
+//     mbar_wait(bar, parity).
+//   * Named barriers 0 (= __syncthreads) is not used here; callers pick ids 1..15 and
+//     pass the number of participating threads (a multiple of 32).
+#ifndef STOFC_WS_CUH
+#define STOFC_WS_CUH
+
+#include <stofc/mma.cuh>
+
+namespace stofc {
+
+/// The 128-byte tensor map (CUtensorMap) as a kernel parameter type.
+struct __align__(64) TmaDesc {
+    u64 words[16];
+};
+
+// ---------------------------------------------------------------- mbarriers
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+
+/// Make mbarrier initialisation visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void mbar_fence_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/// Arrive once and add `bytes` to the transaction count the phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+
+/// Arrive once (release: this thread's earlier shared-memory reads are ordered before).
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+
+/// Wait until the phase with parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "STOFC_MBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra STOFC_MBAR_WAIT;\n"
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+
+// ---------------------------------------------------------------- TMA and bulk copies
+
+/// Prefetch a tensor map (param space) into the descriptor cache.
+__device__ __forceinline__ void tma_prefetch(const TmaDesc* desc) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<u64>(desc)) : "memory");
+}
+
+/// Load the box at coordinates (c0, c1, c2, c3) (innermost first) of a rank-4 tensor
+/// map into shared memory at `dst`, completing `bytes` of `bar`'s transaction count.
+/// Elements outside the tensor are zero-filled.
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+        :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1), "r"(c2),
+           "r"(c3)
+        : "memory");
+}
+
+/// Copy `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory
+/// to shared memory, completing `bytes` of `bar`'s transaction count.
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+        :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// ---------------------------------------------------------------- named barriers
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+// ---------------------------------------------------------------- register reallocation
+
+/// Lower this warpgroup's register limit to N (the producer gives its registers away).
+template <int N>
+__device__ __forceinline__ void regs_release() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+
+/// Raise this warpgroup's register limit to N (the consumers take them).
+template <int N>
+__device__ __forceinline__ void regs_acquire() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+
+}  // namespace stofc
+
+#endif  // STOFC_WS_CUH

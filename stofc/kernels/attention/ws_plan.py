@@ -1,0 +1,207 @@
+"""The warp-specialised kernel's walk: tile-row pairs, work items and their split.
+
+The warp-specialised (``ws``) kernel gives a thread block 128 query rows, two
+64-row mask tile rows ``2p`` and ``2p + 1`` (a *pair row* ``p``), one per consumer
+warpgroup. Both warpgroups read the K/V tiles one producer warp streams through
+a shared-memory ring, so they walk ONE list: the union of the two tile rows'
+columns in ascending key order. Each entry says, per warpgroup, whether that
+warpgroup computes the tile and how (:data:`SKIP`, :data:`FULL` or the row of the
+part tile's 8x8 bitmaps). A band of width 64 costs each warpgroup its own 3 tiles
+while the block loads 4.
+
+A pair row whose list is much longer than the others (global tokens, BigBird's
+global blocks, causal rows at small batch) would be the critical path of the
+whole launch. :func:`plan_ws` cuts every list longer than ``split_tiles`` into
+near-equal chunks; each chunk is a *work item* whose block writes its unnormalised
+partial output, row max and row sum to a workspace slot, and a combine kernel
+merges the chunks of a row by their log-sum-exp. Items run longest first, so the
+critical path follows the total work divided by the SMs, not the longest row.
+
+Only contiguous 64-key tiles are walked (the producer loads them with the Tensor
+Memory Accelerator); gathered and residue-permuted walks stay with the other
+block-wise kernels.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from stofc.masks.format import MaskFormat
+
+WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows, 64-key steps
+WS_ROWS = 128         # query rows per thread block (two warpgroups)
+SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
+ITEM_FIELDS = 4       # (pair row, begin, end, slot); slot -1 writes the output directly
+
+
+@dataclass(frozen=True, eq=False)
+class WsPlan:
+    """What the ws kernel and its combine kernel walk (see the module docstring).
+
+    Per format head ``f`` (``num_heads`` of them, 1 for a shared mask):
+    ``pair_ptr[f]`` indexes ``entry_key`` / ``entry_part`` (global offsets);
+    ``items[f, i]`` = (pair row, begin, end, slot) with ``begin..end`` inside the pair
+    row's span (padding items have pair row -1); ``orders[f, order_ptr[P-1]:order_ptr[P]]``
+    lists the ``items_upto[P]`` items a run covering ``P`` pair rows launches, longest
+    first (a head with fewer live items is padded with items the kernel skips: pair
+    row -1 or at least P);
+    ``combine[f, s]`` = (pair row, first slot, chunks) of every split pair row
+    (padding rows have pair row -1).
+    """
+
+    num_heads: int
+    pairs: int                # pair rows of L_max: ceil(L_max / 128)
+    split_tiles: int          # 0: no split
+    pair_ptr: np.ndarray      # int32 [num_heads, pairs + 1]
+    entry_key: np.ndarray     # int32 [n + 1]: first key of the entry's tile (+ sentinel 0)
+    entry_part: np.ndarray    # int32 [2 * (n + 1)]: per entry, warpgroup 0 then 1
+    bitmaps: np.ndarray       # uint64 [n_part, 64]: the format's part bitmaps
+    items: np.ndarray         # int32 [num_heads, n_items, 4]
+    order_ptr: np.ndarray     # int32 [pairs + 1]: offsets of each P's order (same per head)
+    orders: np.ndarray        # int32 [num_heads, order_ptr[-1]]
+    items_upto: np.ndarray    # int32 [pairs + 1]: max over heads of the items with pair < P
+    combine: np.ndarray       # int32 [num_heads, n_split, 3]
+    slots: int                # workspace slots per (batch, head)
+    tiles_per_pair: np.ndarray  # int64 [num_heads, pairs]: entries per pair row
+
+    def launch_items(self, seq_len: int) -> tuple[int, int]:
+        """(offset into ``orders``' rows, number of items) of a run of length ``seq_len``."""
+        p = min(self.pairs, -(-seq_len // WS_ROWS))
+        return int(self.order_ptr[p - 1]), int(self.items_upto[p])
+
+    def work(self) -> int:
+        """Entries over every pair row and format head (the block's tile steps)."""
+        return int(self.tiles_per_pair.sum())
+
+
+def _pair_lists(fmt: MaskFormat, head: int, pair: int) -> tuple[np.ndarray, np.ndarray]:
+    """The merged entries of one pair row: keys [m] and parts [m, 2]."""
+    ptr = fmt.load_row_ptr[head]
+    cols, parts = [], []
+    for w in (0, 1):
+        r = 2 * pair + w
+        if r >= fmt.tile_rows:
+            cols.append(np.zeros(0, np.int64))
+            parts.append(np.zeros(0, np.int64))
+            continue
+        a, b = int(ptr[r]), int(ptr[r + 1])
+        cols.append(np.asarray(fmt.load_col_idx[a:b], np.int64))
+        parts.append(np.asarray(fmt.load_part_idx[a:b], np.int64))
+    union = np.union1d(cols[0], cols[1])
+    out = np.full((union.size, 2), SKIP, np.int64)
+    for w in (0, 1):
+        pos = np.searchsorted(union, cols[w])
+        out[pos, w] = parts[w]                     # -1 (full) or the part row
+    return union * fmt.tile, out
+
+
+def _chunks(n: int, split_tiles: int) -> list[tuple[int, int]]:
+    """Near-equal ranges of ``0..n`` of at most ``split_tiles`` entries (one if no split)."""
+    if split_tiles <= 0 or n <= split_tiles:
+        return [(0, n)]
+    k = -(-n // split_tiles)
+    edges = [round(i * n / k) for i in range(k + 1)]
+    return list(itertools.pairwise(edges))
+
+
+def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0) -> WsPlan:
+    """The ws kernel's walk of ``fmt`` (tile 64), with rows longer than ``split_tiles``
+    entries split into chunks (0: never split). Raises ValueError for another tile."""
+    if fmt.tile != WS_TILE:
+        raise ValueError(f"the ws kernel walks 64x64 tiles, the format has T={fmt.tile}")
+    heads, pairs = fmt.num_heads, -(-fmt.seq_len // WS_ROWS)
+    ptr = np.zeros((heads, pairs + 1), np.int64)
+    keys: list[np.ndarray] = []
+    parts: list[np.ndarray] = []
+    items: list[list[tuple[int, int, int, int]]] = []
+    combine: list[list[tuple[int, int, int]]] = []
+    tiles = np.zeros((heads, pairs), np.int64)
+    slots_per_head = [0] * heads
+    total = 0
+    for h in range(heads):
+        head_items: list[tuple[int, int, int, int]] = []
+        head_combine: list[tuple[int, int, int]] = []
+        slot = 0
+        for p in range(pairs):
+            k, pt = _pair_lists(fmt, h, p)
+            ptr[h, p] = total
+            keys.append(k)
+            parts.append(pt)
+            n = k.size
+            tiles[h, p] = n
+            chunks = _chunks(n, split_tiles)
+            if len(chunks) == 1:
+                head_items.append((p, total, total + n, -1))
+            else:
+                head_combine.append((p, slot, len(chunks)))
+                for a, b in chunks:
+                    head_items.append((p, total + a, total + b, slot))
+                    slot += 1
+            total += n
+        ptr[h, pairs] = total
+        slots_per_head[h] = slot
+        items.append(head_items)
+        combine.append(head_combine)
+    n_items = max(len(x) for x in items)
+    n_split = max(1, max(len(x) for x in combine))
+    item_arr = np.zeros((heads, n_items, ITEM_FIELDS), np.int32)
+    item_arr[:, :, 0] = -1
+    comb_arr = np.zeros((heads, n_split, 3), np.int32)
+    comb_arr[:, :, 0] = -1
+    for h in range(heads):
+        if items[h]:
+            item_arr[h, :len(items[h])] = items[h]
+        if combine[h]:
+            comb_arr[h, :len(combine[h])] = combine[h]
+    # orders: for each P, the items with pair row < P, longest first (stable by position)
+    upto = np.zeros(pairs + 1, np.int32)
+    for p in range(1, pairs + 1):
+        upto[p] = max(int((item_arr[h, :, 0][item_arr[h, :, 0] >= 0] < p).sum())
+                      for h in range(heads))
+    order_ptr = np.concatenate([[0], np.cumsum(upto[1:])]).astype(np.int32)
+    orders = np.zeros((heads, int(order_ptr[-1])), np.int32)
+    for h in range(heads):
+        pair_of, length = item_arr[h, :, 0], item_arr[h, :, 2] - item_arr[h, :, 1]
+        for p in range(1, pairs + 1):
+            live = (pair_of >= 0) & (pair_of < p)
+            idx = np.nonzero(live)[0]
+            idx = idx[np.argsort(-length[idx], kind="stable")]
+            rest = np.nonzero(~live)[0]                 # no work in this run: the kernel exits
+            chosen = np.concatenate([idx, rest])[:upto[p]]
+            orders[h, order_ptr[p - 1]:order_ptr[p]] = chosen
+    entry_key = np.concatenate([*keys, [0]]).astype(np.int32)
+    entry_part = np.concatenate([*(x.reshape(-1) for x in parts), [SKIP, SKIP]]).astype(np.int32)
+    words = np.asarray(fmt.part_bitmaps, dtype=np.uint64).reshape(-1, (WS_TILE // 8) ** 2)
+
+    def ro(a: np.ndarray) -> np.ndarray:
+        a = np.ascontiguousarray(a)
+        a.setflags(write=False)
+        return a
+
+    return WsPlan(
+        num_heads=heads, pairs=pairs, split_tiles=split_tiles,
+        pair_ptr=ro(ptr.astype(np.int32)), entry_key=ro(entry_key), entry_part=ro(entry_part),
+        bitmaps=ro(words), items=ro(item_arr), order_ptr=ro(order_ptr), orders=ro(orders),
+        items_upto=ro(upto), combine=ro(comb_arr),
+        slots=max(1, *slots_per_head),
+        tiles_per_pair=ro(tiles))
+
+
+def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int) -> int:
+    """``split_tiles`` that keeps every item below about a quarter of one SM's share of
+    the work (0 when no pair row is that long): with ``W`` entries over every pair row,
+    ``batch`` and ``heads``, an SM's share is ``W / sm_count``; a row longer than a
+    quarter of it would leave SMs idle at the end of the launch. At least 8 entries
+    per chunk, so the combine's extra traffic stays small."""
+    plan = plan_ws(fmt)
+    per_head = heads if fmt.num_heads == 1 else 1
+    work = plan.work() * per_head * batch
+    share = work / max(1, sm_count)
+    longest = int(plan.tiles_per_pair.max()) if plan.tiles_per_pair.size else 0
+    limit = max(8, int(share // 4))
+    if longest <= limit:
+        return 0
+    return 1 << (limit.bit_length() - 1)            # a power of two <= limit

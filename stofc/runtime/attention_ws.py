@@ -1,0 +1,97 @@
+"""The warp-specialised kernel's launch: its walk on the device, tensor maps, workspace.
+
+:class:`WsLaunchData` is what :class:`~stofc.runtime.attention.AttentionOp` holds for a
+``kind="ws"`` config: the :mod:`~stofc.kernels.attention.ws_plan` arrays uploaded
+once, and :meth:`WsLaunchData.bind`, which builds one launch (plus the combine
+kernel's when the plan splits rows) for given q, k, v and out views. The argument
+lists are the template's signatures (``templates/attention/block_ws.cu.j2``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stofc.kernels.attention.ws_plan import WS_ROWS, WsPlan
+from stofc.runtime.module import BoundLaunch, LoadedKernel
+from stofc.runtime.tensor_map import TensorMapCache
+
+WS_THREADS = 384
+COMBINE_THREADS = 256
+BOX_COLS = 64            # a 128-byte swizzle panel of 16-bit elements
+BOX_ROWS = 64            # a warpgroup's rows / a key tile
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """A [B, S, heads, D] view: device address and element strides (batch, seq, head)."""
+
+    address: int
+    batch: int
+    seq: int
+    heads: int
+    strides: tuple[int, int, int]
+
+
+class WsLaunchData:
+    """The device arrays of one ws plan, and the launches made from them."""
+
+    def __init__(self, plan: WsPlan, cp, dtype: str, head_dim: int) -> None:
+        self.plan, self.dtype, self.head_dim = plan, dtype, head_dim
+        heads = plan.num_heads
+
+        def dev(a, dt):
+            return cp.asarray(np.ascontiguousarray(a, dtype=dt).ravel())
+
+        self._keys = dev(plan.entry_key, np.int32)
+        self._parts = dev(plan.entry_part, np.int32)
+        words = np.asarray(plan.bitmaps, np.uint64).ravel()
+        self._bitmaps = dev(words if words.size else np.zeros(2, np.uint64), np.uint64)
+        self._items = dev(plan.items, np.int32)
+        self._orders = dev(plan.orders if plan.orders.size else np.zeros((1, 1)), np.int32)
+        self._combine = dev(plan.combine, np.int32)
+        self._items_stride = plan.items.shape[1] * 4 if heads > 1 else 0
+        self._orders_stride = plan.orders.shape[1] if heads > 1 else 0
+        self._combine_stride = plan.combine.shape[1] * 3 if heads > 1 else 0
+        self._splits = bool((plan.combine[:, :, 0] >= 0).any())
+        self._maps = TensorMapCache()
+        self._cp = cp
+
+    def _map(self, view: TensorView):
+        item = 2
+        return self._maps.get(
+            view.address, self.dtype, (self.head_dim, view.heads, view.seq, view.batch),
+            (view.strides[2] * item, view.strides[1] * item, view.strides[0] * item),
+            (BOX_COLS, 1, BOX_ROWS, 1))
+
+    def bind(self, kernel: LoadedKernel, combine: LoadedKernel, *, q: TensorView, k: TensorView,
+             v: TensorView, out, out_strides: tuple[int, int, int], kv_len, key_words, key_bits,
+             bias, bias_strides: tuple[int, int, int], scale: float, kv_group: int,
+             softcap: float, batch: int, heads: int, seq: int) -> BoundLaunch:
+        """The main launch (and the combine launch after it when rows are split)."""
+        cp = self._cp
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        offset, count = self.plan.launch_items(seq)
+        order = self._orders[offset:]
+        slots = self.plan.slots
+        if self._splits:
+            part_o = cp.empty(batch * heads * slots * WS_ROWS * self.head_dim, dtype=cp.float32)
+            part_ml = cp.empty(batch * heads * slots * WS_ROWS * 2, dtype=cp.float32)
+        else:
+            part_o = part_ml = cp.zeros(2, dtype=cp.float32)
+        osb, oss, osh = (i64(x) for x in out_strides)
+        tail = (i32(batch), i32(heads), i32(seq))
+        then = None
+        if self._splits:
+            then = BoundLaunch(combine, heads * batch * self.plan.combine.shape[1],
+                               COMBINE_THREADS,
+                               (out, osb, oss, osh, self._combine, i32(self._combine_stride),
+                                part_o, part_ml, i32(slots), *tail))
+        args = (self._map(q), self._map(k), self._map(v), out, osb, oss, osh,
+                self._keys, self._parts, self._bitmaps, self._items, order,
+                i32(self._items_stride), i32(self._orders_stride),
+                kv_len, key_bits, i32(key_words),
+                bias, *(i64(x) for x in bias_strides),
+                part_o, part_ml, i32(slots), *tail, f32(scale), i32(kv_group), f32(softcap))
+        return BoundLaunch(kernel, heads * batch * count, WS_THREADS, args, result=out, then=then)

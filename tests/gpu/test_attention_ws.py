@@ -1,0 +1,130 @@
+"""GPU correctness of the warp-specialised Hopper kernel (kind "ws") against float64.
+
+Skipped on GPUs other than sm_90. Every MASKS.md family, head_dims 64/128/256 and both
+dtypes, split rows merged by the combine kernel, ping-pong on and off, every ring depth,
+grouped-query attention, soft-capping, padding by lengths and 0/1 masks, bias, both
+layouts, packed QKV, per-head masks, rows without keys, and a run shorter than L_max.
+Outputs are NaN-poisoned before each launch; inputs are fresh per case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stofc.kernels.attention import AttentionConfig, prune, search_space
+from stofc.kernels.attention.reference import format_from_dense
+from stofc.targets import detect
+from tests.gpu.test_attention import FAMILIES, _seed, check_padding_bias_layouts
+from tests.gpu.test_attention_helpers import TOL, encoded, run_case
+
+
+def _hopper() -> bool:
+    try:
+        return detect().compute_capability == (9, 0)
+    except Exception:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _hopper(), reason="the ws kernel needs an sm_90 GPU")
+
+
+def ws(stages: int = 2, split: int = 0, pingpong: bool = True) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 12, stages, 1, mma="wgmma", split=split,
+                           pingpong=pingpong)
+
+
+def _check(res, dtype, what=""):
+    assert not res.nan, f"NaN in the output {what}"
+    assert res.err <= TOL[dtype], f"relative error {res.err:.2e} > {TOL[dtype]} {what}"
+
+
+@pytest.mark.parametrize("split", [0, 8])
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_every_family(spec, split):
+    fmt, dense = encoded(spec, 1000)
+    res = run_case(fmt, dense, ws(split=split), batch=2, heads=3, seq=1000, head_dim=64,
+                   seed=_seed("ws", spec, split))
+    _check(res, "float16", spec)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_head_dims_dtypes_pingpong(head_dim, dtype, pingpong):
+    fmt, dense = encoded("longformer:window=100,global=20", 700)
+    res = run_case(fmt, dense, ws(split=8, pingpong=pingpong), batch=2, heads=2, seq=700,
+                   head_dim=head_dim, dtype=dtype, seed=_seed("wsd", head_dim, dtype, pingpong))
+    _check(res, dtype, f"D={head_dim} pingpong={pingpong}")
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_ring_depths_on_long_rows(stages):
+    fmt, dense = encoded("causal", 2048)
+    res = run_case(fmt, dense, ws(stages=stages), batch=1, heads=2, seq=2048, head_dim=128,
+                   dtype="bfloat16", seed=_seed("wsstages", stages))
+    _check(res, "bfloat16", f"stages={stages}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_padding_bias_layouts(dtype):
+    check_padding_bias_layouts(ws(split=8), "ws", dtype, _seed("wspad", dtype))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_query_attention(kv_heads):
+    fmt, dense = encoded("sliding:window=150,causal=true", 600)
+    res = run_case(fmt, dense, ws(), batch=2, heads=6, seq=600, head_dim=128, dtype="bfloat16",
+                   kv_heads=kv_heads, packed=kv_heads == 2, seq_lens=[600, 431],
+                   seed=_seed("wsgqa", kv_heads))
+    _check(res, "bfloat16")
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_logit_softcap(head_dim):
+    fmt, dense = encoded("longformer:window=64,global=8", 300)
+    key_mask = np.ones((2, 300), np.int32)
+    key_mask[1, 225:] = 0
+    res = run_case(fmt, dense, ws(), batch=2, heads=2, seq=300, head_dim=head_dim,
+                   dtype="bfloat16", softcap=20.0, score_scale=8.0, key_mask=key_mask,
+                   bias_shape=(1, 2, 300, 300), seed=_seed("wscap", head_dim))
+    _check(res, "bfloat16")
+
+
+def test_per_head_masks_and_split():
+    heads = 3
+    rng = np.random.default_rng(_seed("wsheads"))
+    per_head = np.stack([np.tril(np.ones((900, 900), bool))] +
+                        [rng.random((900, 900)) < p for p in (0.05, 0.3)])
+    fmt = format_from_dense(per_head, 64)
+    res = run_case(fmt, per_head, ws(split=8), batch=2, heads=heads, seq=900, head_dim=64,
+                   seed=_seed("wsheads2"))
+    _check(res, "float16")
+
+
+def test_empty_rows_give_zeros():
+    dense = np.zeros((300, 300), dtype=bool)
+    dense[100:200, :50] = True                   # rows outside 100..199 have no key
+    dense[250:, 250:] = np.tril(np.ones((50, 50), dtype=bool))
+    fmt = format_from_dense(dense, 64)
+    res = run_case(fmt, dense, ws(), batch=2, heads=2, seq=300, head_dim=64, seed=_seed("wsempty"))
+    _check(res, "float16")
+    assert np.all(res.out[:, :100] == 0.0) and np.all(res.out[:, 200:250] == 0.0)
+
+
+def test_run_shorter_than_the_compiled_length():
+    """L_max 2048, run at 333: items past the run exit, split chunks past the keys are empty."""
+    fmt, dense = encoded("longformer:window=128,global=16", 2048)
+    res = run_case(fmt, dense, ws(split=8), batch=3, heads=2, seq=333, head_dim=64,
+                   seed=_seed("wsshort"))
+    _check(res, "float16")
+
+
+def test_every_config_of_the_search_space():
+    fmt, dense = encoded("bigbird:block=32,window=3,global=1,random=2,seed=1", 600)
+    space = search_space("ws", 64, "float16", detect(), tile=64)
+    assert space and all(prune(c, 64, detect()) is None for c in space)
+    for cfg in space:
+        res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=600, head_dim=64,
+                       seed=_seed("wsspace", cfg))
+        _check(res, "float16", cfg.describe())

@@ -1,0 +1,196 @@
+"""The warp-specialised Hopper kernel without a GPU: its walk, search space, sources.
+
+The pair-row walk (``ws_plan``) must cover every allowed element exactly once, for
+every warpgroup, however rows are split; items must be ordered longest first for
+every run length; the search space prunes with reasons; every template variant
+compiles for sm_90a with NVRTC, with no register spill, no local memory and no
+serialised wgmma (ptxas' C75xx warnings); and the launch's argument list equals
+the template's signature (checked on the CPU with numpy standing in for CuPy).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import types
+
+import numpy as np
+import pytest
+
+import stofc.runtime.attention as rt
+from stofc.kernels.attention import AttentionConfig, KernelSpec, prune, search_space
+from stofc.kernels.attention.gather import unpack_bits
+from stofc.kernels.attention.reference import dense_from_format, format_from_dense
+from stofc.kernels.attention.render import compile_kernel, render_kernel
+from stofc.kernels.attention.ws import ws_smem_bytes
+from stofc.kernels.attention.ws_plan import FULL, SKIP, default_split, plan_ws
+from stofc.masks import encode
+from stofc.runtime import tensor_map
+from stofc.targets import get_profile
+from tests.unit.test_ortlib_abi import FAKE_CUPY, ROOT, _kind, _Recorder, template_params
+
+H100, A100 = get_profile("h100"), get_profile("a100")
+MASKS = [("causal", 1000), ("longformer:window=128,global=32", 2048),
+         ("bigbird:block=64,window=3,global=2,random=3,seed=0", 1500),
+         ("sliding:window=64", 700), ("dilated:window=256,dilation=2", 900), ("dense", 130)]
+
+
+def ws(stages=2, split=0, pingpong=True) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 12, stages, 1, mma="wgmma", split=split,
+                           pingpong=pingpong)
+
+
+def decode(plan, fmt) -> np.ndarray:
+    """The per-head dense mask the plan's items compute (each element at most once)."""
+    heads, n = plan.num_heads, plan.pairs * 128
+    out = np.zeros((heads, n, n), bool)
+    seen = np.zeros_like(out)
+    bits = unpack_bits(plan.bitmaps, 64) if plan.bitmaps.size else None
+    for h in range(heads):
+        for p, b, e, _ in plan.items[h]:
+            if p < 0:
+                continue
+            for j in range(b, e):
+                k = int(plan.entry_key[j])
+                for w in (0, 1):
+                    part = int(plan.entry_part[2 * j + w])
+                    if part == SKIP:
+                        continue
+                    rows = slice(p * 128 + w * 64, p * 128 + w * 64 + 64)
+                    assert not seen[h, rows, k:k + 64].any(), "a tile is computed twice"
+                    seen[h, rows, k:k + 64] = True
+                    out[h, rows, k:k + 64] = True if part == FULL else bits[part]
+    return out[:, :fmt.seq_len, :fmt.seq_len]
+
+
+@pytest.mark.parametrize("split", [0, 8, 16])
+@pytest.mark.parametrize("spec,L", MASKS)
+def test_plan_covers_every_allowed_element_once(spec, L, split):
+    fmt = encode(spec, L)
+    plan = plan_ws(fmt, split_tiles=split)
+    assert np.array_equal(decode(plan, fmt), dense_from_format(fmt))
+    if split:
+        lengths = plan.items[:, :, 2] - plan.items[:, :, 1]
+        assert lengths.max() <= split
+        for p, first, chunks in plan.combine[0]:
+            if p >= 0:    # a split row's chunks are consecutive slots covering it
+                mine = plan.items[0][plan.items[0][:, 0] == p]
+                assert sorted(mine[:, 3].tolist()) == list(range(first, first + chunks))
+
+
+def test_plan_per_head_masks():
+    rng = np.random.default_rng(0)
+    dense = np.stack([np.tril(np.ones((700, 700), bool)), rng.random((700, 700)) < 0.1])
+    fmt = format_from_dense(dense, 64)
+    plan = plan_ws(fmt, split_tiles=8)
+    assert np.array_equal(decode(plan, fmt), dense)
+
+
+def test_orders_are_longest_first_for_every_run_length():
+    fmt = encode("longformer:window=128,global=32", 2048)
+    plan = plan_ws(fmt, split_tiles=8)
+    for P in range(1, plan.pairs + 1):
+        offset, count = plan.launch_items(P * 128)
+        order = plan.orders[0, offset:offset + count]
+        items = plan.items[0][order]
+        assert (items[:, 0] < P).all() and len(set(order.tolist())) == count
+        assert count == int((plan.items[0][:, 0] < P).sum())
+        lengths = items[:, 2] - items[:, 1]
+        assert (np.diff(lengths) <= 0).all()
+
+
+def test_default_split_bounds_the_longest_item():
+    fmt = encode("longformer:window=256,global=16", 16384)
+    split = default_split(fmt, batch=1, heads=16, sm_count=132)
+    plan = plan_ws(fmt, split_tiles=split)
+    lengths = plan.items[0, :, 2] - plan.items[0, :, 1]
+    share = plan.work() * 16 / 132
+    assert split > 0 and lengths.max() <= share / 2      # no item near an SM's whole share
+    assert default_split(encode("sliding:window=64", 4096), batch=8, heads=12, sm_count=132) == 0
+
+
+def test_prune_and_search_space():
+    assert prune(ws(), 128, H100) is None and prune(ws(), 256, H100) is None
+    assert "Hopper-only" in prune(ws(), 64, A100)
+    assert "head_dim" in prune(ws(), 96, H100)
+    assert "contiguous" in prune(AttentionConfig("ws", 64, 16, 12, 2, 1, gather=True,
+                                                 mma="wgmma"), 64, H100)
+    assert "mask tile 64" in prune(AttentionConfig("ws", 128, 16, 12, 2, 1, mma="wgmma"),
+                                   64, H100)
+    assert "shared memory" in prune(ws(stages=4), 256, H100)
+    space = search_space("ws", 128, "bfloat16", H100)
+    assert {c.stages for c in space} == {2, 3, 4} and {c.pingpong for c in space} == {True, False}
+    assert all(ws_smem_bytes(c.stages, 128) <= H100.smem_per_block for c in space)
+    assert search_space("ws", 128, "bfloat16", A100) == []
+
+
+def test_rendered_source_substitutes_only():
+    spec = KernelSpec(ws(stages=3), "bfloat16", 128, True, True, has_softcap=True)
+    src = render_kernel(spec)
+    assert spec.name.endswith("_pp_c_b1_k1")
+    assert src.entry_points == (spec.name, f"{spec.name}_combine")
+    assert "constexpr int STAGES = 3;" in src.code and "constexpr bool PINGPONG = true;" in src.code
+    assert "{{" not in src.code and "{%" not in src.code
+
+
+def _ptxas_report(spec: KernelSpec) -> str:
+    ptx = compile_kernel(spec, "compute_90").binary
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas (CUDA toolkit) is not on this machine")
+    out = subprocess.run([ptxas, "-arch=sm_90a", "-v", "-", "-o", "/dev/null"], input=ptx,
+                         capture_output=True, check=True)
+    return out.stderr.decode()
+
+
+WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
+            for s, pp, dt, d, b, k, c in (
+                (2, True, "bfloat16", 128, False, True, False),
+                (3, True, "float16", 64, True, True, False),
+                (4, False, "float16", 128, False, False, True),
+                (2, True, "bfloat16", 256, True, True, True),
+                (2, False, "float16", 256, False, False, False))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", WS_SPECS, ids=[s.name for s in WS_SPECS])
+def test_every_variant_compiles_without_spills_or_serialised_wgmma(spec):
+    """NVRTC compiles each for sm_90a; ptxas reports no spill, no stack and none of its
+    'wgmma serialised' performance warnings (C7510-C7520)."""
+    report = _ptxas_report(spec)
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
+    assert not re.search(r"C75(0[89]|1\d|20)", report), report
+
+
+def test_launch_arguments_match_the_template(monkeypatch):
+    fake = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
+    monkeypatch.setattr(rt, "_cupy", lambda: fake)
+    monkeypatch.setattr(rt, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(rt, "BoundLaunch", _Recorder)
+    import stofc.runtime.attention_ws as rws
+    monkeypatch.setattr(rws, "BoundLaunch", _Recorder)
+    monkeypatch.setattr(tensor_map.TensorMapCache, "get",
+                        lambda self, *a: tensor_map.TensorMap(bytes(128)))
+    fmt = encode("longformer:window=64,global=16", 1024)
+    op = rt.AttentionOp(fmt, ws(split=8), "float16", 64, profile=H100)
+    op._kernel = lambda *a: "kernel"
+    op._combines = {k: "combine" for k in
+                    [(b, kk, c) for b in (False, True) for kk in (False, True) for c in (False, True)]}
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 900, 2, 64)).astype(np.float16) for _ in range(3))
+    launch = op.bind(q, k, v)
+    main = template_params("block_ws.cu.j2")
+    kinds = ["map" if isinstance(a, tensor_map.TensorMap) else _kind(a) for a in launch.args]
+    assert kinds == ["map" if n.startswith("tma_") else t for n, t in main]
+    args = dict(zip([n for n, _ in main], launch.args, strict=True))
+    assert launch.block == 384
+    _, count = op._ws.plan.launch_items(900)
+    assert launch.grid == 2 * 2 * count
+    assert int(args["kv_group"]) == 1 and int(args["slots"]) == op._ws.plan.slots
+    combine = launch.then
+    text = (ROOT / "templates" / "attention" / "block_ws.cu.j2").read_text()
+    sig = text[text.index("{{ kernel_name }}_combine(") + len("{{ kernel_name }}_combine("):]
+    sig = sig[:sig.index(") {")]
+    assert len(combine.args) == len([p for p in sig.split(",") if p.strip()])
+    assert combine.block == 256 and combine.grid == 2 * 2 * op._ws.plan.combine.shape[1]
