@@ -72,14 +72,16 @@ def relerr(out, ref, rows) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def ws_configs(fmt, B, H, profile, quick):
+def ws_configs(fmt, B, H, profile, quick, sweep=False):
     split = default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count)
     grid = [(2, True), (3, True), (2, False)] if not quick else [(2, True)]
+    if sweep:
+        grid = [(s, pp) for s in (2, 3, 4) for pp in (True, False)]
     return [AttentionConfig("ws", 64, 16, 12, s, 1, mma="wgmma", split=split, pingpong=pp)
             for s, pp in grid]
 
 
-def run_case(case: str, masks: list[str], profile, quick: bool) -> list[dict]:
+def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = False) -> list[dict]:
     B, H, L, D, dt = case.split(":")
     B, H, L, D = int(B), int(H), int(L), int(D)
     dtype = torch.bfloat16 if dt == "bf16" else torch.float16
@@ -123,7 +125,8 @@ def run_case(case: str, masks: list[str], profile, quick: bool) -> list[dict]:
             anchors["sdpa_bool"] = rec["sdpa_bool_ms"]
         stofc = []
         choice = select_kernel(fmt, profile, batch=B, heads=H, seq_len=L, head_dim=D)
-        cands = [("selector", choice.config)] + [("ws", c) for c in ws_configs(fmt, B, H, profile, quick)]
+        cands = [("selector", choice.config)] + [
+            ("ws", c) for c in ws_configs(fmt, B, H, profile, quick, sweep)]
         for label, cfg in cands:
             r = {"label": label, "config": cfg.describe()}
             try:
@@ -175,6 +178,7 @@ def main() -> int:
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--masks", default=",".join(MASKS))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="every ring depth x ping-pong")
     args = ap.parse_args()
     profile = detect()
     out_dir = os.environ.get("OUT", "bench/results")
@@ -182,7 +186,7 @@ def main() -> int:
     t0 = time.time()
     rows = []
     for case in args.cases.split():
-        rows += run_case(case, args.masks.split(","), profile, args.quick)
+        rows += run_case(case, args.masks.split(","), profile, args.quick, args.sweep)
     gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
     stem = f"mha-hopper-{gpu}-{datetime.date.today().isoformat()}"
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fa4": FA4_ERROR or "ok",
