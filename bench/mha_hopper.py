@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from stofc.kernels.attention import AttentionConfig, select_kernel
+from stofc.kernels.attention import AttentionConfig, prune, select_kernel
 from stofc.kernels.attention.ws_plan import default_split
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
@@ -61,6 +61,9 @@ MASKS = {
 }
 
 
+D_OF = [64]   # the head_dim of the case being run (ws_configs prunes with it)
+
+
 def bench(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -74,16 +77,19 @@ def relerr(out, ref, rows) -> float:
 
 def ws_configs(fmt, B, H, profile, quick, sweep=False):
     split = default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count)
-    grid = [(2, True), (3, True), (2, False)] if not quick else [(2, True)]
+    grid = [(2, True, 1), (4, True, 2), (4, False, 2)] if not quick else [(2, True, 1), (4, True, 2)]
     if sweep:
-        grid = [(s, pp) for s in (2, 3, 4) for pp in (True, False)]
-    return [AttentionConfig("ws", 64, 16, 12, s, 1, mma="wgmma", split=split, pingpong=pp)
-            for s, pp in grid]
+        grid = [(s, pp, 1) for s in (2, 3, 4) for pp in (True, False)] + \
+            [(4, pp, 2) for pp in (True, False)]
+    cfgs = [AttentionConfig("ws", 64, 16, 12, s, 1, mma="wgmma", split=split, pingpong=pp,
+                            kstep=ks) for s, pp, ks in grid]
+    return [c for c in cfgs if prune(c, D_OF[0], profile) is None]
 
 
 def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = False) -> list[dict]:
     B, H, L, D, dt = case.split(":")
     B, H, L, D = int(B), int(H), int(L), int(D)
+    D_OF[0] = D
     dtype = torch.bfloat16 if dt == "bf16" else torch.float16
     sdtype = "bfloat16" if dt == "bf16" else "float16"
     torch.manual_seed(0)

@@ -47,17 +47,20 @@ __device__ __forceinline__ void soft_cap_step(float (&s)[NB][4], float c, float 
         for (int e = 0; e < 4; ++e) s[n][e] = soft_cap(s[n][e], c, inv_c);
 }
 
-/// Set disallowed scores of the step to -inf and add the bias to allowed ones.
+/// Set disallowed scores of the step to -inf and add the bias to allowed ones; the step's
+/// NB n8 blocks are s[OFF .. OFF + NB - 1] (several 64-key tiles per softmax step).
 ///
 /// `bm32` points at the 32-bit half (g >> 2) of the part tile's first 8x8 word
 /// (nullptr: a full tile, no bitmap); word (n0 + n) * ITN + ir holds this row
 /// pair's block of key block n; `need_keys` asks for the key tests (gathered
 /// steps, or a contiguous step whose key word is not all-ones). NB * 8 <= 64. `br0` / `br1` are the
 /// bias rows of rows g / g+8 (HAS_BIAS), added in raw score units.
-template <typename T, int NB, int ITN, bool HAS_BIAS, bool HAS_KEY_BITS>
-__device__ __forceinline__ void mask_step(float (&s)[NB][4], const u32* bm32, int n0, int ir,
+template <typename T, int NB, int ITN, bool HAS_BIAS, bool HAS_KEY_BITS, int M = NB, int OFF = 0>
+__device__ __forceinline__ void mask_step(float (&s_all)[M][4], const u32* bm32, int n0, int ir,
                                           bool need_keys, const StepKeys& keys, const T* br0,
                                           const T* br1, float inv_scale, int g, int t4) {
+    static_assert(OFF + NB <= M, "the step's keys must lie inside the score array");
+    float (&s)[M][4] = s_all;
     typedef DTypeTraits<T> DT;
     const int sh = 8 * (g & 3) + 2 * t4;
 #pragma unroll
@@ -88,15 +91,15 @@ __device__ __forceinline__ void mask_step(float (&s)[NB][4], const u32* bm32, in
             keep_lo &= kmask;
         }
         if (HAS_BIAS) {
-            if (keep_hi & 1) s[n][0] += DT::to_float(br0[key0]) * inv_scale;
-            if (keep_hi & 2) s[n][1] += DT::to_float(br0[key1]) * inv_scale;
-            if (keep_lo & 1) s[n][2] += DT::to_float(br1[key0]) * inv_scale;
-            if (keep_lo & 2) s[n][3] += DT::to_float(br1[key1]) * inv_scale;
+            if (keep_hi & 1) s[OFF + n][0] += DT::to_float(br0[key0]) * inv_scale;
+            if (keep_hi & 2) s[OFF + n][1] += DT::to_float(br0[key1]) * inv_scale;
+            if (keep_lo & 1) s[OFF + n][2] += DT::to_float(br1[key0]) * inv_scale;
+            if (keep_lo & 2) s[OFF + n][3] += DT::to_float(br1[key1]) * inv_scale;
         }
-        s[n][0] = (keep_hi & 1u) ? s[n][0] : STOFC_NEG_INF;
-        s[n][1] = (keep_hi & 2u) ? s[n][1] : STOFC_NEG_INF;
-        s[n][2] = (keep_lo & 1u) ? s[n][2] : STOFC_NEG_INF;
-        s[n][3] = (keep_lo & 2u) ? s[n][3] : STOFC_NEG_INF;
+        s[OFF + n][0] = (keep_hi & 1u) ? s[OFF + n][0] : STOFC_NEG_INF;
+        s[OFF + n][1] = (keep_hi & 2u) ? s[OFF + n][1] : STOFC_NEG_INF;
+        s[OFF + n][2] = (keep_lo & 1u) ? s[OFF + n][2] : STOFC_NEG_INF;
+        s[OFF + n][3] = (keep_lo & 2u) ? s[OFF + n][3] : STOFC_NEG_INF;
     }
 }
 

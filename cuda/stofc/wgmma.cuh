@@ -156,6 +156,45 @@ __device__ __forceinline__ void wgmma_rs<__nv_bfloat16, 64>(float (&d)[8][4], co
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+template <typename T> struct IsHalf { static constexpr bool value = false; };
+template <> struct IsHalf<__half> { static constexpr bool value = true; };
+
+/// As wgmma_rs<T, 64> / wgmma_ss<T, 64>, into the 8 n8 blocks OFF..OFF+7 of a longer
+/// accumulator array (several 64-key tiles per softmax step).
+template <typename T, int OFF, int M>
+__device__ __forceinline__ void wgmma_rs_at(float (&d)[M][4], const u32 (&a)[4], u64 desc_b,
+                                            int accumulate) {
+    static_assert(OFF + 8 <= M, "the slice must lie inside the accumulators");
+    if constexpr (IsHalf<T>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " STOFC_D32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     : STOFC_ACC8_AT(d, OFF)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " STOFC_D32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     : STOFC_ACC8_AT(d, OFF)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+template <typename T, int OFF, int M>
+__device__ __forceinline__ void wgmma_ss_at(float (&d)[M][4], u64 desc_a, u64 desc_b,
+                                            int accumulate) {
+    static_assert(OFF + 8 <= M, "the slice must lie inside the accumulators");
+    if constexpr (IsHalf<T>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " STOFC_D32
+                     ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : STOFC_ACC8_AT(d, OFF) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " STOFC_D32
+                     ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : STOFC_ACC8_AT(d, OFF) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 /// d (64 x N) += A (64 x 16, registers) * B (16 x N, smem, N-major: transposed), N = 64, 128
 /// or 256 (head_dim 256: the V descriptor's lbo steps over the four 64-column panels).
 template <typename T, int N>

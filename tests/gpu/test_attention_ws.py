@@ -29,9 +29,9 @@ def _hopper() -> bool:
 pytestmark = pytest.mark.skipif(not _hopper(), reason="the ws kernel needs an sm_90 GPU")
 
 
-def ws(stages: int = 2, split: int = 0, pingpong: bool = True) -> AttentionConfig:
-    return AttentionConfig("ws", 64, 16, 12, stages, 1, mma="wgmma", split=split,
-                           pingpong=pingpong)
+def ws(stages: int = 2, split: int = 0, pingpong: bool = True, kstep: int = 1) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 12, max(stages, 2 * kstep), 1, mma="wgmma",
+                           split=split, pingpong=pingpong, kstep=kstep)
 
 
 def _check(res, dtype, what=""):
@@ -39,23 +39,25 @@ def _check(res, dtype, what=""):
     assert res.err <= TOL[dtype], f"relative error {res.err:.2e} > {TOL[dtype]} {what}"
 
 
+@pytest.mark.parametrize("kstep", [1, 2])
 @pytest.mark.parametrize("split", [0, 8])
 @pytest.mark.parametrize("spec", FAMILIES)
-def test_every_family(spec, split):
+def test_every_family(spec, split, kstep):
     fmt, dense = encoded(spec, 1000)
-    res = run_case(fmt, dense, ws(split=split), batch=2, heads=3, seq=1000, head_dim=64,
-                   seed=_seed("ws", spec, split))
+    res = run_case(fmt, dense, ws(split=split, kstep=kstep), batch=2, heads=3, seq=1000,
+                   head_dim=64, seed=_seed("ws", spec, split, kstep))
     _check(res, "float16", spec)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim,kstep", [(64, 1), (64, 2), (128, 1), (128, 2), (256, 1)])
 @pytest.mark.parametrize("pingpong", [True, False])
-def test_head_dims_dtypes_pingpong(head_dim, dtype, pingpong):
+def test_head_dims_dtypes_pingpong(head_dim, kstep, dtype, pingpong):
     fmt, dense = encoded("longformer:window=100,global=20", 700)
-    res = run_case(fmt, dense, ws(split=8, pingpong=pingpong), batch=2, heads=2, seq=700,
-                   head_dim=head_dim, dtype=dtype, seed=_seed("wsd", head_dim, dtype, pingpong))
-    _check(res, dtype, f"D={head_dim} pingpong={pingpong}")
+    res = run_case(fmt, dense, ws(split=8, pingpong=pingpong, kstep=kstep), batch=2, heads=2,
+                   seq=700, head_dim=head_dim, dtype=dtype,
+                   seed=_seed("wsd", head_dim, dtype, pingpong, kstep))
+    _check(res, dtype, f"D={head_dim} kstep={kstep} pingpong={pingpong}")
 
 
 @pytest.mark.parametrize("stages", [2, 3, 4])
@@ -66,9 +68,10 @@ def test_ring_depths_on_long_rows(stages):
     _check(res, "bfloat16", f"stages={stages}")
 
 
+@pytest.mark.parametrize("kstep", [1, 2])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_padding_bias_layouts(dtype):
-    check_padding_bias_layouts(ws(split=8), "ws", dtype, _seed("wspad", dtype))
+def test_padding_bias_layouts(dtype, kstep):
+    check_padding_bias_layouts(ws(split=8, kstep=kstep), "ws", dtype, _seed("wspad", dtype, kstep))
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
@@ -112,11 +115,12 @@ def test_empty_rows_give_zeros():
     assert np.all(res.out[:, :100] == 0.0) and np.all(res.out[:, 200:250] == 0.0)
 
 
-def test_run_shorter_than_the_compiled_length():
+@pytest.mark.parametrize("kstep", [1, 2])
+def test_run_shorter_than_the_compiled_length(kstep):
     """L_max 2048, run at 333: items past the run exit, split chunks past the keys are empty."""
     fmt, dense = encoded("longformer:window=128,global=16", 2048)
-    res = run_case(fmt, dense, ws(split=8), batch=3, heads=2, seq=333, head_dim=64,
-                   seed=_seed("wsshort"))
+    res = run_case(fmt, dense, ws(split=8, kstep=kstep), batch=3, heads=2, seq=333, head_dim=64,
+                   seed=_seed("wsshort", kstep))
     _check(res, "float16")
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from stofc.errors import StofcError
 from stofc.kernels.attention.ws import (
+    KSTEPS,
     SPLITS,
     WS_STAGES,
     WS_TILE,
@@ -70,6 +71,7 @@ class AttentionConfig:
     mma: str = "sync"      # block-wise: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
     split: int = 0         # ws: walks longer than this many tiles are split (0: never)
     pingpong: bool = True  # ws: the two consumer warpgroups alternate their GEMMs
+    kstep: int = 1         # ws: 64-key tiles per softmax step (1 or 2)
 
     @property
     def threads(self) -> int:
@@ -93,7 +95,7 @@ class AttentionConfig:
                     f"{' wgmma' if self.mma == 'wgmma' else ''}")
         if self.kind == "ws":
             return (f"warp-specialised T={self.tile} rows/block=128 stages={self.stages}"
-                    f"{' pingpong' if self.pingpong else ''}"
+                    f" keys/step={64 * self.kstep}{' pingpong' if self.pingpong else ''}"
                     f"{f' split={self.split}' if self.split else ''}")
         return f"row-wise T={self.tile} warps={self.warps} rows/warp={self.warp_m}"
 
@@ -118,6 +120,7 @@ class KernelSpec:
                 f"_s{c.stages}_q{c.q_split}_o{c.min_blocks}"
                 f"{'_wg' if c.mma == 'wgmma' and c.kind != 'ws' else ''}"
                 f"{'_pp' if c.kind == 'ws' and c.pingpong else ''}"
+                f"{'_k2' if c.kind == 'ws' and c.kstep == 2 else ''}"
                 f"{'_c' if self.has_softcap else ''}"
                 f"_b{int(self.has_bias)}_k{int(self.has_key_bits)}")
 
@@ -304,9 +307,10 @@ def search_space(kind: str, head_dim: int, dtype: str, profile: GpuProfile, *,
                                 out.append(cfg)
     elif kind == "ws":
         if tile == WS_TILE:
-            for stages, pingpong, split in itertools.product(WS_STAGES, (True, False), SPLITS):
+            for stages, pingpong, split, kstep in itertools.product(WS_STAGES, (True, False),
+                                                                    SPLITS, KSTEPS):
                 cfg = AttentionConfig("ws", WS_TILE, 16, WS_WARPS, stages, 1, mma="wgmma",
-                                      split=split, pingpong=pingpong)
+                                      split=split, pingpong=pingpong, kstep=kstep)
                 if prune(cfg, head_dim, profile) is None:
                     out.append(cfg)
     elif kind == "row":

@@ -13,12 +13,7 @@ from stofc.kernels.attention.config import (
     check_head_dim,
     kernel_target,
 )
-from stofc.kernels.attention.ws import (
-    CONSUMER_REGS,
-    MAX_CHUNKS,
-    PRODUCER_REGS,
-    Q_REGS_MAX_HEAD_DIM,
-)
+from stofc.kernels.attention.ws import MAX_CHUNKS, ws_q_in_regs, ws_reg_split
 
 # -lineinfo costs nothing at run time and lets ncu map stalls to source lines.
 COMPILE_OPTIONS: tuple[str, ...] = ("-lineinfo",)
@@ -35,12 +30,13 @@ def render_kernel(spec: KernelSpec) -> Source:
         return render(
             spec.template, spec.name, (spec.name, f"{spec.name}_combine"),
             kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
-            stages=c.stages, pingpong="true" if c.pingpong else "false",
-            producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS, max_chunks=MAX_CHUNKS,
+            stages=c.stages, pingpong="true" if c.pingpong else "false", kstep=c.kstep,
+            producer_regs=ws_reg_split(c.kstep)[0], consumer_regs=ws_reg_split(c.kstep)[1],
+            max_chunks=MAX_CHUNKS,
             has_bias="true" if spec.has_bias else "false",
             has_key_bits="true" if spec.has_key_bits else "false",
             has_softcap="true" if spec.has_softcap else "false",
-            q_in_regs="true" if spec.head_dim <= Q_REGS_MAX_HEAD_DIM else "false",
+            q_in_regs="true" if ws_q_in_regs(spec.head_dim, c.kstep) else "false",
         )
     return render(
         spec.template, spec.name, (spec.name,),

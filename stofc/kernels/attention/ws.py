@@ -26,8 +26,15 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel merges
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
+KSTEPS = (1, 2)                # 64-key tiles per softmax step
 Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
 REG_OVERHEAD = 40              # addresses, loop state, masks, softmax state
+
+
+def ws_reg_split(kstep: int) -> tuple[int, int]:
+    """(producer, consumer) registers per thread after ``setmaxnreg``: two 64-key tiles per
+    step fit the same split once Q moves to shared memory (:func:`ws_q_in_regs`)."""
+    return (PRODUCER_REGS, CONSUMER_REGS)
 
 
 def ws_smem_bytes(stages: int, head_dim: int) -> int:
@@ -40,11 +47,19 @@ def ws_smem_bytes(stages: int, head_dim: int) -> int:
     return q + kv + bitmaps + barriers + 1024
 
 
-def ws_registers(head_dim: int) -> int:
-    """Registers a consumer thread's live arrays need: O, S, two P fragments, Q (if held)."""
+def ws_q_in_regs(head_dim: int, kstep: int = 1) -> bool:
+    """Whether S = Q K^T reads Q's fragments from registers (else from smem panels): up
+    to head_dim 128 with one tile per step, 64 with two (the O, S and P arrays of 128
+    keys and head_dim 128 leave no room for Q: ptxas spilled 232 bytes)."""
+    return head_dim <= (Q_REGS_MAX_HEAD_DIM if kstep == 1 else 64)
+
+
+def ws_registers(head_dim: int, kstep: int = 1) -> int:
+    """Registers a consumer thread's live arrays need: O, S and the held P fragments of
+    ``kstep`` 64-key tiles, Q (if held in registers)."""
     acc = head_dim // 2
-    s, p = 32, 2 * 16
-    q = head_dim // 4 if head_dim <= Q_REGS_MAX_HEAD_DIM else 0
+    s, p = 32 * kstep, 16 * kstep
+    q = head_dim // 4 if ws_q_in_regs(head_dim, kstep) else 0
     return acc + s + p + q + REG_OVERHEAD
 
 
@@ -62,6 +77,10 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: the TMA producer loads contiguous 64-key tiles (no gathered or permuted walk)"
     if c.stages not in WS_STAGES:
         return "ws: stages must be 2..4 (the ring of K/V tiles)"
+    if c.kstep not in KSTEPS:
+        return "ws: a softmax step covers 1 or 2 tiles of 64 keys"
+    if c.stages < 2 * c.kstep:
+        return "ws: the ring must hold two steps (stages >= 2 x tiles per step) to load ahead"
     if c.split < 0 or (c.split and c.split < 8):
         return "ws: split is 0 (never) or at least 8 tiles per chunk"
     if c.mma != "wgmma":
@@ -69,6 +88,7 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
     smem = ws_smem_bytes(c.stages, head_dim)
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
-    if ws_registers(head_dim) > CONSUMER_REGS:
-        return f"needs about {ws_registers(head_dim)} registers per consumer thread (> {CONSUMER_REGS})"
+    regs, cap = ws_registers(head_dim, c.kstep), ws_reg_split(c.kstep)[1]
+    if regs > cap:
+        return f"needs about {regs} registers per consumer thread (> {cap})"
     return None
