@@ -110,12 +110,21 @@ __device__ __forceinline__ void mask_step(float (&s_all)[M][4], const u32* bm32,
 template <int NB>
 __device__ __forceinline__ void softmax_exp(float (&s)[NB][4], float (&m)[2], float (&l)[2],
                                             float sl, float (&alpha)[2]) {
-    float mx0 = STOFC_NEG_INF, mx1 = STOFC_NEG_INF;
+    // pairwise (tree) reductions: log2(NB) dependent steps instead of NB
+    float r0[NB], r1[NB];
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
-        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        r0[n] = fmaxf(s[n][0], s[n][1]);
+        r1[n] = fmaxf(s[n][2], s[n][3]);
     }
+#pragma unroll
+    for (int w = 1; w < NB; w *= 2)
+#pragma unroll
+        for (int n = 0; n + w < NB; n += 2 * w) {
+            r0[n] = fmaxf(r0[n], r0[n + w]);
+            r1[n] = fmaxf(r1[n], r1[n + w]);
+        }
+    float mx0 = r0[0], mx1 = r1[0];
     mx0 = fmaxf(m[0], quad_max(mx0) * sl);   // sl > 0: max commutes with the scale
     mx1 = fmaxf(m[1], quad_max(mx1) * sl);
     const float base0 = safe_max(mx0), base1 = safe_max(mx1);
@@ -123,18 +132,24 @@ __device__ __forceinline__ void softmax_exp(float (&s)[NB][4], float (&m)[2], fl
     alpha[1] = exp2_fast(m[1] - base1);
     m[0] = mx0;
     m[1] = mx1;
-    float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         s[n][0] = exp2_fast(fmaf(s[n][0], sl, -base0));
         s[n][1] = exp2_fast(fmaf(s[n][1], sl, -base0));
         s[n][2] = exp2_fast(fmaf(s[n][2], sl, -base1));
         s[n][3] = exp2_fast(fmaf(s[n][3], sl, -base1));
-        sum0 += s[n][0] + s[n][1];
-        sum1 += s[n][2] + s[n][3];
+        r0[n] = s[n][0] + s[n][1];
+        r1[n] = s[n][2] + s[n][3];
     }
-    l[0] = l[0] * alpha[0] + sum0;
-    l[1] = l[1] * alpha[1] + sum1;
+#pragma unroll
+    for (int w = 1; w < NB; w *= 2)
+#pragma unroll
+        for (int n = 0; n + w < NB; n += 2 * w) {
+            r0[n] += r0[n + w];
+            r1[n] += r1[n + w];
+        }
+    l[0] = l[0] * alpha[0] + r0[0];
+    l[1] = l[1] * alpha[1] + r1[0];
 }
 
 /// Pack the step's probabilities into `pf`, the A operand of P.V (k16 chunk kk =

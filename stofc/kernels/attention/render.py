@@ -27,17 +27,8 @@ def render_kernel(spec: KernelSpec) -> Source:
     if c.kind not in KINDS:
         raise StofcError(f"unknown attention kernel {c.kind!r}", hint="use 'block', 'row' or 'ws'")
     if c.kind == "ws":
-        return render(
-            spec.template, spec.name, (spec.name, f"{spec.name}_combine"),
-            kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
-            stages=c.stages, pingpong="true" if c.pingpong else "false", kstep=c.kstep,
-            producer_regs=ws_reg_split(c.kstep)[0], consumer_regs=ws_reg_split(c.kstep)[1],
-            max_chunks=MAX_CHUNKS,
-            has_bias="true" if spec.has_bias else "false",
-            has_key_bits="true" if spec.has_key_bits else "false",
-            has_softcap="true" if spec.has_softcap else "false",
-            q_in_regs="true" if ws_q_in_regs(spec.head_dim, c.kstep) else "false",
-        )
+        return render(spec.template, spec.name, (spec.name, f"{spec.name}_combine"),
+                      **ws_template_values(spec))
     return render(
         spec.template, spec.name, (spec.name,),
         kernel_name=spec.name,
@@ -54,6 +45,19 @@ def render_kernel(spec: KernelSpec) -> Source:
         has_softcap="true" if spec.has_softcap else "false",
         q_in_regs="true" if spec.q_in_regs else "false",
     )
+
+
+def ws_template_values(spec: KernelSpec) -> dict[str, object]:
+    """Every value ``block_ws.cu.j2`` substitutes, for a ``kind="ws"`` spec."""
+    c = spec.config
+    producer, consumer = ws_reg_split(c.kstep)
+    flag = {True: "true", False: "false"}
+    return dict(kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
+                stages=c.stages, pingpong=flag[c.pingpong], kstep=c.kstep,
+                producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
+                has_bias=flag[spec.has_bias], has_key_bits=flag[spec.has_key_bits],
+                has_softcap=flag[spec.has_softcap],
+                q_in_regs=flag[ws_q_in_regs(spec.head_dim, c.kstep)])
 
 
 def compile_kernel(spec: KernelSpec, target: str) -> CompiledKernel:
