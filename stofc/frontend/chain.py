@@ -156,7 +156,10 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
         if step.op_type in ("Reshape", "Flatten", "Clip"):
             norm = norm_fwd(idx, step.output[0])
             if norm is not None:
-                norm[0].nodes.insert(0, step)
+                if step.op_type == "Clip":
+                    norm[0].nodes.insert(0, step)
+                # a Reshape/Flatten stays with ONNX Runtime: the flat stream it makes is
+                # read by the norm and by the next residual (OPT), two readers
                 value = step.output[0]
                 break
     if norm is None:
