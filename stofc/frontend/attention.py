@@ -193,6 +193,24 @@ def _resolve(idx: GraphIndex, op: Operand, where: str) -> tuple[str, int | None,
     return layout, heads, dim
 
 
+def _narrow(idx: GraphIndex, op: Operand) -> Operand:
+    """The operand's own part of a packed projection (ModernBERT's Wqkv, Phi-3's qkv_proj)
+    when the others do not read the packed value as SparseAttention's packed q: the first
+    value after the packed split (toward the MatMul) of rank 3 or 4."""
+    splits = [i for i, n in enumerate(op.nodes) if n.op_type in ("Split", "Slice", "Gather")]
+    if not splits:
+        return op
+    for j in range(splits[-1], -1, -1):
+        node = op.nodes[j]
+        out = next((o for o in node.output if o and (j == 0 or o in op.nodes[j - 1].input)),
+                   node.output[0])
+        if idx.rank(out) in (3, 4):
+            keep = op.nodes[:j]
+            split = op.head_split if op.head_split in keep else None
+            return Operand(out, keep, split, op.factors, op.rotary, op.expanded)
+    return op
+
+
 def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
     """The attention block around ``softmax`` (layer=-1), or raise _Skip with the reason."""
     rank = idx.rank(softmax.input[0])
@@ -202,6 +220,9 @@ def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
     qk, score_nodes, factors, additive, boolean, softcap = _walk_scores(idx, softmax.input[0])
     pv, prob_nodes, guarded = _walk_probs(idx, softmax)
     q, k, v = (walk_operand(idx, x) for x in (qk.input[0], qk.input[1], pv.input[1]))
+    sources = [o.source for o in (q, k, v)]
+    if len(set(sources)) > 1:  # not all three read one packed value: each reads its part
+        q, k, v = (_narrow(idx, o) for o in (q, k, v))
     (ql, qh, qd), (kl, kh, kd), (vl, vh, vd) = (_resolve(idx, o, softmax.name)
                                                for o in (q, k, v))
     if qh is None:
