@@ -83,6 +83,9 @@ def _core(idx: GraphIndex, value: str) -> Rotary | None:
                 cos = next(i for i in first.input if i != x)
                 sin = next(i for i in second.input if i != rot)
                 dim = (idx.shape(x) or (None,))[-1]
+                if not isinstance(dim, int):  # the tables' width is the rotated width
+                    dim = next((t[-1] for t in (idx.shape(cos), idx.shape(sin))
+                                if t and isinstance(t[-1], int) and t[-1] > 1), None)
                 tables = "cache" if _from_table(idx, cos) else "computed"
                 return Rotary(value, x, form, dim if isinstance(dim, int) else None,
                               tables, (add.name, first.name, second.name, *nodes),
