@@ -214,9 +214,10 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     if not graph.layers:
         raise PlanError(f"{model_path}: no attention block stofc can fuse",
                         hint="run `stofc inspect` to see why each block was left to ORT")
-    left = sorted({u.reason for u in graph.unsupported})
-    if graph.unsupported:
-        ins.warn(f"{len(graph.unsupported)} attention-like block(s) are left to ONNX Runtime "
+    blocks = [u for u in graph.unsupported if u.op_type in ("Softmax", "Attention")]
+    if blocks:
+        left = sorted({u.reason for u in blocks})
+        ins.warn(f"{len(blocks)} attention-like block(s) are left to ONNX Runtime "
                  f"unchanged, without the structured mask ({'; '.join(left)[:300]})")
     own = ins.run("read the model's masks", model_masks, graph, max_seq_len)
     effective = effective_specs({m.layer: m.node for m in own.layers}, spec,

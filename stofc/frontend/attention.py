@@ -357,4 +357,26 @@ def find_attention(idx: GraphIndex) -> tuple[list[AttentionBlock], list[Unsuppor
                 blocks.append(match_onnx_attention(idx, node))
         except _Skip as why:
             skipped.append(Unsupported(node.name, node.op_type, str(why)))
-    return blocks, skipped
+    return _one_softmax_each(idx, blocks, skipped)
+
+
+def _one_softmax_each(idx: GraphIndex, blocks: list[AttentionBlock],
+                      skipped: list[Unsupported]
+                      ) -> tuple[list[AttentionBlock], list[Unsupported]]:
+    """Refuse attentions whose Q, K, V feed several Softmax nodes (HF BigBird's
+    block_sparse computes five): one of them is not the whole attention."""
+    groups: dict[tuple[str, str, str], list[AttentionBlock]] = {}
+    for block in blocks:
+        groups.setdefault((block.q_input, block.k_input, block.v_input), []).append(block)
+    kept = []
+    for block in blocks:
+        group = groups[(block.q_input, block.k_input, block.v_input)]
+        if len(group) == 1:
+            kept.append(block)
+            continue
+        soft = next(n for n in block.nodes if idx.by_name[n].op_type in ("Softmax", "Attention"))
+        skipped.append(Unsupported(soft, idx.by_name[soft].op_type, (
+            f"{len(group)} Softmax nodes over one attention's Q, K, V (block-sparse attention "
+            "such as HF BigBird's block_sparse): stofc compiles one Softmax per attention; "
+            "export with attention_type='original_full' and pass the mask with --mask")))
+    return kept, skipped
