@@ -155,7 +155,8 @@ def select_attention(graph: ModelGraph, formats: dict[int, MaskFormat], profile:
         out[layer.index] = attention_kernel(
             layer.index, formats[layer.index], profile, num_heads=block.num_heads,
             head_dim=block.head_dim, dtype=dtype, batch=batch, seq_len=max_seq_len,
-            has_bias=bias is not None, has_key_bits=kpm is not None)
+            has_bias=bias is not None, has_key_bits=kpm is not None,
+            has_softcap=block.softcap > 0)
     return out
 
 
@@ -170,7 +171,8 @@ def record_attention(plan: Plan, kernels: dict[int, AttentionKernel]) -> Plan:
                 c = ak.choice.config
                 spec = KernelSpec("attention", f"attention/{c.kind}.cu.j2", (
                     ("dtype", plan.dtype), *asdict(c).items(),
-                    ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits)))
+                    ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits),
+                    ("has_softcap", ak.spec.has_softcap)))
                 seg = replace(seg, kernel=spec)
             segs.append(seg)
         layers.append(replace(lp, segments=tuple(segs)))
@@ -343,7 +345,7 @@ def _planned_attention(plan: Plan, ak: AttentionKernel,
 
     def spec_of(c):
         return AttnSpec(c, ak.spec.dtype, ak.spec.head_dim, has_bias=ak.spec.has_bias,
-                        has_key_bits=ak.spec.has_key_bits)
+                        has_key_bits=ak.spec.has_key_bits, has_softcap=ak.spec.has_softcap)
 
     chain: list[tuple[int, Any]] = []
     for length, bplan in sorted(buckets, key=lambda b: b[0]):

@@ -6,10 +6,9 @@ For every issue-15 fixture (both torch exporters and Optimum; ``tests/fixtures/M
 shorter than it), then the package and the original file run on the same right-padded batch
 (batch 2, the second sequence shorter) and the relative error on real tokens must be <= 1e-2.
 
-Grouped-query attention (``kv_num_heads``) and soft-capping (``softcap``) are SparseAttention
-attributes whose CPU twin is the lead's part of issue 15 (``cuda/ort/cpu_ops.cc``); until it is
-on main those fixtures are strict xfails naming the missing piece (they fail loudly, never pass
-silently, once it lands: then drop the mark).
+Grouped-query attention (``kv_num_heads``) and soft-capping (``softcap``) run through the
+SparseAttention CPU twin's attributes (a5afc9b): Llama, Mistral, Qwen2, Phi-3 and Gemma are
+checked like the others.
 """
 
 from __future__ import annotations
@@ -37,14 +36,6 @@ CASES = sorted(e["file"] for e in MANIFEST["fixtures"]
                if e["arch"] in MODERN or e["exporter"] == "optimum")
 L_MAX = 64
 BOUND = 1e-2
-# True once the lead's kv_num_heads / softcap CPU twin is on main (issue 15's attention part).
-ATTENTION_ATTRS_LANDED = False
-MISSING = ("SparseAttention's kv_num_heads/softcap attributes are not in the CPU twin yet "
-           "(cuda/ort/cpu_ops.cc, the lead's part of issue 15)")
-
-
-def _needs_new_attrs(graph) -> bool:
-    return any(a.kv_heads != a.num_heads or a.softcap for a in graph.attention)
 
 
 def _package(name: str, tmp: Path, mask: str = "model") -> Path:
@@ -72,10 +63,7 @@ def _bare_error(package: Path, name: str) -> float:
 
 @pytest.mark.parametrize("name", CASES)
 def test_compiles_with_its_own_mask_and_matches_the_original(name, tmp_path):
-    graph = load_model(FIXTURES / name)
-    package = _package(name, tmp_path)   # compiles (frontend, masks, plan, rewrite) in any case
-    if _needs_new_attrs(graph) and not ATTENTION_ATTRS_LANDED:
-        pytest.xfail(MISSING)
+    package = _package(name, tmp_path)
     assert _bare_error(package, name) <= BOUND
 
 
@@ -112,8 +100,6 @@ def test_sliding_window_models_and_a_user_mask(name, tmp_path):
         dense = to_dense(_format(package, layer.index))
         assert not dense[np.abs(d) > 4].any()          # the user's band removes keys
         assert dense[d == 0].all()
-    if _needs_new_attrs(graph) and not ATTENTION_ATTRS_LANDED:
-        pytest.xfail(MISSING)
     report = verify_package(package, cases=[(2, L_MAX)])
     assert report.passed and report.worst.mask_effect > BOUND
 
