@@ -2,7 +2,8 @@
 
 A symbolic dimension of a token input is the batch (first) or the sequence
 length (second). Image and feature inputs (float, rank >= 3) are not sequences:
-their dims come, in this order, from ``--input-shape NAME=D0,D1,...``, the
+(float inputs of rank >= 4, or read by a Conv; a float ``[B, S, hidden]`` input is a
+sequence) their dims come, in this order, from ``--input-shape NAME=D0,D1,...``, the
 model's static dims, and the model itself (the channels of the Conv that reads
 the input; the side from the position-embedding table: ``(side / stride)^2``
 patches, plus one class token or not). When none of these tells a dimension,
@@ -47,7 +48,8 @@ def input_shape(graph: ModelGraph, idx: GraphIndex, vi: ValueInfo, batch: int, s
                              f"fit the model's {list(vi.shape)}",
                              hint="give every dimension, matching the static ones")
         return shape
-    image = np.issubdtype(np.dtype(vi.dtype), np.floating) and len(vi.shape) >= 3
+    image = np.issubdtype(np.dtype(vi.dtype), np.floating) and (
+        len(vi.shape) >= 4 or any(u.op_type == "Conv" for u in idx.users(vi.name)))
     if not image:
         symbols: dict[str, int] = {}
         shape = []
