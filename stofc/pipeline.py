@@ -11,9 +11,11 @@ the rendered sources are done there, never inline. Nothing here touches a GPU
 unless ``tune=True``, which hands the written package to the tuner's
 integration point (:func:`stofc.tune.package.tune_package`).
 
-The structured mask of a model whose graph is causal (GPT-2) is ANDed with
-``causal`` (every node of the spec gets ``causal=true``): the package then
-computes the model's own masking AND the structured mask, the function that
+The mask compiled for each layer is the model's own mask (read from the graph by
+:func:`stofc.frontend.model_mask.model_masks`: causal, sliding windows, local/global
+layers, constant buffers) AND the user's ``--mask`` spec (``model``, the default,
+means the model's own mask alone; :mod:`stofc.masks.effective`): the package computes
+exactly what the model computes, restricted by the structured mask, the function that
 ``stofc verify``'s reference computes too.
 """
 
@@ -29,8 +31,10 @@ from typing import Any, TypeVar
 from stofc.codegen import Source
 from stofc.errors import PlanError, StofcError
 from stofc.frontend import ModelGraph, load_model
+from stofc.frontend.model_mask import model_masks
 from stofc.frontend.pack import packed_from_document
 from stofc.masks import MaskSpec, encode, parse_mask
+from stofc.masks.effective import MODEL, effective_canonical, effective_specs
 from stofc.masks.format import MaskFormat
 from stofc.package.kernels import (
     AttentionKernel,
@@ -127,13 +131,15 @@ def with_causal(spec: MaskSpec) -> MaskSpec:
                    heads=tuple(causal(o) for o in spec.heads))
 
 
-def encode_masks(graph: ModelGraph, spec: MaskSpec, max_seq_len: int,
+def encode_masks(graph: ModelGraph, spec: MaskSpec | dict[int, MaskSpec], max_seq_len: int,
                  tile: int) -> dict[int, MaskFormat]:
-    """One format per layer (equal layers share the object)."""
+    """One format per layer (equal layers share the object); ``spec`` is one spec for
+    every layer or one per layer (:func:`stofc.masks.effective.effective_specs`)."""
     formats: dict[int, MaskFormat] = {}
     seen: dict[str, MaskFormat] = {}
     for layer in graph.layers:
-        fmt = encode(spec, max_seq_len, tile=tile, layer=layer.index,
+        layer_spec = spec[layer.index] if isinstance(spec, dict) else spec
+        fmt = encode(layer_spec, max_seq_len, tile=tile, layer=layer.index,
                      num_heads=layer.attention.num_heads)
         formats[layer.index] = seen.setdefault(fmt.spec_hash, fmt)
     return formats
@@ -149,7 +155,8 @@ def select_attention(graph: ModelGraph, formats: dict[int, MaskFormat], profile:
         out[layer.index] = attention_kernel(
             layer.index, formats[layer.index], profile, num_heads=block.num_heads,
             head_dim=block.head_dim, dtype=dtype, batch=batch, seq_len=max_seq_len,
-            has_bias=bias is not None, has_key_bits=kpm is not None)
+            has_bias=bias is not None, has_key_bits=kpm is not None,
+            has_softcap=block.softcap > 0)
     return out
 
 
@@ -164,20 +171,24 @@ def record_attention(plan: Plan, kernels: dict[int, AttentionKernel]) -> Plan:
                 c = ak.choice.config
                 spec = KernelSpec("attention", f"attention/{c.kind}.cu.j2", (
                     ("dtype", plan.dtype), *asdict(c).items(),
-                    ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits)))
+                    ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits),
+                    ("has_softcap", ak.spec.has_softcap)))
                 seg = replace(seg, kernel=spec)
             segs.append(seg)
         layers.append(replace(lp, segments=tuple(segs)))
     return replace(plan, layers=tuple(layers))
 
 
-def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
+def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAULT_GPU,
                   dtype: str = "fp16", max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
                   out_dir: str | Path | None = None, tune: bool = False, batch: int = 1,
                   tile: int = DEFAULT_TILE, instruments: Instruments | None = None,
                   ort_include: str | Path | None = None,
                   tune_options: dict[str, Any] | None = None, pack_qkv: bool = True) -> Path:
     """Compile ``model_path`` with the structured ``mask`` into a package; return its path.
+
+    ``mask`` is ANDed with the mask every layer of the model computes itself
+    (``"model"``: that mask alone); see the module doc.
 
     ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer (``rewrite_model``); with
     ``pack_qkv`` the model is loaded with its Q, K, V projections packed in the graph
@@ -196,7 +207,7 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
                         hint="pass --max-seq-len and --batch as positive integers")
     check_destination(out)  # before any work: a foreign directory is never touched
     profile = ins.run("target", get_profile, gpu)
-    spec = ins.run("parse mask", parse_mask, mask)
+    spec = None if mask.strip() == MODEL else ins.run("parse mask", parse_mask, mask)
     if tune:  # tuning measures on the GPU present: check it before compiling anything
         from stofc.tune.device import check_gpu
         profile = ins.run("check GPU", check_gpu, gpu)
@@ -205,13 +216,16 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     if not graph.layers:
         raise PlanError(f"{model_path}: no attention block stofc can fuse",
                         hint="run `stofc inspect` to see why each block was left to ORT")
-    left = sorted({u.reason for u in graph.unsupported})
-    if graph.unsupported:
-        ins.warn(f"{len(graph.unsupported)} attention-like block(s) are left to ONNX Runtime "
+    blocks = [u for u in graph.unsupported if u.op_type in ("Softmax", "Attention")]
+    if blocks:
+        left = sorted({u.reason for u in blocks})
+        ins.warn(f"{len(blocks)} attention-like block(s) are left to ONNX Runtime "
                  f"unchanged, without the structured mask ({'; '.join(left)[:300]})")
-    causal = any(layer.attention.causal_in_graph for layer in graph.layers)
-    effective = with_causal(spec) if causal else spec
-    plan = ins.run("plan", build_plan, graph, effective, profile, dtype=dtype,
+    own = ins.run("read the model's masks", model_masks, graph, max_seq_len)
+    effective = effective_specs({m.layer: m.node for m in own.layers}, spec,
+                                [layer.index for layer in graph.layers])
+    canonical = effective_canonical(effective)
+    plan = ins.run("plan", build_plan, graph, canonical, profile, dtype=dtype,
                    max_seq_len=max_seq_len, batch=batch)
     formats = ins.run("encode masks", encode_masks, graph, effective, max_seq_len, tile)
     attention = ins.run("select attention kernels", select_attention, graph, formats, profile,
@@ -219,7 +233,7 @@ def compile_model(model_path: str | Path, mask: str, *, gpu: str = DEFAULT_GPU,
     plan = record_attention(plan, attention)
     contents = _render_and_compile(
         ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
-        mask_canonical=effective.canonical(), causal=causal and effective != spec, tuned=False)
+        mask_canonical=canonical, causal=own.structured, tuned=False)
     contents = replace(contents, pack_qkv=pack_qkv, pack_projections=pack_qkv)
     path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
     ins.dump_package(path)
@@ -331,7 +345,7 @@ def _planned_attention(plan: Plan, ak: AttentionKernel,
 
     def spec_of(c):
         return AttnSpec(c, ak.spec.dtype, ak.spec.head_dim, has_bias=ak.spec.has_bias,
-                        has_key_bits=ak.spec.has_key_bits)
+                        has_key_bits=ak.spec.has_key_bits, has_softcap=ak.spec.has_softcap)
 
     chain: list[tuple[int, Any]] = []
     for length, bplan in sorted(buckets, key=lambda b: b[0]):
@@ -358,7 +372,8 @@ def _planned_attention(plan: Plan, ak: AttentionKernel,
 
 def _render_segments(plan: Plan) -> dict[tuple[int, int], tuple[Source, ...]]:
     return {(seg.layer, seg.ordinal): render_segment(seg, plan.dtype)
-            for lp in plan.layers for seg in lp.segments if seg.family != "attention"}
+            for lp in plan.layers for seg in lp.segments
+            if seg.family not in ("attention", "ort")}
 
 
 def _tune(path: Path, profile: GpuProfile, options: dict[str, Any]) -> None:

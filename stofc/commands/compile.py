@@ -13,8 +13,10 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
 
 @click.command("compile")
 @click.argument("model", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--mask", "mask", required=True, metavar="SPEC",
-              help="Structured attention mask: NAME[:key=value,...] or a .yaml file (MASKS.md).")
+@click.option("--mask", "mask", default="model", show_default=True, metavar="SPEC",
+              help="Structured attention mask: NAME[:key=value,...] or a .yaml file (MASKS.md), "
+                   "ANDed with the mask the model computes itself (causal, sliding windows, "
+                   "local layers); 'model' compiles the model's own mask alone.")
 @click.option("--gpu", default=DEFAULT_GPU, show_default=True, metavar="NAME",
               help="Target GPU profile (a100, h100, h200, ...; auto = the GPU present). "
                    "Kernels are compiled for its arch (cubin) plus PTX; no GPU is needed. "

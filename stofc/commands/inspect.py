@@ -74,8 +74,19 @@ def _segments(graph: ModelGraph, profile: GpuProfile, *, batch: int, seq: int) -
     return out
 
 
+def _model_masks(graph: ModelGraph) -> list[dict]:
+    """Each layer's own mask (:func:`stofc.frontend.model_mask.model_masks`), or the error."""
+    from stofc.frontend.model_mask import model_masks
+
+    try:
+        return [m.as_dict() for m in model_masks(graph).layers]
+    except StofcError as err:
+        return [{"layer": layer.index, "kind": "error", "description": str(err), "spec": None,
+                 "probes": []} for layer in graph.layers]
+
+
 def report(graph: ModelGraph, mask: dict | None = None, segments: list[dict] | None = None,
-           ) -> dict:
+           model_masks: list[dict] | None = None) -> dict:
     """The JSON object ``inspect --json`` prints (keys documented on the command)."""
     return {
         "model": graph.path,
@@ -94,6 +105,7 @@ def report(graph: ModelGraph, mask: dict | None = None, segments: list[dict] | N
                         for u in graph.unsupported],
         "left_to_ort": list(graph.left_to_ort),
         "mask": mask,
+        "model_masks": model_masks if model_masks is not None else [],
     }
 
 
@@ -113,14 +125,22 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
         if m["why"]:
             console.print(f"attention kernel: {m['kernel'] or 'none'} ({m['why']})")
     att = Table(title="Attention blocks")
-    for col in ("layer", "heads x dim", "qkv", "scale", "mask", "guard", "causal", "nodes"):
+    for col in ("layer", "heads x dim", "kv heads", "qkv", "scale", "mask", "model's own mask",
+                "rope", "softcap", "nodes"):
         att.add_column(col, overflow="fold")
+    own = {m["layer"]: m["description"] for m in data.get("model_masks", [])}
     for a in data["attention"]:
         mask = a["mask_form"] + (f" <- {a['mask_source']}" if a["mask_source"] else "")
+        rope = "; ".join(f"{r['form']}" + (f" {r['rotary_dim']}d" if r["rotary_dim"] else "")
+                         for r in a.get("rope", [])[:1]) or "-"
+        qkv = "packed" if a["packed_qkv"] else "q,k,v"
+        if a.get("layouts", {}).get("q", "bsf") != "bsf":
+            qkv += f" ({a['layouts']['q']}, post-RoPE)" if a.get("rope") else \
+                f" ({a['layouts']['q']})"
         att.add_row(str(a["layer"]), f"{a['num_heads']} x {a['head_dim']} = {a['hidden_size']}",
-                    "packed" if a["packed_qkv"] else "q,k,v", f"{a['scale']:.4g} {a['scale_form']}",
-                    mask, "yes" if a["softmax_guarded"] else "no",
-                    "yes" if a["causal_in_graph"] else "no", str(len(a["nodes"])))
+                    str(a.get("kv_num_heads", a["num_heads"])), qkv,
+                    f"{a['scale']:.4g} {a['scale_form']}", mask, own.get(a["layer"], "-"), rope,
+                    f"{a['softcap']:g}" if a.get("softcap") else "-", str(len(a["nodes"])))
     if data["attention"]:
         console.print(att)
     else:
@@ -194,7 +214,9 @@ def inspect(model: str, mask_spec: str | None, gpu: str, batch: int, seq_len: in
                                    output, packed_qkv, scale, scale_form, mask_form,
                                    mask_source, mask_input, mask_inputs
                                    ([name, "add"|"keep"]), bias_input,
-                                   softmax_guarded, causal_in_graph, rotary
+                                   softmax_guarded, causal_in_graph, rotary,
+                                   kv_num_heads, layouts, softcap, rope,
+                                   kv_expanded
                                    (see stofc.frontend.types.AttentionBlock)
       layers                       [{layer, norm_order, chain: [{index, kind, role,
                                    nodes, inputs, outputs, params}]}]
@@ -212,6 +234,11 @@ def inspect(model: str, mask_spec: str | None, gpu: str, batch: int, seq_len: in
       mask                         null, or {spec, seq_len, density, kernel, why}
                                    for --mask: the attention kernel the selector
                                    picks for layer 0 and its explanation
+      model_masks                  [{layer, kind, description, spec, probes}]: the
+                                   mask each layer computes itself (causal,
+                                   sliding window, chunked, bitmap), read by
+                                   evaluating it at the probe lengths; kind
+                                   "error" says why it cannot be read
     """
     from stofc.frontend import load_model
 
@@ -219,7 +246,7 @@ def inspect(model: str, mask_spec: str | None, gpu: str, batch: int, seq_len: in
     graph = load_model(model)
     seq = seq_len or _seq_len(graph)
     data = report(graph, _mask_report(mask_spec, graph, profile, batch=batch, seq=seq),
-                  _segments(graph, profile, batch=batch, seq=seq))
+                  _segments(graph, profile, batch=batch, seq=seq), _model_masks(graph))
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     else:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from stofc.errors import StofcError
+from stofc.package.feeds import parse_input_shapes
 from stofc.package.verify import END_TO_END_BOUND, verify_package
 
 
@@ -24,8 +25,12 @@ from stofc.package.verify import END_TO_END_BOUND, verify_package
               help="Sequence length of a case (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Input seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D0,D1,...",
+              help="The shape of an image/feature input (repeatable); by default from the "
+                   "model's static dims, its Conv and position table.")
 def verify(package: Path, model: Path | None, provider: str, batches: tuple[int, ...],
-           seq_lens: tuple[int, ...], seed: int, as_json: bool) -> None:
+           seq_lens: tuple[int, ...], seed: int, as_json: bool,
+           input_shapes: tuple[str, ...]) -> None:
     """Run PACKAGE and the original model (structured mask injected) on the same random inputs.
 
     Reports max abs and relative error per output (relative to the reference's
@@ -36,7 +41,8 @@ def verify(package: Path, model: Path | None, provider: str, batches: tuple[int,
     """
     cases = pair_cases(batches, seq_lens)
     report = verify_package(package, model=model, provider=provider, cases=cases, seed=seed,
-                            bound=END_TO_END_BOUND)
+                            bound=END_TO_END_BOUND,
+                            input_shapes=parse_input_shapes(input_shapes))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:

@@ -15,7 +15,6 @@ left to ONNX Runtime. A head count that is not a constant raises ModelError.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import onnx
 
@@ -23,123 +22,19 @@ from stofc.errors import ModelError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.load import opset_of
 from stofc.frontend.masks import classify_mask
+from stofc.frontend.operands import (
+    Operand,
+    OperandError,
+    find_head_split,
+    heads_from_reshape,
+    operand_layout,
+    walk_operand,
+)
 from stofc.frontend.types import AttentionBlock, Unsupported
-
-_PASS = ("Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Split", "Slice", "Reshape")
 
 
 class _Skip(Exception):
     """This candidate is not an attention we handle: carries the reason."""
-
-
-@dataclass
-class _Operand:
-    """The result of walking back from a MatMul operand to its projection."""
-
-    source: str                       # projected value (after bias) feeding the head split
-    nodes: list[onnx.NodeProto]
-    head_split: onnx.NodeProto | None  # the Reshape [.., hidden] -> [.., H, D]
-    factors: list[float]              # constant scale factors met on the way
-    rotary: bool = False              # stopped at a rotary position embedding (RoPE)
-
-
-def _target(idx: GraphIndex, reshape: onnx.NodeProto) -> list[int | None] | None:
-    """The Reshape's output dims (ints where known), from its shape input or inference."""
-    target = idx.partial(reshape.input[1])
-    inferred = idx.shape(reshape.output[0])
-    if target is None:
-        return None if inferred is None else [d if isinstance(d, int) else None
-                                              for d in inferred]
-    if inferred is not None and len(inferred) == len(target):
-        target = [t if t is not None and t > 0 else (i if isinstance(i, int) else t)
-                  for t, i in zip(target, inferred, strict=False)]
-    return target
-
-
-def _is_head_split(idx: GraphIndex, reshape: onnx.NodeProto) -> bool:
-    """[.., hidden] -> [.., H, D] (or [.., 3, H, D]): the input's last dim is split."""
-    in_shape, target = idx.shape(reshape.input[0]), _target(idx, reshape)
-    if in_shape is None or target is None or len(target) <= len(in_shape):
-        return False
-    tail, hidden = target[len(in_shape) - 1:], in_shape[-1]
-    if not isinstance(hidden, int):
-        return False  # e.g. [B*H, D, S] -> [B, H, D, S]: a K transpose detour, not a split
-    if all(isinstance(t, int) and t > 0 for t in tail):
-        return math.prod(tail) == hidden
-    # a head count computed at run time: still the split if D divides the hidden size
-    return len(target) >= 4 and isinstance(tail[-1], int) and tail[-1] > 0 \
-        and hidden % tail[-1] == 0
-
-
-def _walk_operand(idx: GraphIndex, value: str) -> _Operand:
-    nodes, factors, head_split = [], [], None
-    while True:
-        node = idx.produced_by(value)
-        if node is None:
-            break
-        op = node.op_type
-        nxt = node.input[0] if node.input else ""
-        if head_split is not None and op not in ("Split", "Slice", "Gather", "Cast", "Identity",
-                                                 "Mul", "Div"):
-            break  # past the head split only a packed-QKV split (or the scale) belongs here
-        if op in ("Mul", "Div"):
-            a, b = node.input[0], node.input[1]
-            sa, sb = idx.scalar(a), idx.scalar(b)
-            if sb is not None:
-                factors.append(sb if op == "Mul" else 1.0 / sb)
-                nxt = a
-            elif sa is not None and op == "Mul":
-                factors.append(sa)
-                nxt = b
-            else:
-                break
-        elif op == "Gather":
-            index = idx.const(node.input[1])
-            if index is None or index.size != 1:
-                break
-        elif op == "Reshape" and _is_head_split(idx, node):
-            head_split = node
-        elif op not in _PASS:
-            break
-        nodes.append(node)
-        value = nxt
-    return _Operand(value, nodes, head_split, factors, _is_rotary(idx, value))
-
-
-def _is_rotary(idx: GraphIndex, value: str) -> bool:
-    """x*cos + rotate_half(x)*sin: an Add over Muls with a Neg and a Concat/Slice nearby."""
-    node = idx.produced_by(value, "Add")
-    if node is None:
-        return False
-    ops = {n.op_type for n in idx.ancestors(value, limit=14)}
-    return {"Mul", "Neg"} <= ops and bool(ops & {"Concat", "Slice", "Split"})
-
-
-def _find_head_split(idx: GraphIndex, value: str) -> onnx.NodeProto | None:
-    """The nearest head-split Reshape among the ancestors (through RoPE and the like)."""
-    for node in idx.ancestors(value, limit=60):
-        if node.op_type == "Reshape" and _is_head_split(idx, node):
-            return node
-    return None
-
-
-def _heads_from_reshapes(idx: GraphIndex, operand: _Operand, where: str) -> tuple[int, int] | None:
-    """(num_heads, head_dim) from the head-split Reshape's target shape, if one exists."""
-    node = operand.head_split
-    if node is None:
-        return None
-    target = _target(idx, node) or [None, None]
-    heads, dim = target[-2], target[-1]
-    if heads == -1 and dim:
-        in_shape = idx.shape(node.input[0]) or ()
-        if in_shape and isinstance(in_shape[-1], int):
-            heads = in_shape[-1] // dim
-    if heads is None or heads <= 0 or dim is None or dim <= 0:
-        raise ModelError(
-            f"attention at node {where}: the head count is not a constant (reshape "
-            f"{node.name} splits heads with a shape computed at run time)",
-            hint="export the model with a fixed number of heads")
-    return int(heads), int(dim)
 
 
 def _heads_from_shape(idx: GraphIndex, value: str) -> tuple[int, int] | None:
@@ -150,9 +45,33 @@ def _heads_from_shape(idx: GraphIndex, value: str) -> tuple[int, int] | None:
     return None
 
 
+def _softcap(idx: GraphIndex, node: onnx.NodeProto) -> tuple[float, str, list] | None:
+    """``cap * tanh(x / cap)`` ending at Mul ``node``: (cap, x, the nodes), or None."""
+    if node.op_type != "Mul":
+        return None
+    for t, c in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+        tanh, cap = idx.produced_by(t, "Tanh"), idx.scalar(c)
+        if tanh is None or cap is None or cap <= 0:
+            continue
+        inner = idx.produced_by(tanh.input[0], "Mul", "Div")
+        if inner is None:
+            return None
+        a, b = inner.input
+        sb = idx.scalar(b)
+        if sb is None:
+            return None
+        divisor = sb if inner.op_type == "Div" else (1.0 / sb if sb else 0.0)
+        if not math.isclose(divisor, cap, rel_tol=1e-4):
+            return None
+        return cap, a, [inner, tanh]
+    return None
+
+
 def _walk_scores(idx: GraphIndex, value: str):
-    """Back from the Softmax input to Q Kᵀ: (matmul, nodes, factors, mask values, where_masks)."""
+    """Back from the Softmax input to Q Kᵀ: (matmul, nodes, factors, mask values,
+    where_masks, softcap)."""
     nodes, factors, additive, boolean = [], [], [], []
+    softcap = 0.0
     for _ in range(16):
         node = idx.produced_by(value)
         if node is None:
@@ -161,9 +80,15 @@ def _walk_scores(idx: GraphIndex, value: str):
         if op == "MatMul":
             if idx.const(node.input[0]) is not None or idx.const(node.input[1]) is not None:
                 raise _Skip("the scores come from a MatMul with a constant operand")
-            return node, nodes, factors, additive, boolean
+            return node, nodes, factors, additive, boolean, softcap
         nodes.append(node)
-        if op in ("Cast", "Identity"):
+        capped = _softcap(idx, node) if not softcap else None
+        if capped is not None:
+            if factors:
+                raise _Skip("the scores are scaled after the soft-capping")
+            softcap, value = capped[0], capped[1]
+            nodes.extend(capped[2])
+        elif op in ("Cast", "Identity"):
             value = node.input[0]
         elif op in ("Mul", "Div"):
             sa, sb = idx.scalar(node.input[0]), idx.scalar(node.input[1])
@@ -194,7 +119,7 @@ def _walk_scores(idx: GraphIndex, value: str):
                 raise _Skip(f"unsupported Where on the scores ({node.name})")
             boolean.append(cond)
         elif op == "Tanh":
-            raise _Skip("logit soft-capping (Tanh on the scores) is not supported")
+            raise _Skip("a Tanh on the scores that is not cap * tanh(scores / cap)")
         else:
             raise _Skip(f"unsupported operator {op} between Q·Kᵀ and Softmax ({node.name})")
     raise _Skip("too many operators between Q·Kᵀ and Softmax")
@@ -253,41 +178,88 @@ def _walk_merge(idx: GraphIndex, value: str):
             return value, nodes
 
 
+def _resolve(idx: GraphIndex, op: Operand, where: str) -> tuple[str, int | None, int | None]:
+    """(layout, heads, head_dim) of one operand's stop value (heads from the head split
+    when the value is flat)."""
+    try:
+        layout, heads, dim = operand_layout(idx, op)
+    except OperandError as err:
+        raise _Skip(str(err)) from None
+    if heads is None or dim is None:
+        split = op.head_split or (find_head_split(idx, op.source) if layout != "bsf" else None)
+        got = heads_from_reshape(idx, split, where)
+        if got is not None:
+            heads, dim = heads if heads is not None else got[0], dim or got[1]
+    return layout, heads, dim
+
+
+def _narrow(idx: GraphIndex, op: Operand) -> Operand:
+    """The operand's own part of a packed projection (ModernBERT's Wqkv, Phi-3's qkv_proj)
+    when the others do not read the packed value as SparseAttention's packed q: the first
+    value after the packed split (toward the MatMul) of rank 3 or 4."""
+    splits = [i for i, n in enumerate(op.nodes) if n.op_type in ("Split", "Slice", "Gather")]
+    if not splits:
+        return op
+    for j in range(splits[-1], -1, -1):
+        node = op.nodes[j]
+        out = next((o for o in node.output if o and (j == 0 or o in op.nodes[j - 1].input)),
+                   node.output[0])
+        if idx.rank(out) in (3, 4):
+            keep = op.nodes[:j]
+            split = op.head_split if op.head_split in keep else None
+            return Operand(out, keep, split, op.factors, op.rotary, op.expanded)
+    return op
+
+
 def match_softmax(idx: GraphIndex, softmax: onnx.NodeProto) -> AttentionBlock:
     """The attention block around ``softmax`` (layer=-1), or raise _Skip with the reason."""
     rank = idx.rank(softmax.input[0])
     axis = idx.attr(softmax, "axis", -1 if opset_of(idx.model) >= 13 else 1)
     if rank is not None and axis not in (-1, rank - 1):
         raise _Skip(f"Softmax over axis {axis}, not the key axis")
-    qk, score_nodes, factors, additive, boolean = _walk_scores(idx, softmax.input[0])
+    qk, score_nodes, factors, additive, boolean, softcap = _walk_scores(idx, softmax.input[0])
     pv, prob_nodes, guarded = _walk_probs(idx, softmax)
-    q, k, v = (_walk_operand(idx, x) for x in (qk.input[0], qk.input[1], pv.input[1]))
-    if q.head_split is None and q.rotary:
-        q.head_split = _find_head_split(idx, q.source)
-    heads = (_heads_from_reshapes(idx, q, softmax.name) or _heads_from_shape(idx, qk.input[0])
-             or _heads_from_reshapes(idx, k, softmax.name))
-    if heads is None:
+    q, k, v = (walk_operand(idx, x) for x in (qk.input[0], qk.input[1], pv.input[1]))
+    sources = [o.source for o in (q, k, v)]
+    if len(set(sources)) > 1:  # not all three read one packed value: each reads its part
+        q, k, v = (_narrow(idx, o) for o in (q, k, v))
+    (ql, qh, qd), (kl, kh, kd), (vl, vh, vd) = (_resolve(idx, o, softmax.name)
+                                               for o in (q, k, v))
+    if qh is None:
+        fallback = _heads_from_shape(idx, qk.input[0])
+        qh, qd = fallback if fallback else (None, None)
+    if qh is None or qd is None:
         raise _Skip("cannot determine the head count (no head-split Reshape of Q and no static "
                     "Q shape)")
-    num_heads, head_dim = heads
-    for name, op in (("K", k), ("V", v)):
-        other = _heads_from_reshapes(idx, op, softmax.name)
-        if other is not None and other[0] != num_heads:
-            raise _Skip(f"{name} has {other[0]} heads and Q {num_heads} "
-                        "(grouped-query attention is not supported)")
+    num_heads, head_dim = qh, qd
+    kv_heads = kh or vh or num_heads
+    for name, heads, dim in (("K", kh, kd), ("V", vh, vd)):
+        if heads is not None and heads != kv_heads:
+            raise _Skip(f"K has {kh} heads and V {vh}")
+        if dim is not None and dim != head_dim:
+            raise _Skip(f"{name} has head_dim {dim} and Q {head_dim}")
+    if num_heads % kv_heads:
+        raise _Skip(f"{num_heads} query heads are not a multiple of {kv_heads} K/V heads")
+    if kv_heads != num_heads and not (k.expanded or v.expanded or kl != "bsf" or vl != "bsf"):
+        raise _Skip(f"K/V have {kv_heads} heads and Q {num_heads}, but no repeat of the K/V "
+                    "heads was found")
     out, merge_nodes = _walk_merge(idx, pv.output[0])
     scale, form = _scale(factors, q.factors, k.factors)
     mask = classify_mask(idx, additive, boolean)
     nodes = [*q.nodes, *k.nodes, *v.nodes, qk, *score_nodes, softmax, *prob_nodes, pv,
              *merge_nodes]
+    rope = tuple(o.rotary for o in (q, k) if o.rotary is not None)
     return AttentionBlock(
         layer=-1, num_heads=num_heads, head_dim=head_dim, hidden_size=num_heads * head_dim,
         nodes=idx.in_order(n.name for n in nodes), q_input=q.source, k_input=k.source,
-        v_input=v.source, output=out, packed_qkv=q.source == k.source == v.source,
+        v_input=v.source, output=out,
+        packed_qkv=q.source == k.source == v.source and ql == "bsf",
         scale=scale, scale_form=form, mask_form=mask.form, mask_source=mask.source,
         bias_input=mask.bias_input, softmax_guarded=guarded, causal_in_graph=mask.causal,
-        mask_input=mask.value, rotary=q.rotary or k.rotary,
-        mask_inputs=tuple(zip(mask.values, mask.kinds, strict=True)))
+        mask_input=mask.value, rotary=bool(rope),
+        mask_inputs=tuple(zip(mask.values, mask.kinds, strict=True)),
+        kv_num_heads=kv_heads, q_layout=ql, k_layout=kl, v_layout=vl, softcap=softcap,
+        rope=rope, kv_expanded=k.expanded or v.expanded)
 
 
 def _scale(score_factors, q_factors, k_factors) -> tuple[float, str]:
@@ -315,7 +287,7 @@ def match_onnx_attention(idx: GraphIndex, node: onnx.NodeProto) -> AttentionBloc
     if idx.attr(node, "softcap", 0.0):
         raise _Skip("Attention with softcap is not supported")
     q_heads, kv_heads = idx.attr(node, "q_num_heads"), idx.attr(node, "kv_num_heads")
-    q, k, v = (_walk_operand(idx, x) for x in ins[:3])
+    q, k, v = (walk_operand(idx, x) for x in ins[:3])
     q_shape = idx.shape(ins[0]) or ()
     if len(q_shape) == 3:
         if not q_heads:
@@ -327,7 +299,8 @@ def match_onnx_attention(idx: GraphIndex, node: onnx.NodeProto) -> AttentionBloc
                              hint="export with a static hidden size")
         num_heads, head_dim = int(q_heads), hidden // int(q_heads)
     else:
-        heads = _heads_from_reshapes(idx, q, node.name) or _heads_from_shape(idx, ins[0])
+        heads = (heads_from_reshape(idx, q.head_split, node.name)
+                 or _heads_from_shape(idx, ins[0]))
         if heads is None:
             raise ModelError(f"Attention node {node.name}: cannot determine the head count",
                              hint="export with static head dimensions")
@@ -384,4 +357,26 @@ def find_attention(idx: GraphIndex) -> tuple[list[AttentionBlock], list[Unsuppor
                 blocks.append(match_onnx_attention(idx, node))
         except _Skip as why:
             skipped.append(Unsupported(node.name, node.op_type, str(why)))
-    return blocks, skipped
+    return _one_softmax_each(idx, blocks, skipped)
+
+
+def _one_softmax_each(idx: GraphIndex, blocks: list[AttentionBlock],
+                      skipped: list[Unsupported]
+                      ) -> tuple[list[AttentionBlock], list[Unsupported]]:
+    """Refuse attentions whose Q, K, V feed several Softmax nodes (HF BigBird's
+    block_sparse computes five): one of them is not the whole attention."""
+    groups: dict[tuple[str, str, str], list[AttentionBlock]] = {}
+    for block in blocks:
+        groups.setdefault((block.q_input, block.k_input, block.v_input), []).append(block)
+    kept = []
+    for block in blocks:
+        group = groups[(block.q_input, block.k_input, block.v_input)]
+        if len(group) == 1:
+            kept.append(block)
+            continue
+        soft = next(n for n in block.nodes if idx.by_name[n].op_type in ("Softmax", "Attention"))
+        skipped.append(Unsupported(soft, idx.by_name[soft].op_type, (
+            f"{len(group)} Softmax nodes over one attention's Q, K, V (block-sparse attention "
+            "such as HF BigBird's block_sparse): stofc compiles one Softmax per attention; "
+            "export with attention_type='original_full' and pass the mask with --mask")))
+    return kept, skipped

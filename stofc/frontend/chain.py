@@ -110,9 +110,12 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
             scale = idx.sole_data_user(got[1])
             layer_scale = scale is not None and scale.op_type == "Mul" and any(
                 idx.is_initializer_like(i) for i in scale.input)
+            sandwich = norm_fwd(idx, got[1]) is not None
             raise ChainStop(*_first_user(idx, got[1]),
                             "a per-channel scale (LayerScale) before the residual is not "
                             "supported" if layer_scale else
+                            "a norm between the output projection and the residual (sandwich "
+                            "norm, Gemma) is left to ONNX Runtime" if sandwich else
                             "no residual Add of the layer input after the output projection")
         piece, value, other = res
         if lead is not None and other == lead[1]:
@@ -156,7 +159,10 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
         if step.op_type in ("Reshape", "Flatten", "Clip"):
             norm = norm_fwd(idx, step.output[0])
             if norm is not None:
-                norm[0].nodes.insert(0, step)
+                if step.op_type == "Clip":
+                    norm[0].nodes.insert(0, step)
+                # a Reshape/Flatten stays with ONNX Runtime: the flat stream it makes is
+                # read by the norm and by the next residual (OPT), two readers
                 value = step.output[0]
                 break
     if norm is None:
@@ -165,16 +171,18 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
     normed = norm[1]
     stream = normed if order == "post" else value
     if _linear_users(idx, normed) > 1:
-        raise _stop_with(pieces, idx, normed, "gated FFN (two input projections, GLU/SwiGLU) "
-                         "is not supported")
+        raise _stop_with(pieces, idx, normed, "gated FFN (SwiGLU/GeGLU: separate gate and up "
+                         "projections) is left to ONNX Runtime")
     got = linear_fwd(idx, normed, "ffn_in")
     if got is None:
         raise _stop_with(pieces, idx, normed, "no FFN input projection after the norm")
     pieces.extend(got[0])
     act = activation_fwd(idx, got[1])
     if act is None:
-        raise _stop_with(pieces, idx, got[1], "FFN activation not recognised (gated FFN or an "
-                         "unknown activation)")
+        halves = [u for u in idx.data_users(got[1]) if u.op_type in ("Split", "Slice")]
+        raise _stop_with(pieces, idx, got[1], "gated FFN (SwiGLU/GeGLU: gate and up packed in "
+                         "one projection) is left to ONNX Runtime" if halves else
+                         "FFN activation not recognised")
     pieces.append(act[0])
     out = linear_fwd(idx, act[1], "ffn_out")
     if out is None:

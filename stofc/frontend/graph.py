@@ -233,6 +233,15 @@ class GraphIndex:
                 return None
             start, end = _attr(node, "start", 0), _attr(node, "end", None)
             return np.array(shape[start:end], dtype=np.int64)
+        if op in ("Slice", "Gather") and self.producer.get(node.input[0]) is not None \
+                and self.producer[node.input[0]].op_type == "Shape":
+            # the static part of a partly symbolic shape (Optimum's scale: Shape(q)[-1])
+            known = self.partial(value)
+            index = self.const(node.input[1]) if op == "Gather" else None
+            if known is not None and all(d is not None for d in known):
+                if index is not None and index.ndim == 0:
+                    return np.array(known[0], dtype=np.int64)
+                return np.array(known, dtype=np.int64)
         ins = [self.const(i) if i else None for i in node.input]
         if op in _UNARY and ins[0] is not None:
             return _UNARY[op](ins[0])

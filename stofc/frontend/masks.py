@@ -66,7 +66,7 @@ def classify_mask(idx: GraphIndex, additive: list[str], boolean: list[str],
         sourced = bool(idx.sources(value))
         probe = _probe_cached(idx, value)
         is_bool = idx.elem_type(value) == onnx.TensorProto.BOOL
-        if not learned and not sourced and probe is not None and _allows_all(probe, is_bool):
+        if not learned and not sourced and probe is not None and _all_zero(probe, is_bool):
             continue  # an all-zero mask the exporter added: no mask at all
         kept.append(value)
         if onnx_op and is_bool:
@@ -91,6 +91,13 @@ def classify_mask(idx: GraphIndex, additive: list[str], boolean: list[str],
     return MaskInfo(form="+".join(forms) or "none", source=_source(idx, kept),
                     bias_input=bias_input, causal=causal, value=kept[0] if kept else None,
                     values=tuple(kept), kinds=kinds)
+
+
+def _all_zero(probe: np.ndarray, is_bool: bool) -> bool:
+    """Adds nothing (a folded constant bias, Swin's relative positions, is *not* this)."""
+    if is_bool or probe.dtype == np.bool_:
+        return bool(np.all(probe.astype(bool)))
+    return bool(np.all(probe == 0))
 
 
 def _allows_all(probe: np.ndarray, is_bool: bool) -> bool:

@@ -100,6 +100,35 @@ class ChainOp:
 
 
 @dataclass(frozen=True)
+class Rotary:
+    """A rotary position embedding on Q or K (:mod:`stofc.frontend.rotary`).
+
+    ``output`` is the post-RoPE value (what SparseAttention reads in this wave),
+    ``input`` the pre-RoPE one; ``form``: ``"rotate_half"`` | ``"interleaved"``;
+    ``rotary_dim``: the rotated part of the head dimension (partial rotary when
+    smaller than head_dim); ``tables``: ``"cache"`` (cos/sin gathered from a constant),
+    ``"computed"`` (Cos/Sin in the graph) or ``"contrib"`` (ORT's RotaryEmbedding op);
+    ``nodes``: the RoPE arithmetic (left to ONNX Runtime in this wave).
+    """
+
+    output: str
+    input: str
+    form: str
+    rotary_dim: int | None
+    tables: str
+    nodes: tuple[str, ...]
+    cos: str | None = None
+    sin: str | None = None
+
+    def describe(self) -> str:
+        dim = f", {self.rotary_dim} dims" if self.rotary_dim else ""
+        return f"{self.form}{dim}, cos/sin {self.tables}"
+
+
+LAYOUTS = ("bsf", "bshd", "bhsd")  # [B, S, H*D] | [B, S, H, D] | [B, H, S, D]
+
+
+@dataclass(frozen=True)
 class AttentionBlock:
     """One multi-head attention: from the head split of Q/K/V to the head merge.
 
@@ -120,6 +149,12 @@ class AttentionBlock:
     ``tests/unit/test_frontend_semantics.py``): ``q_input``/``k_input``/``v_input``
     are [B, S, H*D] (head h = columns h*D..h*D+D); with ``packed_qkv`` all three
     name one [B, S, 3*H*D] value laid out as q | k | v on the last axis.
+    With ``kv_num_heads`` < ``num_heads`` (GQA/MQA) k and v hold ``kv_num_heads``
+    heads (the values *before* an exported ``repeat_kv``), query head h reading K/V
+    head ``h // (num_heads / kv_num_heads)``. ``q_layout``/``k_layout``/``v_layout``
+    say how each input is laid out: ``"bsf"`` ([B, S, H*D], above), ``"bshd"`` or
+    ``"bhsd"`` (4-D, e.g. the post-RoPE Q and K of Llama-style models); the package
+    writer flattens 4-D inputs to [B, S, H*D] in front of SparseAttention.
     ``output`` is the merged [B, S, H*D] (or [B*S, H*D] when the exporter
     flattens before the output projection). ``mask_input``: the value on the
     scores, broadcastable to [B, H, S, S]: added when float, kept-where-True when
@@ -149,6 +184,18 @@ class AttentionBlock:
     mask_input: str | None = None  # value added to / selecting the scores, when any
     rotary: bool = False  # Q/K come from a rotary position embedding (RoPE is left to ORT)
     mask_inputs: tuple[tuple[str, str], ...] = ()  # every mask value: (name, "add" | "keep")
+    kv_num_heads: int = 0          # K/V heads (GQA/MQA when < num_heads); 0 = num_heads
+    q_layout: str = "bsf"          # layout of q_input/k_input/v_input (LAYOUTS)
+    k_layout: str = "bsf"
+    v_layout: str = "bsf"
+    softcap: float = 0.0           # scores = softcap * tanh(scale q.k / softcap) (Gemma 2)
+    rope: tuple[Rotary, ...] = ()  # the RoPE on Q and on K (when ``rotary``)
+    kv_expanded: bool = False      # the export repeats K/V heads (repeat_kv); inputs are before it
+
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads: ``kv_num_heads`` or, when 0, ``num_heads``."""
+        return self.kv_num_heads or self.num_heads
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready view (``inspect --json``'s ``attention`` entries)."""
@@ -173,6 +220,12 @@ class AttentionBlock:
             "causal_in_graph": self.causal_in_graph,
             "rotary": self.rotary,
             "mask_inputs": [list(m) for m in self.mask_inputs],
+            "kv_num_heads": self.kv_heads,
+            "layouts": {"q": self.q_layout, "k": self.k_layout, "v": self.v_layout},
+            "softcap": self.softcap,
+            "rope": [{"output": r.output, "input": r.input, "form": r.form,
+                      "rotary_dim": r.rotary_dim, "tables": r.tables} for r in self.rope],
+            "kv_expanded": self.kv_expanded,
         }
 
 

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from stofc.errors import PlanError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import ModelGraph
+from stofc.package.attention_io import attention_attributes, flat_input, reshaped_ops
 from stofc.package.cuda_launch import KERNEL_ABI as CUDA_KERNEL_ABI
 from stofc.plan.plan import Segment
 
@@ -294,6 +295,14 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
     first = len(em.nodes)
     ops: list[str] = []
     note = ""
+    if seg.family == "ort":  # the model's own nodes stay; ONNX Runtime runs them
+        chain = graph.layers[seg.layer].chain
+        nodes = tuple(n for i in seg.ops for n in chain[i].nodes)
+        types = {em.idx.by_name[n].op_type for n in nodes if n in em.idx.by_name}
+        return EmittedSegment(seg.layer, seg.ordinal, seg.family,
+                              tuple(f"onnx:{t}" for t in sorted(types)), nodes,
+                              "no template implements it: the model's own nodes, run by ONNX "
+                              "Runtime")
     if seg.family == "attention":
         if attention is None:
             raise PlanError(f"layer {seg.layer} has no attention binding",
@@ -315,7 +324,10 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             ops.append("onnx:Split")
             note = "packed QKV split into Q, K, V (layout [3, H, D] on the last axis)"
         else:
-            q, k, v = (em.half(x) for x in (block.q_input, block.k_input, block.v_input))
+            q, k, v = (flat_input(em, x, lay) for x, lay in (
+                (block.q_input, block.q_layout), (block.k_input, block.k_layout),
+                (block.v_input, block.v_layout)))
+            ops.extend(reshaped_ops(block))
         key_state = ""
         if attention.key_padding_mask:
             key_state, prep = em.key_state(attention.key_padding_mask)
@@ -331,7 +343,7 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
         em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
                 stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,
                 scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel,
-                **dict(attention.launch),
+                **attention_attributes(block), **dict(attention.launch),
                 **({"kernel_abi": KERNEL_ABI} if KERNEL_ABI is not None else {}))
         ops.append("ai.stofc:SparseAttention")
         return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),

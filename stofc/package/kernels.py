@@ -113,7 +113,7 @@ def render_segment(seg: Segment, dtype: str) -> tuple[Source, ...]:
 
 def attention_kernel(layer: int, fmt: MaskFormat, profile: GpuProfile, *, num_heads: int,
                      head_dim: int, dtype: str, batch: int, seq_len: int, has_bias: bool,
-                     has_key_bits: bool) -> AttentionKernel:
+                     has_key_bits: bool, has_softcap: bool = False) -> AttentionKernel:
     """The selector's kernel for this layer's mask, rendered for the node's inputs.
 
     A block-wise choice is made grid-independent: the base kernel is the unsplit
@@ -139,12 +139,13 @@ def attention_kernel(layer: int, fmt: MaskFormat, profile: GpuProfile, *, num_he
                            explanation=f"{said}; at run time: {why}, with the split variant "
                                        f"({split.describe()})")
             sspec = AttentionKernelSpec(split, dtype, head_dim, has_bias=has_bias,
-                                        has_key_bits=has_key_bits)
+                                        has_key_bits=has_key_bits,
+                                        has_softcap=has_softcap)
             variants = (AttentionVariant(0, limit, replace(choice, config=split), sspec,
                                          render_kernel(sspec), why),)
             choice = base
     spec = AttentionKernelSpec(choice.config, dtype, head_dim, has_bias=has_bias,
-                               has_key_bits=has_key_bits)
+                               has_key_bits=has_key_bits, has_softcap=has_softcap)
     return AttentionKernel(layer, choice, spec, render_kernel(spec), variants)
 
 

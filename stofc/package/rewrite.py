@@ -90,8 +90,8 @@ def attention_inputs(block: AttentionBlock, graph: ModelGraph) -> tuple[str | No
         if form == "none":
             continue
         if form in ("additive", "boolean_where", "boolean"):
-            if block.mask_source is None and block.causal_in_graph:
-                continue  # a constant causal mask: ANDed into the structured mask instead
+            if block.mask_source is None:
+                continue  # a constant mask (causal, window, buffer): in the model's own mask
             src = inputs.get(block.mask_source or "")
             if src is None or len(src.shape) != 2:
                 raise PlanError(
@@ -107,10 +107,6 @@ def attention_inputs(block: AttentionBlock, graph: ModelGraph) -> tuple[str | No
         else:
             raise PlanError(f"layer {block.layer}: attention mask form {form!r} is not supported "
                             "by the package writer", hint="report the model to stofc")
-    if block.rotary:
-        raise PlanError(f"layer {block.layer}: rotary position embeddings inside attention are "
-                        "not supported by the package writer yet",
-                        hint="compile a model without RoPE (BERT, GPT-2, ViT, T5)")
     return kpm, bias
 
 
@@ -137,7 +133,8 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
                                 f"produces {len(op.outputs)} values read elsewhere "
                                 f"({', '.join(op.outputs)}); the fusion plan cannot represent it",
                                 hint="report the model to stofc (e.g. a clamp inside a norm)")
-        removed |= {n for op in layer.chain for n in op.nodes}
+        in_ort = {i for seg in layer_plan.segments if seg.family == "ort" for i in seg.ops}
+        removed |= {n for op in layer.chain if op.index not in in_ort for n in op.nodes}
         for seg in layer_plan.segments:
             emitted.append(emit_segment(em, graph, seg, kernels.get((seg.layer, seg.ordinal), ""),
                                         attention.get(seg.layer), packed_q=pack_qkv))

@@ -29,6 +29,7 @@ from stofc.errors import PackageError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.frontend.graph import GraphIndex
 from stofc.masks import load as load_format
+from stofc.package.feeds import input_shape
 from stofc.package.load import CPU_EP, CUDA_EP, load, read_plan_document
 from stofc.package.manifest import sha256_file
 from stofc.package.reference import inject_mask
@@ -103,9 +104,11 @@ def _vocab(idx: GraphIndex, name: str) -> int | None:
     return None
 
 
-def make_inputs(graph: ModelGraph, batch: int, seq_len: int,
-                rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Random feeds for ``graph`` and the ``[B, S]`` bool mask of real tokens."""
+def make_inputs(graph: ModelGraph, batch: int, seq_len: int, rng: np.random.Generator,
+                shapes: dict[str, tuple[int, ...]] | None = None
+                ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Random feeds for ``graph`` and the ``[B, S]`` bool mask of real tokens; image and
+    feature inputs take ``shapes[name]`` or what the model says (:mod:`stofc.package.feeds`)."""
     idx = GraphIndex(graph.model)
     lengths = np.full(batch, seq_len)
     if batch > 1:
@@ -113,16 +116,7 @@ def make_inputs(graph: ModelGraph, batch: int, seq_len: int,
     real = np.arange(seq_len)[None, :] < lengths[:, None]
     feeds: dict[str, np.ndarray] = {}
     for vi in graph.inputs:
-        symbols: dict[str, int] = {}
-        shape = []
-        for d in vi.shape:
-            if isinstance(d, int) and d > 0:
-                shape.append(d)
-            else:
-                key = str(d)
-                if key not in symbols:
-                    symbols[key] = (batch, seq_len)[min(len(symbols), 1)]
-                shape.append(symbols[key])
+        shape = input_shape(graph, idx, vi, batch, seq_len, shapes or {})
         dtype = np.dtype(vi.dtype) if vi.dtype in np.sctypeDict else np.dtype(np.float32)
         lname = vi.name.lower()
         if np.issubdtype(dtype, np.floating):
@@ -156,7 +150,8 @@ def compare(out: np.ndarray, ref: np.ndarray, real: np.ndarray) -> tuple[float, 
 
 def verify_package(package: str | Path, *, model: str | Path | None = None,
                    provider: str = "cpu", cases: list[tuple[int, int]] | None = None,
-                   seed: int = 0, bound: float = END_TO_END_BOUND) -> VerifyReport:
+                   seed: int = 0, bound: float = END_TO_END_BOUND,
+                   input_shapes: dict[str, tuple[int, ...]] | None = None) -> VerifyReport:
     """Compare the package with the reference on every ``(batch, seq_len)`` case."""
     import onnxruntime as ort
 
@@ -194,7 +189,7 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
     names = [o.name for o in reference.get_outputs()]
     errors = []
     for batch, seq_len in cases:
-        feeds, real = make_inputs(graph, batch, seq_len, rng)
+        feeds, real = make_inputs(graph, batch, seq_len, rng, input_shapes)
         ref_out = _run(reference, names, feeds, f"the reference ({source.name})", batch, seq_len)
         pkg_out = _run(session, names, feeds, f"the package ({package.name})", batch, seq_len)
         bare_out = _run(bare, names, feeds, f"the original ({source.name})", batch, seq_len)

@@ -84,6 +84,8 @@ def kernel_spec(match: SegmentMatch, *, tokens: int, profile: GpuProfile, dtype:
         problem2 = gemm_gemm_family.problem_of(match, tokens, dtype)
         cfg2 = gemm_gemm_family.default_config(problem2, profile)
         return KernelSpec(match.family, gemm_gemm_family.TEMPLATE, (*common, *cfg2.as_params()))
+    if match.family == "ort":
+        return KernelSpec("ort", "onnxruntime", (("reason", "no template implements it"),))
     if match.family == "add_norm":
         width = _row_width(match)
         ncfg = norm_family.default_config(norm_family.NormProblem(tokens, width, dtype, ep),

@@ -12,6 +12,9 @@ Families and the operator sequences they execute (``?`` optional, in order):
   second GEMM's fp32 partial sums go through an Add+Norm pass)
 * ``add_norm``   — bias?, activation?, residual_add?, layernorm|rmsnorm?
   (memory-bound, one pass; at least one operator)
+* ``ort``        — one activation no template implements (QuickGelu, SiLU, ...):
+  ONNX Runtime runs the model's own nodes for it, the fused segments around it
+  read and write its values (the plan never picks a segment it cannot generate)
 
 Rules every segment obeys: at most two compute-intensive operators (STOF);
 operators form a chain (each reads its predecessor's output; a residual add
@@ -155,6 +158,9 @@ def _match_one(layer: Layer, ordinal: int, idx: tuple[int, ...], flows: tuple[Op
             raise reject("the attention operator must be a segment of its own "
                          "(the MHA segment is fixed)")
         return SegmentMatch(ordinal, idx, "attention", (), (), (), 0.0, (ops[0].role,),
+                            seg_flows[0].inputs, (seg_flows[0].output,))
+    if len(ops) == 1 and ops[0].kind in _ACT_KINDS and activation_of(ops[0]) is None:
+        return SegmentMatch(ordinal, idx, "ort", (), (), (), 0.0, (ops[0].role,),
                             seg_flows[0].inputs, (seg_flows[0].output,))
     n_ci = sum(k == OpKind.GEMM for k in kinds)
     if n_ci > MAX_CI_PER_SEGMENT:

@@ -372,6 +372,10 @@ class SpaceFactory:
                             "such a prologue", hint="choose another fusion scheme")
         if match.family == "attention":
             return self.attention(match)
+        if match.family == "ort":
+            raise PlanError(f"segment {match.ordinal} (operators {list(match.ops)}) runs in ONNX "
+                            "Runtime (no template implements it); the tuner cannot measure it",
+                            hint="tune models whose layers have no ONNX Runtime segments")
         if match.family in ("gemm", "gemm_norm"):
             return self.gemm(match)
         if match.family == "gemm_gemm":

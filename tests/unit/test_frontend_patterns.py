@@ -130,14 +130,11 @@ def test_gelu_and_norm_params(tmp_path):
     assert act.param("op") == "Relu"
 
 
-def test_unsupported_block_is_left_to_ort(tmp_path):
+def test_soft_capping_is_recognised(tmp_path):
+    """cap * tanh(scores / cap) (Gemma 2) is the block's ``softcap``, not a refusal."""
     graph = _load(tmp_path, build(layers=[{}, {"softcap": True}]))
-    assert len(graph.layers) == 1
-    [why] = graph.unsupported
-    assert why.op_type == "Softmax" and "soft-capping" in why.reason
-    assert why.node in graph.left_to_ort
-    second_layer_matmuls = [n for n in graph.left_to_ort if n.endswith("_MatMul")]
-    assert len(second_layer_matmuls) >= 6  # its projections, QK, PV, FFN stay with ORT
+    assert len(graph.layers) == 2 and graph.unsupported == ()
+    assert [layer.attention.softcap for layer in graph.layers] == [0.0, 50.0]
 
 
 def test_classifier_softmax_is_not_attention(tmp_path):

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from graphs import build
 
 from stofc.frontend import load_model
+from stofc.frontend.graph import GraphIndex
+from stofc.package.feeds import input_shape
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -29,20 +31,31 @@ MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
 BATCH, SEQ = 2, 12
 
 
-def _heads(x: np.ndarray, batch: int, heads: int, dim: int) -> np.ndarray:
-    return x.reshape(batch, -1, heads, dim).transpose(0, 2, 1, 3)   # [B, H, S, D]
+def _heads(x: np.ndarray, batch: int, heads: int, dim: int, layout: str = "bsf") -> np.ndarray:
+    """[B, H, S, D] from the block's layout of one input."""
+    if layout == "bhsd":
+        return x
+    if layout == "bshd":
+        return x.transpose(0, 2, 1, 3)
+    return x.reshape(batch, -1, heads, dim).transpose(0, 2, 1, 3)
 
 
 def reference(att, values: dict[str, np.ndarray], batch: int) -> np.ndarray:
-    """Multi-head attention from the block's description alone, in float64."""
-    h, d = att.num_heads, att.head_dim
+    """Multi-head attention from the block's description alone, in float64: layouts,
+    K/V heads shared by ``num_heads / kv_heads`` query heads, soft-capping."""
+    h, d, kvh = att.num_heads, att.head_dim, att.kv_heads
     if att.packed_qkv:  # q | k | v concatenated on the last axis
         q, k, v = np.split(values[att.q_input].astype(np.float64), 3, axis=-1)
     else:
         q, k, v = (values[n].astype(np.float64) for n in (att.q_input, att.k_input,
                                                              att.v_input))
-    q, k, v = (_heads(t, batch, h, d) for t in (q, k, v))
+    q = _heads(q, batch, h, d, att.q_layout)
+    k, v = (_heads(t, batch, kvh, d, lay) for t, lay in ((k, att.k_layout), (v, att.v_layout)))
+    assert q.shape[1] == h and k.shape[1] == v.shape[1] == kvh
+    k, v = (np.repeat(t, h // kvh, axis=1) for t in (k, v))   # query head i reads i // group
     scores = att.scale * q @ k.transpose(0, 1, 3, 2)
+    if att.softcap:
+        scores = att.softcap * np.tanh(scores / att.softcap)
     assert (att.mask_input is None) == (not att.mask_inputs)
     for name, how in att.mask_inputs:
         mask = values[name]
@@ -72,7 +85,8 @@ def _feeds(graph, rng) -> dict:
     feeds = {}
     for vi in graph.inputs:
         if vi.name == "pixel_values":
-            feeds[vi.name] = rng.standard_normal((BATCH, *vi.shape[1:])).astype(vi.dtype)
+            shape = input_shape(graph, GraphIndex(graph.model), vi, BATCH, SEQ, {})
+            feeds[vi.name] = rng.standard_normal(shape).astype(vi.dtype)
         elif vi.name == "attention_mask":
             mask = np.ones((BATCH, SEQ), np.int64)
             mask[1, SEQ - 4:] = 0  # padding in the second sequence
@@ -82,7 +96,10 @@ def _feeds(graph, rng) -> dict:
         else:
             shape = [BATCH if i == 0 else SEQ if not isinstance(s, int) else s
                      for i, s in enumerate(vi.shape)]
-            feeds[vi.name] = rng.standard_normal(shape).astype(vi.dtype)
+            if np.issubdtype(np.dtype(vi.dtype), np.integer):  # token_type_ids, ...
+                feeds[vi.name] = np.zeros(shape, vi.dtype)
+            else:
+                feeds[vi.name] = rng.standard_normal(shape).astype(vi.dtype)
     return feeds
 
 
