@@ -152,6 +152,59 @@ __device__ __forceinline__ void softmax_exp(float (&s)[NB][4], float (&m)[2], fl
     l[1] = l[1] * alpha[1] + r1[0];
 }
 
+/// softmax_exp with a lazy running max (FlashAttention-4's rescaling rule): a row's max
+/// moves only when the step's max exceeds it by more than LAZY_MAX_SLACK (log2 units),
+/// so after the first tiles of a row its output needs no rescaling at most steps. The
+/// probabilities are then at most 2^LAZY_MAX_SLACK (exact in fp16/bf16, whose relative
+/// precision does not depend on the magnitude), and O / l is the same function. Returns
+/// whether any row of this thread changed its max (alpha != 1): rescale only then.
+constexpr float LAZY_MAX_SLACK = 8.0f;
+
+template <int NB>
+__device__ __forceinline__ bool softmax_exp_lazy(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                                 float sl, float (&alpha)[2]) {
+    float r0[NB], r1[NB];
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        r0[n] = fmaxf(s[n][0], s[n][1]);
+        r1[n] = fmaxf(s[n][2], s[n][3]);
+    }
+#pragma unroll
+    for (int w = 1; w < NB; w *= 2)
+#pragma unroll
+        for (int n = 0; n + w < NB; n += 2 * w) {
+            r0[n] = fmaxf(r0[n], r0[n + w]);
+            r1[n] = fmaxf(r1[n], r1[n + w]);
+        }
+    const float mx0 = quad_max(r0[0]) * sl, mx1 = quad_max(r1[0]) * sl;   // sl > 0
+    const bool up0 = mx0 > m[0] + LAZY_MAX_SLACK, up1 = mx1 > m[1] + LAZY_MAX_SLACK;
+    const float m0 = up0 ? mx0 : m[0], m1 = up1 ? mx1 : m[1];
+    alpha[0] = up0 ? exp2_fast(m[0] - m0) : 1.0f;        // m[0] = -inf: exp2(-inf) = 0
+    alpha[1] = up1 ? exp2_fast(m[1] - m1) : 1.0f;
+    m[0] = m0;
+    m[1] = m1;
+    const float base0 = safe_max(m0), base1 = safe_max(m1);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        s[n][0] = exp2_fast(fmaf(s[n][0], sl, -base0));
+        s[n][1] = exp2_fast(fmaf(s[n][1], sl, -base0));
+        s[n][2] = exp2_fast(fmaf(s[n][2], sl, -base1));
+        s[n][3] = exp2_fast(fmaf(s[n][3], sl, -base1));
+        r0[n] = s[n][0] + s[n][1];
+        r1[n] = s[n][2] + s[n][3];
+    }
+#pragma unroll
+    for (int w = 1; w < NB; w *= 2)
+#pragma unroll
+        for (int n = 0; n + w < NB; n += 2 * w) {
+            r0[n] += r0[n + w];
+            r1[n] += r1[n + w];
+        }
+    l[0] = l[0] * alpha[0] + r0[0];
+    l[1] = l[1] * alpha[1] + r1[0];
+    return up0 || up1;
+}
+
 /// Pack the step's probabilities into `pf`, the A operand of P.V (k16 chunk kk =
 /// n8 blocks 2kk, 2kk+1).
 template <typename T, int NB>

@@ -91,7 +91,8 @@ class AttentionOp:
         perm = None
         self._ws: WsLaunchData | None = None
         if config.kind == "ws":                           # warp-specialised: pair rows, items
-            self._ws = WsLaunchData(plan_ws(fmt, split_tiles=config.split), cp, dtype, head_dim)
+            self._ws = WsLaunchData(plan_ws(fmt, split_tiles=config.split), cp, dtype, head_dim,
+                                    self.profile.sm_count)
             self.plan = None
             row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
             words, gk, self._work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz

@@ -37,8 +37,9 @@ class TensorView:
 class WsLaunchData:
     """The device arrays of one ws plan, and the launches made from them."""
 
-    def __init__(self, plan: WsPlan, cp, dtype: str, head_dim: int) -> None:
+    def __init__(self, plan: WsPlan, cp, dtype: str, head_dim: int, sm_count: int) -> None:
         self.plan, self.dtype, self.head_dim = plan, dtype, head_dim
+        self.sm_count = sm_count           # the persistent grid: one block per SM at most
         heads = plan.num_heads
 
         def dev(a, dt):
@@ -69,11 +70,16 @@ class WsLaunchData:
              v: TensorView, out, out_strides: tuple[int, int, int], kv_len, key_words, key_bits,
              bias, bias_strides: tuple[int, int, int], scale: float, kv_group: int,
              softcap: float, batch: int, heads: int, seq: int) -> BoundLaunch:
-        """The main launch (and the combine launch after it when rows are split)."""
+        """The main launch (and the combine launch after it when rows are split).
+
+        The main kernel is persistent: ``min(works, sm_count)`` blocks walk the works
+        (one item of one head and batch each) in order, block c taking c, c + grid, ...
+        """
         cp = self._cp
         i32, i64, f32 = np.int32, np.int64, np.float32
         offset, count = self.plan.launch_items(seq)
         order = self._orders[offset:]
+        n_work = heads * batch * count     # work w: head w % H, batch (w / H) % B, item order
         slots = self.plan.slots
         if self._splits:
             part_o = cp.empty(batch * heads * slots * WS_ROWS * self.head_dim, dtype=cp.float32)
@@ -93,5 +99,7 @@ class WsLaunchData:
                 i32(self._items_stride), i32(self._orders_stride),
                 kv_len, key_bits, i32(key_words),
                 bias, *(i64(x) for x in bias_strides),
-                part_o, part_ml, i32(slots), *tail, f32(scale), i32(kv_group), f32(softcap))
-        return BoundLaunch(kernel, heads * batch * count, WS_THREADS, args, result=out, then=then)
+                part_o, part_ml, i32(slots), *tail, f32(scale), i32(kv_group), f32(softcap),
+                i32(n_work))
+        grid = min(n_work, self.sm_count)
+        return BoundLaunch(kernel, grid, WS_THREADS, args, result=out, then=then)

@@ -119,9 +119,8 @@ def test_prune_and_search_space():
     assert "mask tile 64" in prune(AttentionConfig("ws", 128, 16, 12, 2, 1, mma="wgmma"),
                                    64, H100)
     assert "shared memory" in prune(ws(stages=4), 256, H100)
-    assert "load ahead" in prune(ws(stages=3, kstep=2), 128, H100)
-    assert "registers" in prune(ws(stages=4, kstep=2), 256, H100) or \
-        "shared memory" in prune(ws(stages=4, kstep=2), 256, H100)
+    assert "load ahead" in prune(ws(stages=3, kstep=2), 64, H100)
+    assert "two tiles per step only at head_dim 64" in prune(ws(stages=4, kstep=2), 128, H100)
     space = search_space("ws", 128, "bfloat16", H100)
     assert {c.stages for c in space} == {2, 3, 4} and {c.pingpong for c in space} == {True, False}
     assert all(ws_smem_bytes(c.stages, 128) <= H100.smem_per_block for c in space)
@@ -154,8 +153,7 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                 (4, False, "float16", 128, False, False, True),
                 (2, True, "bfloat16", 256, True, True, True),
                 (2, False, "float16", 256, False, False, False))] + [
-    KernelSpec(ws(stages=4, kstep=2), dt, d, False, True) for dt, d in (("bfloat16", 128),
-                                                                     ("float16", 64))]
+    KernelSpec(ws(stages=4, kstep=2), dt, 64, False, True) for dt in ("bfloat16", "float16")]
 
 
 @pytest.mark.slow
@@ -164,9 +162,7 @@ def test_every_variant_compiles_without_spills_or_serialised_wgmma(spec):
     """NVRTC compiles each for sm_90a; ptxas reports no spill, no stack and none of its
     'wgmma serialised' performance warnings (C7510-C7520)."""
     report = _ptxas_report(spec)
-    # at most one 8-byte spill, outside the main loop (kstep 2, head_dim 128: checked in SASS)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
-    assert max(spills) <= 8, report
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
     assert not re.search(r"C75(0[89]|1\d|20)", report), report
 
 
@@ -193,7 +189,8 @@ def test_launch_arguments_match_the_template(monkeypatch):
     args = dict(zip([n for n, _ in main], launch.args, strict=True))
     assert launch.block == 384
     _, count = op._ws.plan.launch_items(900)
-    assert launch.grid == 2 * 2 * count
+    assert launch.grid == min(2 * 2 * count, H100.sm_count)     # persistent
+    assert int(args["n_work"]) == 2 * 2 * count
     assert int(args["kv_group"]) == 1 and int(args["slots"]) == op._ws.plan.slots
     combine = launch.then
     text = (ROOT / "templates" / "attention" / "block_ws.cu.j2").read_text()
