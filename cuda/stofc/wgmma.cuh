@@ -156,6 +156,38 @@ __device__ __forceinline__ void wgmma_rs<__nv_bfloat16, 64>(float (&d)[8][4], co
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+/// d (64 x 128) = A (64 x 16: registers, or smem K-major) * B (16 x 128, smem, K-major)
+/// [+ d if accumulate]: S = Q K^T of two 64-key tiles whose K panels lie back to back.
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const u32 (&a)[4], u64 desc_b,
+                                              int accumulate);
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], u64 desc_a, u64 desc_b,
+                                              int accumulate);
+
+#define STOFC_WGMMA_N128(TY, NAME)                                                              \
+    template <>                                                                                 \
+    __device__ __forceinline__ void wgmma_rs_n128<TY>(float (&d)[16][4], const u32 (&a)[4],    \
+                                                      u64 desc_b, int accumulate) {             \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                               \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." NAME "." NAME " " STOFC_D64 \
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                             \
+                     : STOFC_ACC8(d), STOFC_ACC8_HI(d)                                         \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)); \
+    }                                                                                           \
+    template <>                                                                                 \
+    __device__ __forceinline__ void wgmma_ss_n128<TY>(float (&d)[16][4], u64 desc_a, u64 desc_b, \
+                                                      int accumulate) {                         \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                               \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." NAME "." NAME " " STOFC_D64 \
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
+                     : STOFC_ACC8(d), STOFC_ACC8_HI(d)                                         \
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));                              \
+    }
+STOFC_WGMMA_N128(__half, "f16")
+STOFC_WGMMA_N128(__nv_bfloat16, "bf16")
+#undef STOFC_WGMMA_N128
+
 template <typename T> struct IsHalf { static constexpr bool value = false; };
 template <> struct IsHalf<__half> { static constexpr bool value = true; };
 

@@ -50,7 +50,7 @@ def test_every_family(spec, split, kstep):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim,kstep", [(64, 1), (64, 2), (128, 1), (256, 1)])
+@pytest.mark.parametrize("head_dim,kstep", [(64, 1), (64, 2), (128, 1), (128, 2), (256, 1)])
 @pytest.mark.parametrize("pingpong", [True, False])
 def test_head_dims_dtypes_pingpong(head_dim, kstep, dtype, pingpong):
     fmt, dense = encoded("longformer:window=100,global=20", 700)

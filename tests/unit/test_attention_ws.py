@@ -120,7 +120,8 @@ def test_prune_and_search_space():
                                    64, H100)
     assert "shared memory" in prune(ws(stages=4), 256, H100)
     assert "load ahead" in prune(ws(stages=3, kstep=2), 64, H100)
-    assert "two tiles per step only at head_dim 64" in prune(ws(stages=4, kstep=2), 128, H100)
+    assert prune(ws(stages=4, kstep=2), 128, H100) is None
+    assert "registers" in prune(ws(stages=4, kstep=2), 256, H100)
     space = search_space("ws", 128, "bfloat16", H100)
     assert {c.stages for c in space} == {2, 3, 4} and {c.pingpong for c in space} == {True, False}
     assert all(ws_smem_bytes(c.stages, 128) <= H100.smem_per_block for c in space)
@@ -153,7 +154,8 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                 (4, False, "float16", 128, False, False, True),
                 (2, True, "bfloat16", 256, True, True, True),
                 (2, False, "float16", 256, False, False, False))] + [
-    KernelSpec(ws(stages=4, kstep=2), dt, 64, False, True) for dt in ("bfloat16", "float16")]
+    KernelSpec(ws(stages=4, kstep=2), dt, d, False, True) for dt, d in (("bfloat16", 128),
+                                                                     ("float16", 64))]
 
 
 @pytest.mark.slow

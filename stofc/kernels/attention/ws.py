@@ -79,9 +79,6 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: stages must be 2..4 (the ring of K/V tiles)"
     if c.kstep not in KSTEPS:
         return "ws: a softmax step covers 1 or 2 tiles of 64 keys"
-    if c.kstep == 2 and head_dim > 64:
-        return ("ws: two tiles per step only at head_dim 64 (at 128 Q must leave the registers, "
-                "which measured no faster on an H100 and spills)")
     if c.stages < 2 * c.kstep:
         return "ws: the ring must hold two steps (stages >= 2 x tiles per step) to load ahead"
     if c.split < 0 or (c.split and c.split < 8):
