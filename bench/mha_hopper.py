@@ -31,6 +31,7 @@ import cupy as cp
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
 
 from stofc.kernels.attention import AttentionConfig, prune, select_kernel
@@ -62,6 +63,23 @@ MASKS = {
 
 
 D_OF = [64]   # the head_dim of the case being run (ws_configs prunes with it)
+flex_compiled = torch.compile(flex_attention, dynamic=False)
+
+
+def flex_mask_mod(name: str, dense):
+    """FlexAttention's best mask_mod for ``name`` (arithmetic, BigBird as a block-layout
+    lookup built from stofc's mask; checked equal to the dense mask by the caller)."""
+    if name == "longformer_w256_g16":
+        return lambda b, h, q, k: ((q - k).abs() <= 256) | (q < 16) | (k < 16)
+    if name == "strided_128":
+        return lambda b, h, q, k: (q // 128 == k // 128) | (k % 128 == 127)
+    if name == "dilated_w256_d2":
+        return lambda b, h, q, k: ((q - k).abs() <= 256) & ((q - k) % 2 == 0)
+    if name.startswith("bigbird"):
+        nb = dense.shape[0] // 64
+        layout = dense[:nb * 64, :nb * 64].reshape(nb, 64, nb, 64).any(dim=3).any(dim=1)
+        return lambda b, h, q, k: layout[q // 64, k // 64]
+    return lambda b, h, q, k: dense[q, k]
 
 
 def bench(fn) -> float:
@@ -86,7 +104,8 @@ def ws_configs(fmt, B, H, profile, quick, sweep=False):
     return [c for c in cfgs if prune(c, D_OF[0], profile) is None]
 
 
-def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = False) -> list[dict]:
+def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = False,
+             flex: bool = False) -> list[dict]:
     B, H, L, D, dt = case.split(":")
     B, H, L, D = int(B), int(H), int(L), int(D)
     D_OF[0] = D
@@ -129,6 +148,20 @@ def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = Fa
             rec["sdpa_bool_ms"] = bench(lambda m=dense: F.scaled_dot_product_attention(
                 qt, kt, vt, attn_mask=m))
             anchors["sdpa_bool"] = rec["sdpa_bool_ms"]
+        if flex and fa_mask is None:          # FlexAttention: the mask families FA4 cannot express
+            try:
+                mod = flex_mask_mod(name, dense)
+                qi = torch.arange(L, device="cuda")[:, None]
+                ki = torch.arange(L, device="cuda")[None, :]
+                if not bool((mod(0, 0, qi, ki) == dense).all()):
+                    raise RuntimeError("the Flex mask_mod differs from stofc's mask")
+                bm = create_block_mask(mod, None, None, L, L, device="cuda")
+                o = flex_compiled(qt, kt, vt, block_mask=bm).transpose(1, 2)
+                rec["flex_relerr"] = relerr(o, ref, rows)
+                rec["flex_ms"] = bench(lambda bm=bm: flex_compiled(qt, kt, vt, block_mask=bm))
+                anchors["flex"] = rec["flex_ms"]
+            except Exception as err:  # recorded, the run goes on
+                rec["flex_error"] = repr(err)[:300]
         stofc = []
         choice = select_kernel(fmt, profile, batch=B, heads=H, seq_len=L, head_dim=D)
         cands = [("selector", choice.config)] + [
@@ -167,15 +200,16 @@ def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = Fa
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | mask | density | FA4 TF/s | cuDNN TF/s | SDPA-bool TF/s | stofc TF/s | "
-             "stofc config | vs FA4 | vs cuDNN | vs SDPA-bool |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| case | mask | density | FA4 TF/s | cuDNN TF/s | SDPA-bool TF/s | Flex TF/s | "
+             "stofc TF/s | stofc config | vs FA4 | vs cuDNN | vs SDPA-bool | vs Flex |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['mask']} | {r['density']} | {r.get('fa4_tflops', '-')} | "
             f"{r.get('cudnn_tflops', '-')} | {r.get('sdpa_bool_tflops', '-')} | "
-            f"{r.get('stofc_tflops', '-')} | {r.get('stofc_config', '-')} | "
-            f"{r.get('vs_fa4', '-')} | {r.get('vs_cudnn', '-')} | {r.get('vs_sdpa_bool', '-')} |")
+            f"{r.get('flex_tflops', '-')} | {r.get('stofc_tflops', '-')} | "
+            f"{r.get('stofc_config', '-')} | {r.get('vs_fa4', '-')} | {r.get('vs_cudnn', '-')} | "
+            f"{r.get('vs_sdpa_bool', '-')} | {r.get('vs_flex', '-')} |")
     return "\n".join(lines)
 
 
@@ -185,6 +219,8 @@ def main() -> int:
     ap.add_argument("--masks", default=",".join(MASKS))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="every ring depth x ping-pong")
+    ap.add_argument("--flex", action="store_true",
+                    help="also FlexAttention (compiled) on the masks FA4 cannot express")
     args = ap.parse_args()
     profile = detect()
     out_dir = os.environ.get("OUT", "bench/results")
@@ -192,7 +228,7 @@ def main() -> int:
     t0 = time.time()
     rows = []
     for case in args.cases.split():
-        rows += run_case(case, args.masks.split(","), profile, args.quick, args.sweep)
+        rows += run_case(case, args.masks.split(","), profile, args.quick, args.sweep, args.flex)
     gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
     stem = f"mha-hopper-{gpu}-{datetime.date.today().isoformat()}"
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fa4": FA4_ERROR or "ok",
