@@ -5,10 +5,13 @@ The CUDA twins of ``libstofc_ort.so`` launch exactly what these attributes name:
 
 * ``SparseAttention``: ``launch_plan`` names a ``*.plan.bin``
   (:func:`stofc.package.maskbin.attention_launch_data`: the walk list, gathered
-  keys, residue permutation and tile-row orders that ``AttentionOp`` uploads),
-  ``kernel_abi`` = :data:`KERNEL_ABI`; ``variant_launch_plans`` the same for each
-  run-time variant. (``kernel``, ``block_threads``, ``blocks_per_tile_row``,
-  ``smem_bytes`` and the other ``variant_*`` attributes are the writer's.)
+  keys, residue permutation and tile-row orders that ``AttentionOp`` uploads; for a
+  warp-specialised kernel the pair-row walk, work items, orders and combine table
+  that ``WsLaunchData`` uploads), ``kernel_abi`` = :data:`KERNEL_ABI`;
+  ``variant_launch_plans`` the same for each run-time variant. (``kernel``,
+  ``block_threads``, ``blocks_per_tile_row``, ``smem_bytes``
+  (:func:`attention_launch_numbers`) and the other ``variant_*`` attributes are the
+  writer's.)
 * ``FusedGemm``: cuBLASLt with the epilogue it can fold (bias; tanh-GELU without a
   residual; the residual as C when nothing follows it), then the stofc Add+Norm kernel for the rest
   (:func:`split_fused_gemm`, the C++ twin's ``split_fused_gemm``);
@@ -159,10 +162,37 @@ def lt_algo_attributes(seg, width: int, contents) -> dict:
     return {"lt_algo_m": ms, "lt_algo_rank": [pairs[m] for m in ms]}
 
 
+def attention_launch_numbers(cfg, head_dim: int) -> tuple[int, int, int]:
+    """SparseAttention's ``(block_threads, blocks_per_tile_row, smem_bytes)`` for ``cfg`` (OPS.md).
+
+    Block-wise: ``q_split`` blocks per tile row and the dynamic shared memory; row-wise:
+    ``tile / rows_per_block`` blocks per tile row, static shared memory only (0);
+    warp-specialised: 384 threads, the dynamic shared memory, and 1 block per tile row
+    (the attribute's fixed value for ws: its grid is ``H * B * items_upto[P]``, set by the
+    plan's work items, not by tile rows).
+    """
+    from stofc.kernels.attention import smem_bytes
+
+    if cfg.kind == "ws":
+        per_row = 1
+    else:
+        per_row = cfg.q_split if cfg.kind == "block" else cfg.tile // cfg.rows_per_block
+    smem = smem_bytes(cfg, head_dim) if cfg.kind in ("block", "ws") else 0
+    return cfg.threads, per_row, smem
+
+
+def attention_plan_name(mid: str, cfg) -> str:
+    """The package path of ``cfg``'s ``*.plan.bin`` on mask ``mid``: one file per walk
+    (block/row: kind, gather, permute; ws: its split, the only config field the walk uses)."""
+    if cfg.kind == "ws":
+        return f"masks/{mid}.ws{f'-split{cfg.split}' if cfg.split else ''}.plan.bin"
+    return (f"masks/{mid}.{cfg.kind}{'-gather' if cfg.gather else ''}"
+            f"{'-permute' if cfg.permute else ''}.plan.bin")
+
+
 def _attention_plan(root: Path, fmt, cfg, mid: str) -> str:
-    """The ``*.plan.bin`` of ``cfg`` on ``fmt`` (written once per kind/gather/permute)."""
-    rel = (f"masks/{mid}.{cfg.kind}{'-gather' if cfg.gather else ''}"
-           f"{'-permute' if cfg.permute else ''}.plan.bin")
+    """The ``*.plan.bin`` of ``cfg`` on ``fmt`` (written once per walk)."""
+    rel = attention_plan_name(mid, cfg)
     if not (root / rel).is_file():
         write_attention_plan(attention_launch_data(fmt, cfg), root / rel)
     return rel

@@ -157,11 +157,12 @@ def compile_options(source: Source) -> tuple[str, ...]:
 def source_target(source: Source, target: str) -> str:
     """The NVRTC target ``source`` compiles for when the package targets ``target``.
 
-    A wgmma attention kernel needs the arch-specific ``sm_90a`` / ``compute_90a``;
-    its files keep the package target's name (``NAME.sm_90.cubin``: the binary for
-    sm_90 GPUs), and the kernel entry in plan.json records the real target.
+    A wgmma attention kernel and the warp-specialised one (wgmma, setmaxnreg, TMA) need
+    the arch-specific ``sm_90a`` / ``compute_90a``; their files keep the package target's
+    name (``NAME.sm_90.cubin``: the binary for sm_90 GPUs), and the kernel entry in
+    plan.json records the real target.
     """
-    wgmma = source.template == template_name("block", "wgmma")
+    wgmma = source.template in (template_name("block", "wgmma"), template_name("ws"))
     return kernel_target("wgmma" if wgmma else "sync", target)
 
 

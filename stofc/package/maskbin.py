@@ -43,6 +43,7 @@ import numpy as np
 
 from stofc.errors import StofcError
 from stofc.masks.format import MaskFormat
+from stofc.package.ws_launch import WS_ARRAYS, WS_SCALARS, WsLaunchPlan, ws_launch_data
 
 MASK_BIN_MAGIC = b"STOFMASK"
 MASK_BIN_VERSION = 1
@@ -156,39 +157,56 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 # ---------------------------------------------------------------- attention launch plans
 #
 # ``*.plan.bin``: the device arrays the attention kernel of one (mask format, config) is
-# launched with, computed at package time exactly as ``stofc.runtime.attention.AttentionOp``
-# computes them (walk list, maybe gathered or residue-permuted; the sentinels; the
-# longest-first tile-row orders), so the C++ CUDA twin only uploads and indexes them.
-# Layout (little-endian; arrays 8-byte aligned, zero padding, file ends 8-aligned)::
+# launched with, computed at package time exactly as the Python runtime computes them, so
+# the C++ CUDA twin only uploads and indexes them. Kinds 0 (block-wise) and 1 (row-wise):
+# ``AttentionOp``'s walk list (maybe gathered or residue-permuted), the sentinels and the
+# longest-first tile-row orders (:class:`AttentionLaunchData`); kind 2 (warp-specialised):
+# ``WsLaunchData``'s pair-row walk, work items, orders and combine table
+# (:class:`stofc.package.ws_launch.WsLaunchPlan`). One layout for every kind
+# (little-endian; arrays 8-byte aligned, zero padding, file ends 8-aligned)::
 #
 #    offset size field
 #         0    8 magic b"STOFAPLN"
-#         8    4 uint32 layout version (PLAN_BIN_VERSION = 1)
-#        12    4 uint32 header size (128)
-#        16    4 int32  kind (0 block-wise, 1 row-wise)
+#         8    4 uint32 layout version (PLAN_BIN_VERSION = 2)
+#        12    4 uint32 header size (PLAN_HEADER_BYTES = 256)
+#        16    4 int32  kind (0 block-wise, 1 row-wise, 2 warp-specialised)
 #        20    4 int32  tile T
 #        24    4 int32  tile_rows R
 #        28    4 int32  seq_len L_max
-#        32    4 int32  permuted (0/1)
-#        36    4 int32  fmt_head_stride (0 = shared mask, else R+1)
-#        40   56 int64  counts of the 7 arrays below, in order
-#        96   32 spec_hash of the mask, ASCII, NUL-padded (truncated to 32)
-#       128      row_ptr int32, col_idx int32 (+1 sentinel 0), part_idx int32 (+1 sentinel -1),
-#                bitmaps uint64 (>= 2 words), gather_keys int32 (+4 x -1),
-#                q_perm int32 [R*T + 4] (-1 = none), row_orders int32 (rows = 1..R
-#                concatenated: rows r starts at r*(r-1)/2)
+#        32    4 int32  mask heads (the format's num_heads; 1 = shared)
+#        36    4 int32  n: number of arrays (7 block/row, 8 ws)
+#        40   32 int32[8] kind scalars (zero past the kind's):
+#                  block/row: permuted (0/1), fmt_head_stride (0 = shared mask, else R+1)
+#                  ws: pairs, slots, n_items, n_split, split, orders_per_head
+#        72   32 spec_hash of the mask, ASCII, NUL-padded (truncated to 32)
+#       104   24 zero
+#       128  128 int64[16] element counts of the n arrays (zero past n)
+#       256      the arrays, in order:
+#                  block/row: row_ptr int32, col_idx int32 (+1 sentinel 0), part_idx int32
+#                  (+1 sentinel -1), bitmaps uint64 (>= 2 words), gather_keys int32 (+4 x -1),
+#                  q_perm int32 [R*T + 4] (-1 = none), row_orders int32 (rows = 1..R
+#                  concatenated: rows r starts at r*(r-1)/2)
+#                  ws: entry_key int32 (+1 sentinel 0), entry_part int32 (2 per entry, +2
+#                  sentinels -2), bitmaps uint64 (>= 2 words), items int32 [heads, n_items, 4],
+#                  orders int32 [heads, orders_per_head], combine int32 [heads, n_split, 3],
+#                  order_ptr int32 [pairs + 1], items_upto int32 [pairs + 1]
 
 PLAN_BIN_MAGIC = b"STOFAPLN"
-PLAN_BIN_VERSION = 1
-_PLAN_HEADER = struct.Struct("<8sIIiiiiii7q32s")
+PLAN_BIN_VERSION = 2
+PLAN_HEADER_BYTES = 256
+PLAN_KINDS: tuple[str, ...] = ("block", "row", "ws")
+_PLAN_HEADER = struct.Struct("<8sIIiiiiii8i32s")
+_PLAN_COUNTS = struct.Struct("<16q")
+_COUNTS_AT = 128
 _PLAN_ARRAYS: tuple[tuple[str, str], ...] = (
     ("row_ptr", "<i4"), ("col_idx", "<i4"), ("part_idx", "<i4"), ("bitmaps", "<u8"),
     ("gather_keys", "<i4"), ("q_perm", "<i4"), ("row_orders", "<i4"))
+_PLAN_SCALARS: tuple[str, ...] = ("permuted", "fmt_head_stride")
 
 
 @dataclass(frozen=True, eq=False)
 class AttentionLaunchData:
-    """The uploaded arrays and scalars of one attention kernel (see the layout above)."""
+    """The uploaded arrays and scalars of one block- or row-wise kernel (layout above)."""
 
     kind: str
     tile: int
@@ -205,22 +223,34 @@ class AttentionLaunchData:
     q_perm: np.ndarray
     row_orders: np.ndarray
 
+    @property
+    def num_heads(self) -> int:
+        """The mask format's heads (1 = shared)."""
+        return 1 if self.fmt_head_stride == 0 else self.row_ptr.size // (self.tile_rows + 1)
+
     def order(self, seq_len: int) -> np.ndarray:
         """The tile-row order a run of ``seq_len`` launches with (AttentionOp._order)."""
         rows = self.tile_rows if self.permuted else -(-seq_len // self.tile)
         start = rows * (rows - 1) // 2
         return self.row_orders[start:start + rows]
 
+    def scalars(self) -> tuple[int, ...]:
+        return int(self.permuted), self.fmt_head_stride
 
-def attention_launch_data(fmt: MaskFormat, config) -> AttentionLaunchData:
-    """What ``AttentionOp(fmt, config, ...)`` uploads, computed on the host (no GPU).
 
-    Mirrors ``AttentionOp.__init__`` and ``AttentionOp._order`` line for line; the unit
-    test ``tests/unit/test_ortlib_abi.py`` checks the arrays against AttentionOp itself.
+def attention_launch_data(fmt: MaskFormat, config) -> AttentionLaunchData | WsLaunchPlan:
+    """What the Python runtime uploads for ``config`` on ``fmt``, computed on the host (no GPU).
+
+    Block- and row-wise: mirrors ``AttentionOp.__init__`` and ``AttentionOp._order`` line
+    for line; ``kind="ws"``: :func:`stofc.package.ws_launch.ws_launch_data` (what
+    ``WsLaunchData`` uploads). The unit test ``tests/unit/test_ortlib_abi.py`` checks the
+    arrays against AttentionOp itself.
     """
     from stofc.kernels.attention.gather import plan_tiles
     from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 
+    if config.kind == "ws":
+        return ws_launch_data(fmt, config)
     perm = None
     if config.kind == "block" and config.permute:
         chosen = choose_permutation(fmt)
@@ -257,43 +287,62 @@ def attention_launch_data(fmt: MaskFormat, config) -> AttentionLaunchData:
         row_orders=np.concatenate(orders) if orders else np.zeros(0, np.int32))
 
 
-def encode_attention_plan(data: AttentionLaunchData) -> bytes:
-    """The ``*.plan.bin`` bytes of ``data``."""
+def _layout(kind: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """(arrays, scalars) of a plan kind, in file order."""
+    return (WS_ARRAYS, WS_SCALARS) if kind == "ws" else (_PLAN_ARRAYS, _PLAN_SCALARS)
+
+
+def encode_attention_plan(data: AttentionLaunchData | WsLaunchPlan) -> bytes:
+    """The ``*.plan.bin`` bytes of ``data`` (either kind's, see the layout above)."""
+    arrays, _ = _layout(data.kind)
     payload = bytearray()
-    for name, dtype in _PLAN_ARRAYS:
+    for name, dtype in arrays:
         payload += b"\0" * (-len(payload) % 8)
         payload += np.ascontiguousarray(getattr(data, name), dtype=dtype).tobytes()
     payload += b"\0" * (-len(payload) % 8)
+    scalars = list(data.scalars()) + [0] * (8 - len(data.scalars()))
+    counts = [int(np.asarray(getattr(data, n)).size) for n, _ in arrays]
     header = _PLAN_HEADER.pack(
-        PLAN_BIN_MAGIC, PLAN_BIN_VERSION, HEADER_BYTES, {"block": 0, "row": 1}[data.kind],
-        data.tile, data.tile_rows, data.seq_len, int(data.permuted), data.fmt_head_stride,
-        *(int(np.asarray(getattr(data, n)).size) for n, _ in _PLAN_ARRAYS),
+        PLAN_BIN_MAGIC, PLAN_BIN_VERSION, PLAN_HEADER_BYTES, PLAN_KINDS.index(data.kind),
+        data.tile, data.tile_rows, data.seq_len, data.num_heads, len(arrays), *scalars,
         data.spec_hash.encode("ascii")[:32])
+    header += b"\0" * (_COUNTS_AT - len(header))
+    header += _PLAN_COUNTS.pack(*counts, *[0] * (16 - len(counts)))
     return header + bytes(payload)
 
 
-def write_attention_plan(data: AttentionLaunchData, path: str | Path) -> Path:
+def write_attention_plan(data: AttentionLaunchData | WsLaunchPlan, path: str | Path) -> Path:
     """Writes ``data`` as ``*.plan.bin`` at ``path`` atomically."""
     return _write_atomic(Path(path), encode_attention_plan(data))
 
 
-def read_attention_plan(path: str | Path) -> AttentionLaunchData:
-    """Reads a ``*.plan.bin`` back (tests)."""
+def read_attention_plan(path: str | Path) -> AttentionLaunchData | WsLaunchPlan:
+    """Reads a ``*.plan.bin`` back (tests, ``stofc inspect``); the kind decides the type."""
     data = Path(path).read_bytes()
-    if len(data) < HEADER_BYTES or data[:8] != PLAN_BIN_MAGIC:
+    if len(data) < PLAN_HEADER_BYTES or data[:8] != PLAN_BIN_MAGIC:
         raise StofcError(f"{path} is not a stofc attention plan",
                          hint="rewrite the package with 'stofc compile'")
-    (_, version, header, kind, tile, rows, seq_len, permuted, stride, *rest) = \
+    (_, version, header, kind, tile, rows, seq_len, heads, n, *rest) = \
         _PLAN_HEADER.unpack_from(data)
-    counts, spec_hash = rest[:7], rest[7]
-    if version != PLAN_BIN_VERSION or header != HEADER_BYTES:
-        raise StofcError(f"{path} has an unsupported layout (version {version})",
+    scalars, spec_hash = rest[:8], rest[8].rstrip(b"\0").decode("ascii")
+    if version != PLAN_BIN_VERSION or header != PLAN_HEADER_BYTES or not 0 <= kind < 3:
+        raise StofcError(f"{path} has an unsupported layout (version {version}, kind {kind})",
                          hint="rewrite the package with 'stofc compile'")
-    pos, arrays = HEADER_BYTES, {}
-    for (name, dtype), count in zip(_PLAN_ARRAYS, counts, strict=True):
+    kind_name = PLAN_KINDS[kind]
+    names, scalar_names = _layout(kind_name)
+    counts = _PLAN_COUNTS.unpack_from(data, _COUNTS_AT)[:n]
+    if n != len(names):
+        raise StofcError(f"{path} holds {n} arrays, a {kind_name} plan {len(names)}",
+                         hint="rewrite the package with 'stofc compile'")
+    pos, arrays = PLAN_HEADER_BYTES, {}
+    for (name, dtype), count in zip(names, counts, strict=True):
         pos += -pos % 8
         arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).astype(dtype[1:])
         pos += arrays[name].nbytes
-    return AttentionLaunchData(kind=("block", "row")[kind], tile=tile, tile_rows=rows,
-                               seq_len=seq_len, permuted=bool(permuted), fmt_head_stride=stride,
-                               spec_hash=spec_hash.rstrip(b"\0").decode("ascii"), **arrays)
+    values = dict(zip(scalar_names, scalars, strict=False))
+    common = dict(kind=kind_name, tile=tile, tile_rows=rows, seq_len=seq_len,
+                  spec_hash=spec_hash, **arrays)
+    if kind_name == "ws":
+        return WsLaunchPlan(num_heads=heads, **values, **common)
+    return AttentionLaunchData(permuted=bool(values["permuted"]),
+                               fmt_head_stride=values["fmt_head_stride"], **common)

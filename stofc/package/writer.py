@@ -133,11 +133,10 @@ def launch_attributes(ak: AttentionKernel) -> tuple[tuple[str, int], ...]:
 
 
 def _launch(cfg, head_dim: int) -> tuple[tuple[str, int], ...]:
-    from stofc.kernels.attention import smem_bytes
+    from stofc.package.cuda_launch import attention_launch_numbers
 
-    per_row = cfg.q_split if cfg.kind == "block" else cfg.tile // cfg.rows_per_block
-    smem = smem_bytes(cfg, head_dim) if cfg.kind == "block" else 0
-    return (("block_threads", cfg.threads), ("blocks_per_tile_row", per_row),
+    threads, per_row, smem = attention_launch_numbers(cfg, head_dim)
+    return (("block_threads", threads), ("blocks_per_tile_row", per_row),
             ("smem_bytes", smem))
 
 

@@ -1,0 +1,112 @@
+"""The warp-specialised kernel's launch plan (``*.plan.bin`` kind 2), computed without a GPU.
+
+:func:`ws_launch_data` gives exactly the arrays and scalars that
+:class:`stofc.runtime.attention_ws.WsLaunchData` uploads and derives for a
+``kind="ws"`` config (:func:`stofc.kernels.attention.ws_plan.plan_ws` with the
+config's ``split``): the merged pair-row walk (``entry_key`` + sentinel 0,
+``entry_part`` two per entry + two sentinels -2), the part-tile bitmaps (at least
+two words), the work items ``(pair row, begin, end, slot)``, the longest-first item
+orders of every run length with their offsets (``order_ptr``) and counts
+(``items_upto``), and the combine table ``(pair row, first slot, chunks)``. The C++
+CUDA twin uploads the first six arrays and reads the two per-run-length tables on the
+host; ``tests/unit/test_ortlib_abi.py`` checks every array against ``WsLaunchData``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stofc.kernels.attention.ws_plan import WS_ROWS, plan_ws
+from stofc.masks.format import MaskFormat
+
+# the arrays of a kind-2 plan file, in file order (the first six are uploaded)
+WS_ARRAYS: tuple[tuple[str, str], ...] = (
+    ("entry_key", "<i4"), ("entry_part", "<i4"), ("bitmaps", "<u8"), ("items", "<i4"),
+    ("orders", "<i4"), ("combine", "<i4"), ("order_ptr", "<i4"), ("items_upto", "<i4"))
+# the kind scalars of a kind-2 plan file, in header order
+WS_SCALARS: tuple[str, ...] = ("pairs", "slots", "n_items", "n_split", "split",
+                               "orders_per_head")
+
+
+@dataclass(frozen=True, eq=False)
+class WsLaunchPlan:
+    """The uploaded arrays and the scalars of one ws kernel's launches (module docstring).
+
+    ``num_heads`` is the mask format's (1 = shared by every head): per format head
+    ``f``, items ``[f * n_items, (f + 1) * n_items)`` (4 ints each), orders
+    ``[f * orders_per_head, ...)`` and combine rows ``[f * n_split, ...)`` (3 ints each).
+    """
+
+    kind: str                # always "ws"
+    tile: int
+    tile_rows: int
+    seq_len: int
+    num_heads: int
+    spec_hash: str
+    pairs: int               # ceil(L_max / 128)
+    slots: int               # workspace slots per (batch, head)
+    n_items: int             # items per format head (padded)
+    n_split: int             # combine rows per format head (padded, >= 1)
+    split: int               # the config's split (tiles per chunk; 0 = none)
+    orders_per_head: int     # order_ptr[-1]
+    entry_key: np.ndarray
+    entry_part: np.ndarray
+    bitmaps: np.ndarray
+    items: np.ndarray
+    orders: np.ndarray
+    combine: np.ndarray
+    order_ptr: np.ndarray
+    items_upto: np.ndarray
+
+    def launch_items(self, seq_len: int) -> tuple[int, int]:
+        """(offset into each head's orders, items launched per head) of a run of ``seq_len``:
+        ``WsPlan.launch_items``."""
+        p = min(self.pairs, -(-seq_len // WS_ROWS))
+        return int(self.order_ptr[p - 1]), int(self.items_upto[p])
+
+    @property
+    def items_head_stride(self) -> int:
+        return self.n_items * 4 if self.num_heads > 1 else 0
+
+    @property
+    def order_head_stride(self) -> int:
+        return self.orders_per_head if self.num_heads > 1 else 0
+
+    @property
+    def combine_head_stride(self) -> int:
+        return self.n_split * 3 if self.num_heads > 1 else 0
+
+    @property
+    def splits(self) -> bool:
+        """Whether some pair row is split: the run needs the workspace and the combine kernel."""
+        return bool((self.combine.reshape(-1, 3)[:, 0] >= 0).any())
+
+    def scalars(self) -> tuple[int, ...]:
+        return tuple(int(getattr(self, name)) for name in WS_SCALARS)
+
+
+def ws_launch_data(fmt: MaskFormat, config) -> WsLaunchPlan:
+    """What ``WsLaunchData(plan_ws(fmt, split_tiles=config.split), ...)`` uploads, on the host.
+
+    Mirrors ``WsLaunchData.__init__`` line for line (empty bitmaps become two zero
+    words, empty orders one zero), so the C++ twin launches what the Python runtime does.
+    """
+    plan = plan_ws(fmt, split_tiles=config.split)
+
+    def flat(a, dtype) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=dtype).ravel()
+
+    words = np.asarray(plan.bitmaps, np.uint64).ravel()
+    return WsLaunchPlan(
+        kind="ws", tile=fmt.tile, tile_rows=fmt.tile_rows, seq_len=fmt.seq_len,
+        num_heads=plan.num_heads, spec_hash=fmt.spec_hash, pairs=plan.pairs, slots=plan.slots,
+        n_items=int(plan.items.shape[1]), n_split=int(plan.combine.shape[1]),
+        split=int(config.split), orders_per_head=int(plan.orders.shape[1]),
+        entry_key=flat(plan.entry_key, np.int32), entry_part=flat(plan.entry_part, np.int32),
+        bitmaps=flat(words if words.size else np.zeros(2, np.uint64), np.uint64),
+        items=flat(plan.items, np.int32),
+        orders=flat(plan.orders if plan.orders.size else np.zeros((1, 1)), np.int32),
+        combine=flat(plan.combine, np.int32), order_ptr=flat(plan.order_ptr, np.int32),
+        items_upto=flat(plan.items_upto, np.int32))
