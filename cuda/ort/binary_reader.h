@@ -37,6 +37,7 @@ struct BinaryReader {
     std::vector<T> array(int64_t count, const char* name) {
         if (count < 0) fail(std::string(name) + " has a negative length");
         pos = (pos + 7) & ~static_cast<size_t>(7);
+        if (static_cast<uint64_t>(count) > buf.size()) fail(std::string("truncated inside ") + name);
         const size_t bytes = static_cast<size_t>(count) * sizeof(T);
         if (pos + bytes > buf.size()) fail(std::string("truncated inside ") + name);
         std::vector<T> out(static_cast<size_t>(count));

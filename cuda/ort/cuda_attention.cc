@@ -1,18 +1,21 @@
 // stofc ONNX Runtime custom-op library: the CUDA twin of SparseAttention (kernel_abi 3).
 //
 // Launches the package's attention kernel with exactly the argument list of
-// attention_abi.h (= stofc/runtime/attention.py, AttentionOp.bind), grid
-// H * B * rows * blocks_per_tile_row (rows = ceil(S/T), or R for a residue-
-// permuted plan), block_threads threads, smem_bytes dynamic shared memory, on
-// ORT's compute stream. The device arrays come from the node's `launch_plan`
-// file (launch_plan.h), read at session creation and uploaded once per CUDA
-// context at the first run (cuMemAlloc + cuMemcpyHtoDAsync on ORT's stream, from
-// host memory this kernel keeps alive). A run given key_state (input 5, KeyPrep's
-// output) points kv_len and the key bits into it and launches only the attention
-// kernel; otherwise it takes them from ORT's allocator and fills them with the
-// embedded key-prep kernel (key_prep.cu, cuda_key_prep.cc) on the same stream. No
-// device synchronisation; nothing allocated per run but ORT scratch; no host-device
-// copy inside a run after the first.
+// attention_abi.h on ORT's compute stream. Block- and row-wise kernels
+// (STOFC_ATTENTION_ABI = stofc/runtime/attention.py, AttentionOp.bind): grid
+// H * B * rows * blocks_per_tile_row (rows = ceil(S/T), or R for a residue-permuted
+// plan), block_threads threads, smem_bytes dynamic shared memory. The warp-specialised
+// kernel (STOFC_ATTENTION_WS_ABI = stofc/runtime/attention_ws.py, WsLaunchData.bind;
+// cuda_attention_ws.cc): grid H * B * items of the run's pair rows, 384 threads, tensor
+// maps of q, k and v encoded on the host, then its combine kernel when the plan splits
+// rows. The device arrays come from the node's `launch_plan` file (launch_plan.h), read
+// at session creation and uploaded once per CUDA context at the first run (cuMemAlloc +
+// cuMemcpyHtoDAsync on ORT's stream, from host memory this kernel keeps alive). A run
+// given key_state (input 5, KeyPrep's output) points kv_len and the key bits into it;
+// otherwise it takes them from ORT's allocator and fills them with the embedded key-prep
+// kernel (key_prep.cu, cuda_key_prep.cc) on the same stream. The ws workspace (split
+// rows' partial results) is ORT scratch too. No device synchronisation; nothing
+// allocated per run but ORT scratch; no host-device copy inside a run after the first.
 //
 // Run-time variants (variant_* attributes): each is a launch like the base (its own
 // kernel, plan, threads, blocks per tile row, shared memory), checked the same way at
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "attention_abi.h"
+#include "cuda_attention_ws.h"
 #include "cuda_module.h"
 #include "launch_plan.h"
 #include "ops.h"
@@ -36,11 +40,15 @@ static_assert(kCudaLaunchAbi == kAttentionKernelAbi, "one kernel_abi for every C
 
 namespace {
 
-/// The plan's arrays in one device allocation of one context (byte offsets).
+/// The plan's arrays in one device allocation of one context: `at[i]` is the byte offset
+/// of AttentionPlan::device_arrays()[i].
 struct DevicePlan {
     CUcontext ctx = nullptr;
     CUdeviceptr base = 0;
-    size_t row_ptr = 0, col_idx = 0, part_idx = 0, bitmaps = 0, gather_keys = 0, q_perm = 0, orders = 0;
+    std::vector<size_t> at;
+    const void* ptr(int i, size_t byte_offset = 0) const {
+        return reinterpret_cast<const void*>(base + at[static_cast<size_t>(i)] + byte_offset);
+    }
 };
 
 /// One `*.plan.bin` and its uploads (one per CUDA context); shared by the launches
@@ -70,6 +78,11 @@ void naming(const std::string& attr, Fn&& fn) {
     }
 }
 
+/// "block-wise", "row-wise", "warp-specialised" (messages).
+std::string kind_label(KernelKind kind) {
+    return kind == KernelKind::kWs ? "warp-specialised" : std::string(kind_name(kind)) + "-wise";
+}
+
 /// "name[index]" for variant `index`, "" for the base launch (index < 0).
 std::string variant_attr(const char* name, int index) {
     return index < 0 ? std::string() : std::string(name) + "[" + std::to_string(index) + "]";
@@ -84,6 +97,7 @@ struct SparseAttentionCuda {
     std::vector<AttentionLaunch> variant_launches;
     std::mutex mu;
     std::vector<CUcontext> prepared;  // contexts where every module and plan is ready
+    TensorMapCache maps;              // ws launches: q, k, v tensor maps by (address, shape)
 
     SparseAttentionCuda(const OrtKernelInfo* info, const std::string& dir) : attrs(info, dir) {
         const OrtAttrSource src(info);
@@ -102,8 +116,11 @@ struct SparseAttentionCuda {
                 }
                 check_plan(u, index);
             });
-            naming(variant_attr("variant_kernels", index),
-                   [&] { u.module = load_package_module(dir, u.launch.kernel); });
+            naming(variant_attr("variant_kernels", index), [&] {
+                const bool ws = u.launch.variant.kind == KernelKind::kWs;  // + its combine kernel
+                u.module = load_package_module(dir, u.launch.kernel, ws ? std::vector<std::string>{"_combine"}
+                                                                        : std::vector<std::string>{});
+            });
         };
         bind(base, -1);
         variants.resize(variant_launches.size());
@@ -113,20 +130,28 @@ struct SparseAttentionCuda {
         }
     }
 
-    /// The plan must be built for the node's mask and the launch's kernel kind.
+    /// The plan must be built for the node's mask and the launch's kernel kind; the kernel
+    /// for the node's head_dim.
     void check_plan(const LaunchUnit& u, int index) const {
         const MaskData& m = *attrs.mask;
         const AttentionPlan& p = *u.slot->plan;
+        const int64_t d = u.launch.variant.head_dim;
+        if (d && d != attrs.head_dim)
+            throw OpError(u.launch.label + " names " + u.launch.kernel.entry + ", compiled for head_dim " +
+                              std::to_string(d) + ", but the node's head_dim is " + std::to_string(attrs.head_dim) +
+                              "; rewrite the package",
+                          ORT_INVALID_GRAPH);
         if (p.tile != m.tile || p.seq_len != m.seq_len || p.tile_rows != m.tile_rows ||
-            (p.fmt_head_stride == 0) != (m.num_heads == 1) || m.spec_hash.compare(0, 32, p.spec_hash) != 0)
+            p.num_heads != m.num_heads || m.spec_hash.compare(0, 32, p.spec_hash) != 0)
             throw OpError("launch plan '" + p.path + "' was not built for mask file '" + m.path +
                               "'; rewrite the package with 'stofc compile'",
                           ORT_INVALID_GRAPH);
-        if (p.block != u.launch.variant.block)
-            throw OpError("launch plan '" + p.path + "' is for a " + (p.block ? "block" : "row") + "-wise kernel but " +
-                              u.launch.label + " names " + u.launch.kernel.entry,
+        if (p.kind != u.launch.variant.kind)
+            throw OpError("launch plan '" + p.path + "' is for a " + kind_label(p.kind) + " kernel but " +
+                              u.launch.label + " names " + u.launch.kernel.entry + ", a " +
+                              kind_label(u.launch.variant.kind) + " kernel; rewrite the package with 'stofc compile'",
                           ORT_INVALID_GRAPH);
-        if (!p.block && p.tile % u.launch.blocks_per_tile_row)
+        if (p.kind == KernelKind::kRow && p.tile % u.launch.blocks_per_tile_row)
             throw OpError("attribute '" + (index < 0 ? std::string("blocks_per_tile_row")
                                                      : variant_attr("variant_blocks_per_tile_row", index)) +
                               "' = " + std::to_string(u.launch.blocks_per_tile_row) + " does not divide the tile " +
@@ -156,33 +181,20 @@ struct SparseAttentionCuda {
         require_not_capturing(stream, "uploading the attention launch plan");
         const Driver& drv = driver();
         const AttentionPlan& p = *slot.plan;
+        const std::vector<HostArray> arrays = p.device_arrays();
         DevicePlan u;
         u.ctx = ctx;
         size_t off = 0;
-        auto place = [&](size_t bytes) {
-            const size_t at = off;
-            off = align256(off + bytes);
-            return at;
-        };
-        u.row_ptr = place(p.row_ptr.size() * 4);
-        u.col_idx = place(p.col_idx.size() * 4);
-        u.part_idx = place(p.part_idx.size() * 4);
-        u.bitmaps = place(p.bitmaps.size() * 8);
-        u.gather_keys = place(p.gather_keys.size() * 4);
-        u.q_perm = place(p.q_perm.size() * 4);
-        u.orders = place(p.row_orders.size() * 4);
+        for (const HostArray& a : arrays) {
+            u.at.push_back(off);
+            off = align256(off + a.bytes);
+        }
         ScopedContext scope(drv, ctx);
         drv.check(drv.MemAlloc(&u.base, off), "cuMemAlloc(attention launch plan)");
-        auto copy = [&](size_t at, const void* src, size_t bytes) {
-            if (bytes) drv.check(drv.MemcpyHtoDAsync(u.base + at, src, bytes, stream), "cuMemcpyHtoDAsync(plan)");
-        };
-        copy(u.row_ptr, p.row_ptr.data(), p.row_ptr.size() * 4);
-        copy(u.col_idx, p.col_idx.data(), p.col_idx.size() * 4);
-        copy(u.part_idx, p.part_idx.data(), p.part_idx.size() * 4);
-        copy(u.bitmaps, p.bitmaps.data(), p.bitmaps.size() * 8);
-        copy(u.gather_keys, p.gather_keys.data(), p.gather_keys.size() * 4);
-        copy(u.q_perm, p.q_perm.data(), p.q_perm.size() * 4);
-        copy(u.orders, p.row_orders.data(), p.row_orders.size() * 4);
+        for (size_t i = 0; i < arrays.size(); ++i)
+            if (arrays[i].bytes)
+                drv.check(drv.MemcpyHtoDAsync(u.base + u.at[i], arrays[i].data, arrays[i].bytes, stream),
+                          "cuMemcpyHtoDAsync(plan)");
         slot.uploads.push_back(u);
         return u;
     }
@@ -242,42 +254,77 @@ struct SparseAttentionCuda {
         shape.scale = attrs.scale;
         shape.packed = c.packed;
         const AttentionLaunchScalars sc = attention_scalars(p, shape);
+        const bool ws = var.kind == KernelKind::kWs;
+        const WsLaunchScalars wsc = ws ? ws_scalars(p, shape, sc) : WsLaunchScalars();
         if (c.B == 0 || c.S == 0) return;  // an empty batch or sequence: nothing to write
-        if (sc.grid > 0x7fffffff) throw OpError("batch * heads * tile rows is too large for one launch");
+        if (std::max(ws ? wsc.grid : sc.grid, wsc.combine_grid) > 0x7fffffff)
+            throw OpError("batch * heads * tile rows (or work items) is too large for one launch");
 
         const Driver& drv = driver();
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUcontext cuctx = CudaModule::context_of(stream);
         const auto [attn, dp] = ready(unit, cuctx, stream);
 
-        // kv_len [B] int32, then (256-aligned) the packed key bits [B, key_words] uint64:
-        // inside key_state (KeyPrep's output, size checked by check_attention) when given,
-        // else ORT scratch filled here by the key-prep kernel from key_padding_mask.
+        // ORT scratch, one allocation: kv_len [B] int32, then (256-aligned) the packed key
+        // bits [B, key_words] uint64 unless key_state (KeyPrep's output, size checked by
+        // check_attention) holds them; then (ws, split rows) the float32 workspace part_o,
+        // part_ml (256-aligned each).
         const int key_words = sc.key_words;
         const size_t words_at = align256(static_cast<size_t>(c.B) * 4);
+        size_t scratch_bytes = c.has_key_state ? 0 : words_at + std::max<size_t>(static_cast<size_t>(c.B) * key_words * 8, 8);
+        const size_t part_o_at = align256(scratch_bytes), part_ml_at = align256(part_o_at + wsc.part_o_bytes);
+        if (wsc.part_o_bytes) scratch_bytes = part_ml_at + wsc.part_ml_bytes;
         std::unique_ptr<Scratch> scratch;
+        if (scratch_bytes)
+            scratch = std::make_unique<Scratch>(ctx, q.value.GetTensorMemoryInfo().GetDeviceId(), scratch_bytes);
         CUdeviceptr kv_len = 0, words = 0;
         if (c.has_key_state) {
             kv_len = reinterpret_cast<CUdeviceptr>(key_state.value.GetTensorRawData());
             words = kv_len + static_cast<CUdeviceptr>(words_at);
         } else {
-            const size_t bytes = words_at + std::max<size_t>(static_cast<size_t>(c.B) * key_words * 8, 8);
-            scratch = std::make_unique<Scratch>(ctx, q.value.GetTensorMemoryInfo().GetDeviceId(), bytes);
             kv_len = scratch->at(0);
             words = scratch->at(words_at);
             launch_key_prep(cuctx, stream, c.has_kpm ? kpm.value.GetTensorRawData() : nullptr,
                             c.has_kpm ? check_key_padding_mask(kpm) : 0, static_cast<int>(c.B),
                             static_cast<int>(c.S), key_words, kv_len, words);
         }
+        const void* q_data = q.value.GetTensorRawData();
+        const char* q_bytes = static_cast<const char*>(q_data);  // packed QKV: K, V inside q's rows
+        constexpr long long kElem = 2;                            // float16 / bfloat16
+        const void* k_data = c.packed ? q_bytes + sc.k_offset * kElem : k.value.GetTensorRawData();
+        const void* v_data = c.packed ? q_bytes + sc.v_offset * kElem : v.value.GetTensorRawData();
+        const void* bias_data = c.has_bias ? bias.value.GetTensorRawData() : q_data;  // never read without bias
+
+        if (ws) {
+            WsLaunch l{attn,
+                       unit.module->function(cuctx, stream, static_cast<int>(launch.smem_bytes), 1),
+                       stream,
+                       static_cast<unsigned>(launch.smem_bytes),
+                       var.bf16,
+                       q_data,
+                       k_data,
+                       v_data,
+                       out.GetTensorMutableRawData(),
+                       dp.ptr(kWsEntryKey),
+                       dp.ptr(kWsEntryPart),
+                       dp.ptr(kWsBitmaps),
+                       dp.ptr(kWsItems),
+                       dp.ptr(kWsOrders, static_cast<size_t>(wsc.order_offset) * 4),
+                       dp.ptr(kWsCombine),
+                       reinterpret_cast<const void*>(kv_len),
+                       reinterpret_cast<const void*>(words),
+                       bias_data,
+                       wsc.part_o_bytes ? reinterpret_cast<void*>(scratch->at(part_o_at)) : nullptr,
+                       wsc.part_o_bytes ? reinterpret_cast<void*>(scratch->at(part_ml_at)) : nullptr};
+            launch_ws(drv, maps, l, sc, wsc);
+            return;
+        }
 
         // The attention kernel: one AttentionArgs field per row of attention_abi.h.
-        const auto dev = [&](size_t off) { return reinterpret_cast<const void*>(dp.base + off); };
         AttentionArgs a{};
-        a.q = q.value.GetTensorRawData();
-        const char* q_bytes = static_cast<const char*>(a.q);  // packed QKV: K, V inside q's rows
-        constexpr long long kElem = 2;                         // float16 / bfloat16
-        a.k = c.packed ? q_bytes + sc.k_offset * kElem : k.value.GetTensorRawData();
-        a.v = c.packed ? q_bytes + sc.v_offset * kElem : v.value.GetTensorRawData();
+        a.q = q_data;
+        a.k = k_data;
+        a.v = v_data;
         a.o = out.GetTensorMutableRawData();
         a.q_sb = sc.q_sb;
         a.q_ss = sc.q_ss;
@@ -288,19 +335,19 @@ struct SparseAttentionCuda {
         a.o_sb = sc.o_sb;
         a.o_ss = sc.o_ss;
         a.o_sh = sc.o_sh;
-        a.tile_row_ptr = dev(dp.row_ptr);
-        a.tile_key = dev(dp.col_idx);
-        a.tile_part = dev(dp.part_idx);
-        a.bitmaps = dev(dp.bitmaps);
-        a.gather_keys = dev(dp.gather_keys);
-        a.q_perm = dev(dp.q_perm);
+        a.tile_row_ptr = dp.ptr(kPlanRowPtr);
+        a.tile_key = dp.ptr(kPlanColIdx);
+        a.tile_part = dp.ptr(kPlanPartIdx);
+        a.bitmaps = dp.ptr(kPlanBitmaps);
+        a.gather_keys = dp.ptr(kPlanGatherKeys);
+        a.q_perm = dp.ptr(kPlanQPerm);
         a.permuted = sc.permuted;
         a.fmt_head_stride = sc.fmt_head_stride;
-        a.row_order = dev(dp.orders + sc.order_offset * 4);
+        a.row_order = dp.ptr(kPlanOrders, sc.order_offset * 4);
         a.kv_len = reinterpret_cast<const void*>(kv_len);
         a.key_bits = reinterpret_cast<const void*>(words);
         a.key_words = sc.key_words;
-        a.bias = c.has_bias ? bias.value.GetTensorRawData() : a.q;  // never read without bias
+        a.bias = bias_data;
         a.bias_sb = sc.bias_sb;
         a.bias_sh = sc.bias_sh;
         a.bias_sq = sc.bias_sq;

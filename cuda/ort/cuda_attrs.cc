@@ -3,6 +3,8 @@
 
 #include <vector>
 
+#include "attention_abi.h"
+
 namespace stofc_ort {
 namespace {
 
@@ -37,21 +39,37 @@ KernelRef parse_kernel_ref(const std::string& ref, const char* attr) {
     return {ref.substr(0, colon), ref.substr(colon + 1)};
 }
 
+const char* kind_name(KernelKind kind) {
+    switch (kind) {
+        case KernelKind::kBlock:
+            return "block";
+        case KernelKind::kRow:
+            return "row";
+        case KernelKind::kWs:
+            return "ws";
+    }
+    return "?";
+}
+
 AttentionVariant parse_attention_entry(const std::string& entry) {
-    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o..[_wg][_c]_b{0|1}_k{0|1}
+    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o..[_wg][_pp][_k2][_c]_b{0|1}_k{0|1}
     const auto parts = split(entry, '_');
     const auto bad = [&] {
         return AttrError("attention kernel entry '" + entry +
-                         "' is not a stofc attention kernel (stofc_attn_<kind>_<dtype>_..._b<0|1>_k<0|1>)");
+                         "' is not a stofc attention kernel (stofc_attn_<block|row|ws>_<f16|bf16>_..._b<0|1>_k<0|1>)");
     };
     if (parts.size() < 6 || parts[0] != "stofc" || parts[1] != "attn") throw bad();
     AttentionVariant v;
-    if (parts[2] == "block") v.block = true;
-    else if (parts[2] == "row") v.block = false;
+    if (parts[2] == "block") v.kind = KernelKind::kBlock;
+    else if (parts[2] == "row") v.kind = KernelKind::kRow;
+    else if (parts[2] == "ws") v.kind = KernelKind::kWs;
     else throw bad();
     if (parts[3] == "f16") v.bf16 = false;
     else if (parts[3] == "bf16") v.bf16 = true;
     else throw bad();
+    const std::string& d = parts[4];
+    if (d.size() > 1 && d.size() < 6 && d[0] == 'd' && d.find_first_not_of("0123456789", 1) == std::string::npos)
+        v.head_dim = std::stoll(d.substr(1));
     const std::string& b = parts[parts.size() - 2];
     const std::string& k = parts[parts.size() - 1];
     if ((b != "b0" && b != "b1") || (k != "k0" && k != "k1")) throw bad();
@@ -96,15 +114,25 @@ void check_launch_numbers(const AttentionLaunch& l, int index) {
                         std::to_string(l.block_threads) +
                         " is not a whole number of warps; the package is damaged, rewrite it");
     outside("blocks_per_tile_row", "variant_blocks_per_tile_row", l.blocks_per_tile_row, 1, 128);
-    if (l.variant.block && l.blocks_per_tile_row > 2)
+    const KernelKind kind = l.variant.kind;
+    if (kind == KernelKind::kBlock && l.blocks_per_tile_row > 2)
         throw AttrError("attribute '" + attr_name(index, "blocks_per_tile_row", "variant_blocks_per_tile_row") +
                         "' = " + std::to_string(l.blocks_per_tile_row) +
                         " but a block-wise kernel splits a tile row in 1 or 2 (q_split); rewrite the package");
+    if (kind == KernelKind::kWs && l.blocks_per_tile_row != 1)
+        throw AttrError("attribute '" + attr_name(index, "blocks_per_tile_row", "variant_blocks_per_tile_row") +
+                        "' = " + std::to_string(l.blocks_per_tile_row) +
+                        " but a warp-specialised kernel takes 1 (its grid comes from the launch plan's work "
+                        "items); rewrite the package");
+    if (kind == KernelKind::kWs && l.block_threads != kWsThreads)
+        throw AttrError("attribute '" + attr_name(index, "block_threads", "variant_block_threads") + "' = " +
+                        std::to_string(l.block_threads) + " but a warp-specialised kernel runs " +
+                        std::to_string(kWsThreads) + " threads (3 warpgroups); rewrite the package");
     outside("smem_bytes", "variant_smem_bytes", l.smem_bytes, 0, 256 * 1024);
-    if (l.variant.block && l.smem_bytes == 0)
-        throw AttrError("attribute '" + attr_name(index, "smem_bytes", "variant_smem_bytes") +
-                        "' is required (> 0) for a block-wise attention kernel; rewrite the package with "
-                        "'stofc compile'");
+    if (kind != KernelKind::kRow && l.smem_bytes == 0)
+        throw AttrError("attribute '" + attr_name(index, "smem_bytes", "variant_smem_bytes") + "' is required (> 0) for a " +
+                        (kind == KernelKind::kWs ? "warp-specialised" : "block-wise") +
+                        " attention kernel; rewrite the package with 'stofc compile'");
 }
 
 }  // namespace

@@ -37,11 +37,18 @@ struct KernelRef {
 /// "FILE:ENTRY" (the last ':' splits); throws AttrError naming `attr`.
 KernelRef parse_kernel_ref(const std::string& ref, const char* attr);
 
+/// The attention kernel kinds (KernelSpec.name's second token; the `*.plan.bin` kind
+/// number): block-wise, row-wise and the warp-specialised Hopper kernel.
+enum class KernelKind : int { kBlock = 0, kRow = 1, kWs = 2 };
+/// "block", "row" or "ws".
+const char* kind_name(KernelKind kind);
+
 /// What an attention kernel's entry name says about its variant:
-/// stofc_attn_{block|row}_{f16|bf16}_...[_c]_b{0|1}_k{0|1} (KernelSpec.name; `_c`:
+/// stofc_attn_{block|row|ws}_{f16|bf16}_...[_c]_b{0|1}_k{0|1} (KernelSpec.name; `_c`:
 /// compiled with logit soft-capping).
 struct AttentionVariant {
-    bool block = true;
+    KernelKind kind = KernelKind::kBlock;
+    int64_t head_dim = 0;  // from the `d<N>` token after the dtype (0 when the name has none)
     bool bf16 = false;
     bool has_bias = false;
     bool has_key_bits = false;

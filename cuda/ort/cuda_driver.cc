@@ -40,6 +40,8 @@ Driver load() {
     resolve(lib, "cuMemFree_v2", d.MemFree);
     resolve(lib, "cuMemcpyHtoDAsync_v2", d.MemcpyHtoDAsync);
     resolve(lib, "cuLaunchKernel", d.LaunchKernel);
+    // optional: drivers before CUDA 12 lack it; the ws twin names the driver update needed
+    d.TensorMapEncodeTiled = reinterpret_cast<decltype(d.TensorMapEncodeTiled)>(dlsym(lib, "cuTensorMapEncodeTiled"));
     return d;  // the handle stays open for the life of the process
 }
 

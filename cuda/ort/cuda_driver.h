@@ -2,7 +2,8 @@
 //
 // Nothing CUDA is linked: the first CUDA-EP kernel that needs the driver
 // dlopen()s "libcuda.so.1" (the GPU machine's own driver) and resolves the few
-// entry points below by their versioned ABI names. Types come from cuda.h of the
+// entry points below by their versioned ABI names (cuda.h's #defines: cuMemAlloc_v2, ...;
+// cuTensorMapEncodeTiled has no versioned name and is optional). Types come from cuda.h of the
 // nvidia-cuda-runtime wheel. `check` turns a CUresult into an OpError that names
 // the call and the driver's message.
 #ifndef STOFC_ORT_CUDA_DRIVER_H
@@ -29,6 +30,11 @@ struct Driver {
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
+    /// Host-only (no device call): encodes a TMA tensor map. Optional (CUDA 12+ drivers):
+    /// nullptr when the driver lacks it; only the warp-specialised attention kernel needs it.
+    CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
     /// Throws OpError "<what> failed: <driver message>" unless r == CUDA_SUCCESS.
     void check(CUresult r, const char* what) const;

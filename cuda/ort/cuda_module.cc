@@ -17,8 +17,8 @@ std::vector<char> read_kernel_file(const std::string& path) {
     return bytes;
 }
 
-CudaModule::CudaModule(std::vector<char> image, std::string label, std::string entry)
-    : path_(std::move(label)), entry_(std::move(entry)), image_(std::move(image)) {
+CudaModule::CudaModule(std::vector<char> image, std::string label, std::vector<std::string> entries)
+    : path_(std::move(label)), entries_(std::move(entries)), image_(std::move(image)) {
     image_.push_back('\0');  // PTX must be NUL-terminated; harmless after a cubin
 }
 
@@ -35,29 +35,44 @@ CUcontext CudaModule::context_of(CUstream stream) {
     return ctx;
 }
 
-CUfunction CudaModule::function(CUcontext ctx, CUstream stream, int smem) {
+CUfunction CudaModule::function(CUcontext ctx, CUstream stream, int smem, size_t index) {
     const Driver& drv = driver();
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& l : loaded_)
-        if (l.ctx == ctx) return l.fn;
-    require_not_capturing(stream, ("loading " + entry_).c_str());
+        if (l.ctx == ctx) return l.fns.at(index);
+    require_not_capturing(stream, ("loading " + entries_[0]).c_str());
     ScopedContext scope(drv, ctx);
-    Loaded l{ctx, nullptr, nullptr};
+    Loaded l{ctx, nullptr, {}};
     drv.check(drv.ModuleLoadData(&l.module, image_.data()), ("cuModuleLoadData(" + path_ + ")").c_str());
-    CUresult r = drv.ModuleGetFunction(&l.fn, l.module, entry_.c_str());
-    if (r == CUDA_SUCCESS && smem > 48 * 1024)
-        r = drv.FuncSetAttribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+    CUresult r = CUDA_SUCCESS;
+    std::string failed;
+    for (const auto& entry : entries_) {
+        CUfunction fn = nullptr;
+        r = drv.ModuleGetFunction(&fn, l.module, entry.c_str());
+        if (r != CUDA_SUCCESS) {
+            failed = entry;
+            break;
+        }
+        l.fns.push_back(fn);
+    }
+    if (r == CUDA_SUCCESS && smem > 48 * 1024) {
+        failed = entries_[0];
+        r = drv.FuncSetAttribute(l.fns[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+    }
     if (r != CUDA_SUCCESS) {
         drv.ModuleUnload(l.module);
-        drv.check(r, ("loading " + entry_ + " from " + path_).c_str());
+        drv.check(r, ("loading " + failed + " from " + path_).c_str());
     }
     loaded_.push_back(l);
-    return l.fn;
+    return l.fns.at(index);
 }
 
-std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, const KernelRef& ref) {
+std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, const KernelRef& ref,
+                                                const std::vector<std::string>& extra_suffixes) {
     const std::string path = resolve_package_path(package_dir, ref.file);
-    return std::make_unique<CudaModule>(read_kernel_file(path), path, ref.entry);
+    std::vector<std::string> entries{ref.entry};
+    for (const auto& suffix : extra_suffixes) entries.push_back(ref.entry + suffix);
+    return std::make_unique<CudaModule>(read_kernel_file(path), path, std::move(entries));
 }
 
 void require_not_capturing(CUstream stream, const char* what) {

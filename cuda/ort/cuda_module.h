@@ -27,7 +27,11 @@ std::vector<char> read_kernel_file(const std::string& path);
 
 class CudaModule {
   public:
-    CudaModule(std::vector<char> image, std::string label, std::string entry);
+    /// `entries`: the entry points it resolves, the first being the main one (the ws
+    /// attention kernel's module also has `<entry>_combine`).
+    CudaModule(std::vector<char> image, std::string label, std::vector<std::string> entries);
+    CudaModule(std::vector<char> image, std::string label, std::string entry)
+        : CudaModule(std::move(image), std::move(label), std::vector<std::string>{std::move(entry)}) {}
     ~CudaModule();
     CudaModule(const CudaModule&) = delete;
     CudaModule& operator=(const CudaModule&) = delete;
@@ -35,24 +39,28 @@ class CudaModule {
     /// The context of `stream` (ORT's compute stream).
     static CUcontext context_of(CUstream stream);
 
-    /// The entry point in `ctx`, loading the module there on first use (not while
-    /// `stream` is capturing) and then raising its dynamic smem limit to `smem`.
-    CUfunction function(CUcontext ctx, CUstream stream, int smem = 0);
+    /// Entry point `index` in `ctx`. The first call in a context loads the module there
+    /// (not while `stream` is capturing), resolves every entry and raises the main
+    /// entry's dynamic smem limit to `smem`.
+    CUfunction function(CUcontext ctx, CUstream stream, int smem = 0, size_t index = 0);
 
   private:
     struct Loaded {
         CUcontext ctx;
         CUmodule module;
-        CUfunction fn;
+        std::vector<CUfunction> fns;
     };
-    std::string path_, entry_;
+    std::string path_;
+    std::vector<std::string> entries_;
     std::vector<char> image_;
     std::mutex mu_;
     std::vector<Loaded> loaded_;
 };
 
-/// The package module named by a FILE:ENTRY reference.
-std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, const KernelRef& ref);
+/// The package module named by a FILE:ENTRY reference, resolving ENTRY and then ENTRY +
+/// each of `extra_suffixes` (e.g. "_combine").
+std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, const KernelRef& ref,
+                                                const std::vector<std::string>& extra_suffixes = {});
 
 /// Throws OpError when `stream` is capturing a CUDA graph: `what` (first-use work)
 /// must happen in an ordinary run first.

@@ -1,29 +1,52 @@
 // stofc ONNX Runtime custom-op library: the attention launch plan (`*.plan.bin`) reader.
 //
 // The device arrays one attention kernel is launched with, precomputed at package
-// time by stofc.package.maskbin.attention_launch_data exactly as
-// stofc/runtime/attention.py (AttentionOp) computes them: the walk list (gathered
-// and residue-permuted variants included), its sentinels, gather_keys, q_perm and
-// the longest-first tile-row orders. Layout: maskbin.py and OPS.md. The reader
-// validates every index a kernel follows, so a damaged file fails session creation.
+// time by stofc.package.maskbin.attention_launch_data exactly as the Python runtime
+// computes them: for block- and row-wise kernels AttentionOp's walk list (gathered and
+// residue-permuted variants included), its sentinels, gather_keys, q_perm and the
+// longest-first tile-row orders; for the warp-specialised kernel WsLaunchData's pair-row
+// walk, work items, per-run-length orders and combine table (stofc/package/ws_launch.py).
+// Layout: maskbin.py and OPS.md. The reader validates every index a kernel follows, so a
+// damaged file fails session creation.
 #ifndef STOFC_ORT_LAUNCH_PLAN_H
 #define STOFC_ORT_LAUNCH_PLAN_H
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cuda_attrs.h"
+
 namespace stofc_ort {
+
+/// The warp-specialised kernel's tables (plan kind 2). Per format head f: items
+/// [f * n_items, ...) of 4 ints (pair row, begin, end, slot), orders [f * orders_per_head, ...),
+/// combine rows [f * n_split, ...) of 3 ints (pair row, first slot, chunks).
+struct WsTables {
+    int pairs = 0, slots = 0, n_items = 0, n_split = 0, split = 0, orders_per_head = 0;
+    std::vector<int32_t> entry_key, entry_part, items, orders, combine, order_ptr, items_upto;
+    bool splits = false;  // some pair row is split: workspace and the combine kernel
+};
+
+/// One array to upload: host bytes.
+struct HostArray {
+    const void* data;
+    size_t bytes;
+};
 
 struct AttentionPlan {
     std::string path, spec_hash;
-    bool block = true;  // kind: block-wise (else row-wise)
+    KernelKind kind = KernelKind::kBlock;
     int tile = 0, tile_rows = 0, seq_len = 0;
+    int num_heads = 1;  // the mask format's heads (1 = shared)
+    // block- and row-wise
     bool permuted = false;
     int fmt_head_stride = 0;
     std::vector<int32_t> row_ptr, col_idx, part_idx, gather_keys, q_perm, row_orders;
-    std::vector<uint64_t> bitmaps;
+    std::vector<uint64_t> bitmaps;  // every kind
+    WsTables ws;                    // kind ws only
 
     /// Tile rows a run of `seq_len` covers (all of them for a permuted plan).
     int rows_for(int64_t seq_len) const {
@@ -31,7 +54,15 @@ struct AttentionPlan {
     }
     /// Offset of the order for `rows` rows inside row_orders.
     size_t order_offset(int rows) const { return static_cast<size_t>(rows) * (rows - 1) / 2; }
+    /// The arrays the kernel reads on the device, in upload order: block/row kPlan*,
+    /// ws kWs* below.
+    std::vector<HostArray> device_arrays() const;
 };
+
+/// Upload order of a block- or row-wise plan's arrays.
+enum : int { kPlanRowPtr, kPlanColIdx, kPlanPartIdx, kPlanBitmaps, kPlanGatherKeys, kPlanQPerm, kPlanOrders };
+/// Upload order of a ws plan's arrays.
+enum : int { kWsEntryKey, kWsEntryPart, kWsBitmaps, kWsItems, kWsOrders, kWsCombine };
 
 /// The scalar part of one attention launch, computed from the run's shapes exactly as
 /// stofc/runtime/attention.py (AttentionOp.bind) computes it for contiguous
@@ -62,6 +93,31 @@ struct AttentionLaunchScalars {
     float softcap = 0.0f;
 };
 AttentionLaunchScalars attention_scalars(const AttentionPlan& plan, const AttentionLaunchShape& shape);
+
+/// One rank-4 TMA tensor map of a [B, S, heads, D] view of 16-bit elements, as
+/// stofc/runtime/attention_ws.py (WsLaunchData._map) encodes it: dims innermost first
+/// (D, heads, S, B), byte strides of dims 1..3 (head, seq, batch), box (64, 1, 64, 1).
+struct TensorMapShape {
+    uint64_t dims[4] = {0, 0, 0, 0};
+    uint64_t strides[3] = {0, 0, 0};
+    uint32_t box[4] = {0, 0, 0, 0};
+    long long offset = 0;  // elements from q's data to the view's first element (packed k, v)
+};
+
+/// The ws launches' scalars beyond attention_scalars' (WsLaunchData.bind): the work items
+/// of the run's pair rows, the grids, head strides, tensor maps and workspace.
+struct WsLaunchScalars {
+    int pairs = 0;             // pair rows the run covers: min(pairs, ceil(S / 128))
+    int64_t order_offset = 0;  // elements into each head's orders: order_ptr[pairs - 1]
+    int64_t items = 0;         // items per head launched: items_upto[pairs]
+    int64_t grid = 0;          // H * B * items
+    int64_t combine_grid = 0;  // H * B * n_split (0 when no row is split)
+    int items_head_stride = 0, order_head_stride = 0, combine_head_stride = 0, slots = 0;
+    TensorMapShape q, k, v;
+    size_t part_o_bytes = 0, part_ml_bytes = 0;  // float32 workspace (0 when no row is split)
+};
+WsLaunchScalars ws_scalars(const AttentionPlan& plan, const AttentionLaunchShape& shape,
+                           const AttentionLaunchScalars& base);
 
 /// Reads and validates `path` (thrown OpError names the file and the defect).
 std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path);

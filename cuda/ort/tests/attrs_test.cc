@@ -8,8 +8,8 @@
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
-//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed: the
-//   attention launch's scalars), variants (the base's attributes + variant_*, optional
+//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed, Hkv: the
+//   attention launch's scalars; for a ws plan its work items, grids and tensor maps), variants (the base's attributes + variant_*, optional
 //   B, S, tile: the selected variant), lt_algo (lt_algo_m, lt_algo_rank, M).
 #include <cstdint>
 #include <iostream>
@@ -65,7 +65,7 @@ std::string run(const std::string& parser, const MapSource& a) {
     if (parser == "attention") {
         const AttentionLaunch l = parse_attention_launch(a);
         out << "file=" << l.kernel.file << " entry=" << l.kernel.entry << " plan=" << l.plan_file
-            << " block=" << l.variant.block << " bf16=" << l.variant.bf16 << " bias=" << l.variant.has_bias
+            << " kind=" << kind_name(l.variant.kind) << " bf16=" << l.variant.bf16 << " bias=" << l.variant.has_bias
             << " keybits=" << l.variant.has_key_bits << " threads=" << l.block_threads
             << " per_row=" << l.blocks_per_tile_row << " smem=" << l.smem_bytes;
     } else if (parser == "variants") {  // the base's attributes plus variant_*; then B, S, tile: the pick
@@ -74,7 +74,7 @@ std::string run(const std::string& parser, const MapSource& a) {
         out << "n=" << vs.size();
         for (const auto& l : vs)
             out << " [" << l.label << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " plan=" << l.plan_file
-                << " block=" << l.variant.block << " threads=" << l.block_threads << " per_row=" << l.blocks_per_tile_row
+                << " kind=" << kind_name(l.variant.kind) << " threads=" << l.block_threads << " per_row=" << l.blocks_per_tile_row
                 << " smem=" << l.smem_bytes << " max_seq=" << l.max_seq_len << " max_rows=" << l.max_batch_rows << "]";
         if (a.ints.count("S")) out << " pick=" << select_attention_variant(vs, a.i("B"), a.i("S"), a.i("tile"));
     } else if (parser == "lt_algo") {  // lt_algo_m, lt_algo_rank; then M: its rank
@@ -97,12 +97,19 @@ std::string run(const std::string& parser, const MapSource& a) {
         out << "tag=" << parse_epilogue_tag(a.s("tag")).str();
     } else if (parser == "entry") {
         const AttentionVariant v = parse_attention_entry(a.s("entry"));
-        out << "block=" << v.block << " bf16=" << v.bf16 << " bias=" << v.has_bias << " keybits=" << v.has_key_bits;
+        out << "kind=" << kind_name(v.kind) << " d=" << v.head_dim << " bf16=" << v.bf16 << " bias=" << v.has_bias
+            << " keybits=" << v.has_key_bits << " softcap=" << v.softcap;
     } else if (parser == "plan") {
         try {
             const auto p = load_attention_plan(a.s("path"));
-            out << "block=" << p->block << " tile=" << p->tile << " rows=" << p->tile_rows << " permuted=" << p->permuted
-                << " walked=" << p->col_idx.size() - 1 << " orders=" << p->row_orders.size();
+            out << "kind=" << kind_name(p->kind) << " tile=" << p->tile << " rows=" << p->tile_rows
+                << " heads=" << p->num_heads;
+            if (p->kind == KernelKind::kWs)
+                out << " pairs=" << p->ws.pairs << " slots=" << p->ws.slots << " items=" << p->ws.n_items
+                    << " split=" << p->ws.split << " splits=" << p->ws.splits << " entries=" << p->ws.entry_key.size() - 1;
+            else
+                out << " permuted=" << p->permuted << " walked=" << p->col_idx.size() - 1
+                    << " orders=" << p->row_orders.size();
         } catch (const OpError& e) {
             throw AttrError(e.what());
         }
@@ -125,7 +132,27 @@ std::string run(const std::string& parser, const MapSource& a) {
         s.blocks_per_tile_row = a.i("per_row");
         s.scale = static_cast<float>(a.i("scale_milli")) / 1000.0f;
         s.packed = a.i("packed") != 0;
+        s.Hkv = a.i("Hkv");
         const AttentionLaunchScalars c = attention_scalars(*p, s);
+        if (p->kind == KernelKind::kWs) {  // the ws launches' scalars and tensor maps
+            const WsLaunchScalars w = ws_scalars(*p, s, c);
+            out << "pairs=" << w.pairs << " order_offset=" << w.order_offset << " items=" << w.items
+                << " grid=" << w.grid << " combine_grid=" << w.combine_grid << " items_head_stride=" << w.items_head_stride
+                << " order_head_stride=" << w.order_head_stride << " combine_head_stride=" << w.combine_head_stride
+                << " slots=" << w.slots << " part_o_bytes=" << w.part_o_bytes << " part_ml_bytes=" << w.part_ml_bytes;
+            const char* names[] = {"q", "k", "v"};
+            const TensorMapShape* maps[] = {&w.q, &w.k, &w.v};
+            for (int m = 0; m < 3; ++m) {
+                const TensorMapShape& t = *maps[m];
+                out << " " << names[m] << "_dims=" << t.dims[0] << "," << t.dims[1] << "," << t.dims[2] << "," << t.dims[3]
+                    << " " << names[m] << "_strides=" << t.strides[0] << "," << t.strides[1] << "," << t.strides[2] << " "
+                    << names[m] << "_box=" << t.box[0] << "," << t.box[1] << "," << t.box[2] << "," << t.box[3] << " "
+                    << names[m] << "_offset=" << t.offset;
+            }
+            out << " o_sb=" << c.o_sb << " o_ss=" << c.o_ss << " o_sh=" << c.o_sh << " key_words=" << c.key_words
+                << " kv_group=" << c.kv_group;
+            return out.str();
+        }
         out << "rows=" << c.rows << " grid=" << c.grid << " order_offset=" << c.order_offset << " q_sb=" << c.q_sb
             << " q_ss=" << c.q_ss << " q_sh=" << c.q_sh << " permuted=" << c.permuted
             << " fmt_head_stride=" << c.fmt_head_stride << " key_words=" << c.key_words << " bias_sb=" << c.bias_sb

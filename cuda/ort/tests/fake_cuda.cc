@@ -7,10 +7,15 @@
 // JSON line to $STOFC_FAKE_CUDA_LOG, with the decoded kernel arguments:
 //   stofc_key_prep   is executed on the host (key_prep.cu, one thread per block);
 //   stofc_attn_*     arguments by the ABI table (attention_abi.h), plus the kv_len and
-//                    key-bit words it points at;
+//                    key-bit words it points at; the warp-specialised kernel's by its own
+//                    table, each tensor map decoded (see below), and its `_combine` kernel's;
 //   stofc_add_norm_* (x, bias, residual, gamma, beta, out, pre_norm, M, N, eps);
 // host-to-device copies with their bytes (hex), cuBLASLt descriptors, layouts,
 // heuristic requests and matmuls (with the algorithm id of the heuristic result used).
+// cuTensorMapEncodeTiled logs its arguments and writes them into the 128-byte map
+// (FakeTensorMap below) instead of a real descriptor, so a launch's map parameters decode
+// back to what was encoded, and Python's stofc.runtime.tensor_map, pointed at this
+// library, produces the same bytes for the same arguments.
 // Nothing here computes attention or a GEMM: the tests compare launches.
 #include <cuda.h>
 
@@ -50,11 +55,53 @@ static int atomicMax(int* p, int v) {
 
 namespace {
 
-enum AbiIndex {
+enum AbiIndex : int {
 #define STOFC_FAKE_INDEX(n, type) kIdx_##n,
     STOFC_ATTENTION_ABI(STOFC_FAKE_INDEX)
 #undef STOFC_FAKE_INDEX
 };
+enum WsAbiIndex : int {
+#define STOFC_FAKE_INDEX(n, type) kWsIdx_##n,
+    STOFC_ATTENTION_WS_ABI(STOFC_FAKE_INDEX)
+#undef STOFC_FAKE_INDEX
+};
+
+/// What the fake cuTensorMapEncodeTiled writes into a CUtensorMap: its arguments.
+struct FakeTensorMap {
+    uint32_t tag;  // kFakeMapTag
+    uint32_t dtype, rank, interleave, swizzle, l2, oob, pad;
+    uint64_t address;
+    uint64_t dims[4];
+    uint64_t strides[3];
+    uint32_t box[4];
+    uint32_t element_strides[4];
+};
+static_assert(sizeof(FakeTensorMap) == 128, "one CUtensorMap");
+constexpr uint32_t kFakeMapTag = 0x50414d54;  // "TMAP"
+
+template <typename T>
+std::string json_list(const T* v, int n) {
+    std::ostringstream s;
+    s << "[";
+    for (int i = 0; i < n; ++i) s << (i ? ", " : "") << v[i];
+    return s.str() + "]";
+}
+
+std::string map_json(const FakeTensorMap& m) {
+    std::ostringstream s;
+    s << "{\"tag\": " << (m.tag == kFakeMapTag ? 1 : 0) << ", \"dtype\": " << m.dtype << ", \"rank\": " << m.rank
+      << ", \"address\": " << m.address << ", \"dims\": " << json_list(m.dims, 4)
+      << ", \"strides\": " << json_list(m.strides, 3) << ", \"box\": " << json_list(m.box, 4)
+      << ", \"element_strides\": " << json_list(m.element_strides, 4) << ", \"interleave\": " << m.interleave
+      << ", \"swizzle\": " << m.swizzle << ", \"l2\": " << m.l2 << ", \"oob\": " << m.oob << "}";
+    return s.str();
+}
+
+std::string map_value(const void* arg) {
+    FakeTensorMap m;
+    std::memcpy(&m, arg, sizeof m);
+    return map_json(m);
+}
 
 std::mutex mu;
 std::map<CUfunction, std::string> functions;
@@ -185,15 +232,29 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     s << sep << "\"" #n "\": " << (std::string(#type) == "ptr" ? ptr_value(args[i])                           \
                                    : std::string(#type) == "i64" ? value<long long>(args[i])                  \
                                    : std::string(#type) == "i32" ? value<int>(args[i])                        \
+                                   : std::string(#type) == "map" ? map_value(args[i])                         \
                                                                   : value<float>(args[i]));                   \
     sep = ", ";                                                                                               \
     ++i;
-        STOFC_ATTENTION_ABI(STOFC_FAKE_ARG)
+        const bool ws = name.rfind("stofc_attn_ws_", 0) == 0;
+        const bool combine = ws && name.size() > 8 && name.compare(name.size() - 8, 8, "_combine") == 0;
+        if (combine) {
+            STOFC_ATTENTION_WS_COMBINE_ABI(STOFC_FAKE_ARG)
+            s << "}}";
+            emit(s.str());
+            return CUDA_SUCCESS;
+        }
+        if (ws) {
+            STOFC_ATTENTION_WS_ABI(STOFC_FAKE_ARG)
+        } else {
+            STOFC_ATTENTION_ABI(STOFC_FAKE_ARG)
+        }
 #undef STOFC_FAKE_ARG
         // what the kernel would read: kv_len [B] and key_bits [B * key_words]
-        const int B = get<int>(args, kIdx_B), key_words = get<int>(args, kIdx_key_words);
-        const int* kv = get<const int*>(args, kIdx_kv_len);
-        const unsigned long long* words = get<const unsigned long long*>(args, kIdx_key_bits);
+        const int B = get<int>(args, ws ? int{kWsIdx_B} : int{kIdx_B});
+        const int key_words = get<int>(args, ws ? int{kWsIdx_key_words} : int{kIdx_key_words});
+        const int* kv = get<const int*>(args, ws ? int{kWsIdx_kv_len} : int{kIdx_kv_len});
+        const unsigned long long* words = get<const unsigned long long*>(args, ws ? int{kWsIdx_key_bits} : int{kIdx_key_bits});
         s << ", \"kv_len_values\": [";
         for (int b = 0; b < B; ++b) s << (b ? ", " : "") << kv[b];
         s << "], \"key_bits_values\": [";
@@ -207,6 +268,31 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     }
     s << "}}";
     emit(s.str());
+    return CUDA_SUCCESS;
+}
+
+CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,
+                                const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+    if (rank != 4) return CUDA_ERROR_INVALID_VALUE;  // the fake encodes what the ws kernel uses
+    FakeTensorMap m{};
+    m.tag = kFakeMapTag;
+    m.dtype = static_cast<uint32_t>(dtype);
+    m.rank = rank;
+    m.interleave = static_cast<uint32_t>(interleave);
+    m.swizzle = static_cast<uint32_t>(swizzle);
+    m.l2 = static_cast<uint32_t>(l2);
+    m.oob = static_cast<uint32_t>(oob);
+    m.address = reinterpret_cast<uintptr_t>(address);
+    for (int i = 0; i < 4; ++i) {
+        m.dims[i] = dims[i];
+        m.box[i] = box[i];
+        m.element_strides[i] = element_strides[i];
+    }
+    for (int i = 0; i < 3; ++i) m.strides[i] = strides[i];
+    std::memcpy(static_cast<void*>(map), &m, sizeof m);
+    emit("{\"call\": \"tensor_map\", \"map\": " + map_json(m) + "}");
     return CUDA_SUCCESS;
 }
 
