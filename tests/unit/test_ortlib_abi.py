@@ -28,21 +28,26 @@ ABI_HEADER = ROOT / "cuda" / "ort" / "attention_abi.h"
 OPS = ROOT / "cuda" / "ort" / "OPS.md"
 
 
-def abi_table() -> list[tuple[str, str]]:
+def abi_table(macro: str = "STOFC_ATTENTION_ABI") -> list[tuple[str, str]]:
+    """The rows of one X-macro table of attention_abi.h: (name, type)."""
     text = ABI_HEADER.read_text()
-    body = text[text.index("#define STOFC_ATTENTION_ABI(X)"):text.index("namespace stofc_ort")]
-    return re.findall(r"X\((\w+), (ptr|i64|i32|f32)\)", body)
+    body = text[text.index(f"#define {macro}(X)"):]
+    body = body[:body.index("\n\n")]                  # a table ends at the first blank line
+    return re.findall(r"X\((\w+), (ptr|i64|i32|f32|map)\)", body)
 
 
-def template_params(name: str) -> list[tuple[str, str]]:
+def template_params(name: str, entry: str = "{{ kernel_name }}") -> list[tuple[str, str]]:
+    """(name, type) of each parameter of ``entry`` in the template ``name`` (a TmaDesc
+    by value is ``map``)."""
     text = (ROOT / "templates" / "attention" / name).read_text()
-    sig = text[text.index("{{ kernel_name }}(") + len("{{ kernel_name }}("):]
+    sig = text[text.index(f"{entry}(") + len(f"{entry}("):]
     sig = re.sub(r"//[^\n]*", "", sig[:sig.index(") {")])
     out = []
     for param in (p.strip() for p in sig.split(",")):
         pname = re.findall(r"(\w+)$", param)[0]
-        kind = ("ptr" if "*" in param else "i64" if "long long" in param
-                else "f32" if param.startswith("float") else "i32" if param.startswith("int") else "?")
+        kind = ("map" if "TmaDesc" in param and "*" not in param else "ptr" if "*" in param
+                else "i64" if "long long" in param else "f32" if param.startswith("float")
+                else "i32" if param.startswith("int") else "?")
         out.append((pname, kind))
     return out
 
@@ -58,6 +63,7 @@ def test_abi_table_matches_both_templates():
 def test_abi_table_is_documented_in_ops_md():
     text = OPS.read_text()
     section = text[text.index("### Kernel argument list"):]
+    section = section[:section.index("\n### ", 4)]
     rows = re.findall(r"^\| (\d+) \| `(\w+)` \| (ptr|i64|i32|f32) \|", section, re.M)
     assert [(n, t) for _, n, t in rows] == abi_table()
     assert [int(i) for i, _, _ in rows] == list(range(len(rows)))

@@ -21,7 +21,7 @@ from stofc.kernels.attention import AttentionConfig
 from stofc.kernels.epilogue import Epilogue
 from stofc.masks import encode
 from stofc.package.cuda_launch import KERNEL_ABI, norm_epilogue, split_fused_gemm
-from stofc.package.maskbin import attention_launch_data, encode_attention_plan
+from stofc.package.maskbin import PLAN_HEADER_BYTES, attention_launch_data, encode_attention_plan
 from stofc.package.ort_headers import find_ort_headers
 from stofc.package.ortlib import cuda_include_dir, sources_dir
 
@@ -77,11 +77,11 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
 def test_valid_attention_attributes_parse(driver):
     (line,) = ask(driver, ("attention", ATTN_OK))
     assert line == (f"OK file=kernels/a.sm_90.cubin entry={ENTRY} plan=masks/m.block.plan.bin "
-                    "block=1 bf16=0 bias=0 keybits=1 threads=128 per_row=1 smem=55296")
+                    "kind=block bf16=0 bias=0 keybits=1 threads=128 per_row=1 smem=55296")
     row = dict(ATTN_OK, kernel="k.cubin:stofc_attn_row_bf16_d64_t64_w4_m2_s1_q1_o1_b1_k0",
                blocks_per_tile_row=8, smem_bytes=0)
     (line,) = ask(driver, ("attention", row))
-    assert "block=0 bf16=1 bias=1 keybits=0" in line and "per_row=8" in line
+    assert "kind=row bf16=1 bias=1 keybits=0" in line and "per_row=8" in line
 
 
 BAD_ATTENTION = [
@@ -174,7 +174,7 @@ def test_launch_plan_reader_accepts_plans_and_rejects_damage(driver, tmp_path):
     good = encode_attention_plan(data)
     files = {"good": good, "truncated": good[:-8], "magic": b"X" + good[1:]}
     damaged = bytearray(good)
-    first_key = 128 + 8 * -(-data.row_ptr.nbytes // 8)          # col_idx[0]
+    first_key = PLAN_HEADER_BYTES + 8 * -(-data.row_ptr.nbytes // 8)   # col_idx[0]
     damaged[first_key:first_key + 4] = np.int32(-10_000).tobytes()
     files["key"] = bytes(damaged)
     paths = {}
@@ -184,7 +184,7 @@ def test_launch_plan_reader_accepts_plans_and_rejects_damage(driver, tmp_path):
     out = dict(zip(files, ask(driver, *(("plan", {"path": str(p)}) for p in paths.values())),
                    strict=True))
     walked = data.col_idx.size - 1
-    assert out["good"] == (f"OK block=1 tile=64 rows={fmt.tile_rows} permuted=1 walked={walked} "
+    assert out["good"] == (f"OK kind=block tile=64 rows={fmt.tile_rows} heads=1 permuted=1 walked={walked} "
                            f"orders={fmt.tile_rows * (fmt.tile_rows + 1) // 2}")
     assert out["truncated"].startswith("ERR ") and "is corrupt" in out["truncated"]
     assert out["magic"].startswith("ERR ") and "bad magic" in out["magic"]

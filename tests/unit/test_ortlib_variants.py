@@ -214,9 +214,9 @@ def ask_variants(driver, attrs: dict, **run) -> str:  # noqa: F811
 def test_variant_attributes_parse_in_order(driver):  # noqa: F811
     line = ask_variants(driver, TWO_VARIANTS)
     assert line == (
-        f"OK n=2 ['variant_kernels[0]' file=v0.cubin entry={ROW_ENTRY} plan=r.plan.bin block=0 "
+        f"OK n=2 ['variant_kernels[0]' file=v0.cubin entry={ROW_ENTRY} plan=r.plan.bin kind=row "
         "threads=128 per_row=32 smem=0 max_seq=128 max_rows=0] "
-        f"['variant_kernels[1]' file=v1.cubin entry={BLOCK_ENTRY} plan=a.plan.bin block=1 "
+        f"['variant_kernels[1]' file=v1.cubin entry={BLOCK_ENTRY} plan=a.plan.bin kind=block "
         "threads=64 per_row=2 smem=30000 max_seq=0 max_rows=4]")
     assert ask_variants(driver, {}) == "OK n=0"                       # absent: no variants
 
