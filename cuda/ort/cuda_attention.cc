@@ -105,6 +105,12 @@ struct SparseAttentionCuda {
         variant_launches = checked_attrs([&] { return parse_attention_variants(src, base.launch); });
         std::vector<std::pair<std::string, std::shared_ptr<PlanSlot>>> slots;  // by resolved path
         const auto bind = [&](LaunchUnit& u, int index) {
+            const int64_t d = u.launch.variant.head_dim;  // the kernel's, from its entry name
+            if (d && d != attrs.head_dim)
+                throw OpError("attribute " + u.launch.label + " names " + u.launch.kernel.entry +
+                                  ", compiled for head_dim " + std::to_string(d) + ", but the node's head_dim is " +
+                                  std::to_string(attrs.head_dim) + "; rewrite the package",
+                              ORT_INVALID_GRAPH);
             naming(variant_attr("variant_launch_plans", index), [&] {
                 const std::string path = resolve_package_path(dir, u.launch.plan_file);
                 for (auto& s : slots)
@@ -130,17 +136,10 @@ struct SparseAttentionCuda {
         }
     }
 
-    /// The plan must be built for the node's mask and the launch's kernel kind; the kernel
-    /// for the node's head_dim.
+    /// The plan must be built for the node's mask and the launch's kernel kind.
     void check_plan(const LaunchUnit& u, int index) const {
         const MaskData& m = *attrs.mask;
         const AttentionPlan& p = *u.slot->plan;
-        const int64_t d = u.launch.variant.head_dim;
-        if (d && d != attrs.head_dim)
-            throw OpError(u.launch.label + " names " + u.launch.kernel.entry + ", compiled for head_dim " +
-                              std::to_string(d) + ", but the node's head_dim is " + std::to_string(attrs.head_dim) +
-                              "; rewrite the package",
-                          ORT_INVALID_GRAPH);
         if (p.tile != m.tile || p.seq_len != m.seq_len || p.tile_rows != m.tile_rows ||
             p.num_heads != m.num_heads || m.spec_hash.compare(0, 32, p.spec_hash) != 0)
             throw OpError("launch plan '" + p.path + "' was not built for mask file '" + m.path +

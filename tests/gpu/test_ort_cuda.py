@@ -30,10 +30,11 @@ if "CUDAExecutionProvider" not in ort.get_available_providers():
     pytest.skip("onnxruntime has no CUDAExecutionProvider", allow_module_level=True)
 
 from stofc.compile import compile_source  # noqa: E402
-from stofc.kernels.attention import AttentionConfig, KernelSpec, compile_kernel, smem_bytes  # noqa: E402
+from stofc.kernels.attention import AttentionConfig, KernelSpec, compile_kernel  # noqa: E402
 from stofc.masks import encode  # noqa: E402
 from stofc.package.cuda_launch import (  # noqa: E402
     KERNEL_ABI,
+    attention_launch_numbers,
     epilogue_source,
     launch_attributes,
     norm_epilogue,
@@ -102,26 +103,33 @@ H, D = 4, 64
 
 
 def attention_model(pkg: Path, arch: str, spec: str, L: int, config: AttentionConfig, *,
-                    kpm: bool, bias: bool, **override) -> onnx.ModelProto:
+                    kpm: bool, bias: bool, kv_heads: int = H, packed: bool = False,
+                    **override) -> onnx.ModelProto:
     fmt = encode(spec, L)
     write_mask_binary(fmt, pkg / "mask.bin")
     write_attention_plan(attention_launch_data(fmt, config), pkg / "attn.plan.bin")
     kspec = KernelSpec(config, "float16", D, has_bias=bias, has_key_bits=kpm)
     (pkg / "kernels").mkdir(exist_ok=True)
     rel = f"kernels/{kspec.name}.{arch}.cubin"
-    (pkg / rel).write_bytes(compile_kernel(kspec, arch).binary)
-    per_row = config.q_split if config.kind == "block" else config.tile // config.rows_per_block
+    (pkg / rel).write_bytes(compile_kernel(kspec, arch).binary)   # ws / wgmma: built for sm_90a
+    threads, per_row, smem = attention_launch_numbers(config, D)
     attrs = dict(num_heads=H, head_dim=D, mask_file="mask.bin", kernel=f"{rel}:{kspec.name}",
-                 kernel_abi=KERNEL_ABI, launch_plan="attn.plan.bin", block_threads=config.threads,
-                 blocks_per_tile_row=per_row,
-                 smem_bytes=smem_bytes(config, D) if config.kind == "block" else 0)
+                 kernel_abi=KERNEL_ABI, launch_plan="attn.plan.bin", block_threads=threads,
+                 blocks_per_tile_row=per_row, smem_bytes=smem)
+    if kv_heads != H:
+        attrs["kv_num_heads"] = kv_heads
     attrs.update(override)
     attrs = {k: v for k, v in attrs.items() if v is not None}
-    names = ["q", "k", "v", "kpm" if kpm else "", "bias" if bias else ""]
+    names = ["qkv", "", ""] if packed else ["q", "k", "v"]
+    names += ["kpm" if kpm else "", "bias" if bias else ""]
     while names[-1] == "":
         names.pop()
     node = helper.make_node("SparseAttention", names, ["out"], domain="ai.stofc", **attrs)
-    inputs = [helper.make_tensor_value_info(n, F16, ["B", "S", H * D]) for n in ("q", "k", "v")]
+    if packed:
+        inputs = [helper.make_tensor_value_info("qkv", F16, ["B", "S", (H + 2 * kv_heads) * D])]
+    else:
+        inputs = [helper.make_tensor_value_info(n, F16, ["B", "S", h * D])
+                  for n, h in (("q", H), ("k", kv_heads), ("v", kv_heads))]
     if kpm:
         inputs.append(helper.make_tensor_value_info("kpm", TensorProto.INT64, ["B", "S"]))
     if bias:
@@ -129,8 +137,12 @@ def attention_model(pkg: Path, arch: str, spec: str, L: int, config: AttentionCo
     return make_model(node, inputs, [helper.make_tensor_value_info("out", F16, ["B", "S", H * D])])
 
 
-def attention_feeds(rng, B: int, S: int, kpm: bool, bias: bool) -> dict:
-    feeds = {n: rng.standard_normal((B, S, H * D)).astype(np.float16) for n in ("q", "k", "v")}
+def attention_feeds(rng, B: int, S: int, kpm: bool, bias: bool, *, kv_heads: int = H,
+                    packed: bool = False) -> dict:
+    feeds = {n: rng.standard_normal((B, S, h * D)).astype(np.float16)
+             for n, h in (("q", H), ("k", kv_heads), ("v", kv_heads))}
+    if packed:
+        feeds = {"qkv": np.concatenate([feeds["q"], feeds["k"], feeds["v"]], axis=-1)}
     if kpm:
         mask = np.ones((B, S), np.int64)
         mask[1:, S - S // 3:] = 0          # right padding
@@ -184,6 +196,73 @@ def test_sparse_attention_cuda_graph_capture(tmp_path, lib, arch):
         io.bind_ortvalue_input(n, v)
     io.bind_ortvalue_output("out", out)
     for step in range(4):             # plain run(s), capture, then replays on new data
+        if step:
+            feeds = attention_feeds(rng, 2, L, True, False)
+            for n, a in feeds.items():
+                inputs[n].update_inplace(a)
+        cuda.run_with_iobinding(io)
+        got = out.numpy().astype(np.float32)
+        want = cpu.run(None, feeds)[0].astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=f"step {step}")
+
+
+# ---------------------------------------------------------------- the warp-specialised kernel
+
+
+@pytest.fixture(scope="module")
+def hopper(arch) -> str:
+    if arch != "sm_90":
+        pytest.skip(f"the warp-specialised kernel is Hopper-only (sm_90a); this GPU is {arch}")
+    return arch
+
+
+def ws_config(**kw) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 12, kw.pop("stages", 2), 1, mma="wgmma", **kw)
+
+
+WS = [  # mask, L_max, config: split rows + combine, two tiles per step, no ping-pong
+    ("longformer:window=64,global=16", 1024, ws_config(split=8)),
+    ("causal", 512, ws_config(stages=4, kstep=2)),
+    ("bigbird:block=64,window=3,global=1,random=2,seed=0", 768,
+     ws_config(stages=3, pingpong=False, split=8)),
+]
+
+
+@pytest.mark.parametrize("spec,L,config", WS, ids=[c.describe() for _, _, c in WS])
+@pytest.mark.parametrize("kpm,bias,kv_heads,packed", [
+    (False, False, H, False), (True, True, H, False), (True, False, 2, False),
+    (False, False, 1, True), (True, False, H, True)],
+    ids=["plain", "kpm+bias", "gqa+kpm", "mqa-packed", "packed+kpm"])
+def test_ws_attention_cuda_matches_cpu_twin(tmp_path, lib, hopper, spec, L, config, kpm, bias,
+                                            kv_heads, packed):
+    model = attention_model(tmp_path, hopper, spec, L, config, kpm=kpm, bias=bias,
+                            kv_heads=kv_heads, packed=packed)
+    cuda, cpu = sessions(model, tmp_path, lib)
+    rng = np.random.default_rng(5)
+    for B, S in ((1, L), (3, L - 37), (2, 70), (1, 129)):
+        feeds = attention_feeds(rng, B, S, kpm, bias, kv_heads=kv_heads, packed=packed)
+        got = cuda.run(None, feeds)[0].astype(np.float32)
+        want = cpu.run(None, feeds)[0].astype(np.float32)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=f"B={B} S={S}")
+        again = cuda.run(None, feeds)[0].astype(np.float32)
+        assert np.array_equal(got, again)                   # maps cached, runs repeat
+
+
+def test_ws_attention_cuda_graph_capture(tmp_path, lib, hopper):
+    """Split rows (main + combine kernels, workspace from ORT scratch) under graph capture."""
+    spec, L, config = WS[0]
+    model = attention_model(tmp_path, hopper, spec, L, config, kpm=True, bias=False)
+    cuda, cpu = sessions(model, tmp_path, lib, enable_cuda_graph="1")
+    rng = np.random.default_rng(6)
+    feeds = attention_feeds(rng, 2, L, True, False)
+    inputs = {n: ort.OrtValue.ortvalue_from_numpy(a, "cuda", 0) for n, a in feeds.items()}
+    out = ort.OrtValue.ortvalue_from_shape_and_type([2, L, H * D], np.float16, "cuda", 0)
+    io = cuda.io_binding()
+    for n, v in inputs.items():
+        io.bind_ortvalue_input(n, v)
+    io.bind_ortvalue_output("out", out)
+    for step in range(4):
         if step:
             feeds = attention_feeds(rng, 2, L, True, False)
             for n, a in feeds.items():
@@ -340,3 +419,31 @@ def test_package_on_cuda_matches_cpu_and_original(tmp_path, example, mask, dtype
     cuda.run_with_iobinding(io)
     bound = io.copy_outputs_to_cpu()
     assert all(np.array_equal(a, b) for a, b in zip(got, bound, strict=True))
+
+
+@pytest.mark.parametrize("dtype,config", [
+    ("bf16", ws_config(stages=3, split=8)), ("fp16", ws_config(stages=4, kstep=2, split=8))],
+    ids=["bf16-split", "fp16-kstep2-split"])
+def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
+                                                 config):
+    """A package whose attention is the warp-specialised kernel (head_dim 128, forced through
+    the plan as the tuner would) verifies on the CUDA EP against the original model."""
+    from stofc.package.load import read_plan
+    from stofc.package.verify import verify_package
+    from stofc.pipeline import Instruments, compile_model, recompile_package
+    from stofc.targets import detect
+    from tests.unit.test_ortlib_package import with_attention_config
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from build_model import build_model
+    model = tmp_path_factory.mktemp("ws_model") / "model.onnx"
+    onnx.save(build_model(layers=2, hidden=256, heads=2, seq=1024), str(model))
+    quiet = Instruments(progress=False)
+    pkg = compile_model(model, "longformer:window=64,global=16", gpu=detect().name, dtype=dtype,
+                        max_seq_len=1024, out_dir=tmp_path / "pkg", instruments=quiet)
+    recompile_package(pkg, with_attention_config(read_plan(pkg), config), instruments=quiet)
+    doc = json.loads((pkg / "plan.json").read_text())
+    assert {a["config"]["kind"] for a in doc["attention"]} == {"ws"}
+    report = verify_package(pkg, model=model, provider="cuda",
+                            cases=[(1, 1024), (3, 500), (2, 129)])
+    assert report.passed, report.to_dict()

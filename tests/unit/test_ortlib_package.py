@@ -23,11 +23,19 @@ from onnx import helper
 
 from stofc.kernels.attention import AttentionConfig
 from stofc.masks import load as load_format
-from stofc.package.cuda_launch import KERNEL_ABI, norm_epilogue, split_fused_gemm
+from stofc.package.cuda_launch import (
+    KERNEL_ABI,
+    attention_launch_numbers,
+    attention_plan_name,
+    norm_epilogue,
+    split_fused_gemm,
+)
 from stofc.package.load import read_plan
 from stofc.package.manifest import read_manifest
+from stofc.package.maskbin import _PLAN_ARRAYS as PLAN_ARRAYS
 from stofc.package.maskbin import attention_launch_data, read_attention_plan
 from stofc.package.verify import verify_package
+from stofc.package.ws_launch import WS_ARRAYS
 from stofc.pipeline import Instruments, compile_model, recompile_package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +67,26 @@ def attrs(node: onnx.NodeProto) -> dict:
     return out
 
 
+def fmt_head_dim(model: onnx.ModelProto, node: onnx.NodeProto) -> int:
+    return attrs(node)["head_dim"]
+
+
+def with_attention_config(plan, config):
+    """``plan`` with every attention segment naming ``config``: the tuned-plan path
+    (``recompile_package`` keeps a config its plan names) forces the kernel."""
+    layers = []
+    for lp in plan.layers:
+        segs = []
+        for seg in lp.segments:
+            if seg.family == "attention":
+                params = dict(seg.kernel.params)
+                params.update({k: getattr(config, k) for k in AttentionConfig.__dataclass_fields__})
+                seg = replace(seg, kernel=replace(seg.kernel, params=tuple(params.items())))
+            segs.append(seg)
+        layers.append(replace(lp, segments=tuple(segs)))
+    return replace(plan, layers=tuple(layers))
+
+
 def check_cuda_attributes(pkg: Path) -> dict[str, int]:
     """Assert every ai.stofc node's CUDA attributes; returns a count per op type."""
     model = onnx.load(str(pkg / "model.onnx"))
@@ -86,11 +114,16 @@ def check_cuda_attributes(pkg: Path) -> dict[str, int]:
             fmt = load_format(pkg / masks[entry["mask"]]["npz"])
             plan = read_attention_plan(pkg / a["launch_plan"])
             want = attention_launch_data(fmt, cfg)
-            for field in ("row_ptr", "col_idx", "part_idx", "bitmaps", "gather_keys", "q_perm",
-                          "row_orders"):
+            fields = WS_ARRAYS if cfg.kind == "ws" else PLAN_ARRAYS
+            for field, _ in fields:
                 assert np.array_equal(getattr(plan, field), getattr(want, field)), field
-            assert (plan.kind, plan.permuted) == (cfg.kind, cfg.permute)
+            assert plan.kind == cfg.kind and a["launch_plan"] == attention_plan_name(entry["mask"], cfg)
+            if cfg.kind != "ws":
+                assert plan.permuted == cfg.permute
             assert {k: a[k] for k in entry["launch"]} == entry["launch"]
+            assert dict(zip(("block_threads", "blocks_per_tile_row", "smem_bytes"),
+                            attention_launch_numbers(cfg, fmt_head_dim(model, node)),
+                            strict=True)) == entry["launch"]
             assert a["launch_plan"] in hashed
             continue
         if node.op_type == "FusedGemm":
@@ -135,18 +168,7 @@ def test_compiled_package_carries_cuda_launch_attributes(example, tmp_path):
 def test_gathered_and_permuted_attention_plans(example512, tmp_path, config, dtype):
     pkg = compile_model(example512, "dilated:window=96,dilation=2", dtype=dtype, max_seq_len=512,
                         out_dir=tmp_path / "pkg", instruments=QUIET)
-    plan = read_plan(pkg)
-    layers = []
-    for lp in plan.layers:
-        segs = []
-        for seg in lp.segments:
-            if seg.family == "attention":
-                params = dict(seg.kernel.params)
-                params.update({k: getattr(config, k) for k in AttentionConfig.__dataclass_fields__})
-                seg = replace(seg, kernel=replace(seg.kernel, params=tuple(params.items())))
-            segs.append(seg)
-        layers.append(replace(lp, segments=tuple(segs)))
-    recompile_package(pkg, replace(plan, layers=tuple(layers)), instruments=QUIET)
+    recompile_package(pkg, with_attention_config(read_plan(pkg), config), instruments=QUIET)
     assert check_cuda_attributes(pkg)["SparseAttention"] == 1
     plans = list((pkg / "masks").glob("*.plan.bin"))
     assert len(plans) == 1 and read_attention_plan(plans[0]).permuted == config.permute
@@ -178,3 +200,39 @@ def test_other_fusion_schemes_carry_cuda_attributes(example, tmp_path, segments)
     recompile_package(pkg, replace(plan, layers=layers), instruments=QUIET)
     counts = check_cuda_attributes(pkg)
     assert counts["FusedGemm"] >= 8 and counts["AddLayerNorm"] >= 4
+
+
+@pytest.fixture(scope="module")
+def example_d64(tmp_path_factory) -> Path:
+    """head_dim 64 (hidden 128, 2 heads): a size the warp-specialised kernel takes."""
+    path = tmp_path_factory.mktemp("model_d64") / "model.onnx"
+    onnx.save(build_model(layers=2, hidden=128, heads=2, seq=1024), str(path))
+    return path
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_ws_attention_package_runs_on_the_cpu_ep(example_d64, tmp_path, dtype):
+    """A package whose attention is the warp-specialised kernel (forced through the plan, as
+    the tuner would): its plan file, attributes and sm_90a kernel are in the package, and
+    the CPU twins (which ignore the CUDA attributes) compute the model under the mask."""
+    ws = AttentionConfig("ws", 64, 16, 12, 3, 1, mma="wgmma", split=8)
+    pkg = compile_model(example_d64, "longformer:window=64,global=16", dtype=dtype,
+                        max_seq_len=1024, out_dir=tmp_path / "pkg", instruments=QUIET)
+    recompile_package(pkg, with_attention_config(read_plan(pkg), ws), instruments=QUIET)
+    assert check_cuda_attributes(pkg)["SparseAttention"] == 2
+    doc = json.loads((pkg / "plan.json").read_text())
+    assert {a["config"]["kind"] for a in doc["attention"]} == {"ws"}
+    plans = sorted(p.name for p in (pkg / "masks").glob("*.plan.bin"))
+    assert len(plans) == 1 and plans[0].endswith(".ws-split8.plan.bin")
+    assert read_attention_plan(pkg / "masks" / plans[0]).splits      # global rows are split
+    (kernel,) = [k for k in doc["kernels"] if k["name"].startswith("stofc_attn_ws_")]
+    assert kernel["nvrtc_targets"] == {"sm_90": "sm_90a", "compute_90": "compute_90a"}
+    assert kernel["entry_points"] == [kernel["name"], f"{kernel['name']}_combine"]
+    cubin = (pkg / kernel["files"]["sm_90"]).read_bytes()
+    assert cubin[:4] == b"\x7fELF" and f"{kernel['name']}_combine".encode() in cubin
+    model = onnx.load(str(pkg / "model.onnx"))
+    (node, *_) = [n for n in model.graph.node if n.op_type == "SparseAttention"]
+    a = attrs(node)
+    assert a["kernel"] == f"{kernel['files']['sm_90']}:{kernel['name']}"
+    assert (a["block_threads"], a["blocks_per_tile_row"]) == (384, 1) and a["smem_bytes"] > 48 * 1024
+    assert verify_package(pkg, cases=[(2, 300), (1, 1024)]).passed

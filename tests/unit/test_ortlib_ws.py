@@ -12,6 +12,7 @@ workspace sizes as ``WsLaunchData.bind``.
 
 from __future__ import annotations
 
+import itertools
 import re
 import types
 
@@ -77,6 +78,25 @@ def test_ws_tables_are_documented_in_ops_md():
         rows = re.findall(r"^\| (\d+) \| `(\w+)` \| (ptr|i64|i32|f32|map) \|", section, re.M)
         assert [(n, t) for _, n, t in rows] == abi_table(macro), title
         assert [int(i) for i, _, _ in rows] == list(range(len(rows)))
+
+
+PTX_PARAM = {"ptr": ".u64", "i64": ".u64", "i32": ".u32", "f32": ".f32",
+             "map": ".align 64 .b8 [128]"}
+
+
+def test_compiled_entry_points_take_the_tables_types():
+    """What the driver copies per kernel parameter (the PTX .param list NVRTC emits for
+    sm_90a) is what each table row's type packs: 8-byte pointers and i64, 4-byte i32 and
+    f32, and the tensor maps as 128 bytes aligned to 64."""
+    from stofc.kernels.attention import KernelSpec, compile_kernel
+
+    spec = KernelSpec(ws(split=8), "bfloat16", 128, True, True, has_softcap=True)
+    ptx = compile_kernel(spec, "compute_90").binary.decode()
+    for entry, macro in ((spec.name, WS_ABI), (f"{spec.name}_combine", COMBINE_ABI)):
+        params = re.search(rf"\.entry {entry}\((.*?)\)", ptx, re.S).group(1)
+        got = [re.sub(rf"\s+{entry}_param_\d+", " ", p.strip().removeprefix(".param ")).strip()
+               for p in params.split(",")]
+        assert got == [PTX_PARAM[t] for _, t in abi_table(macro)], entry
 
 
 @pytest.fixture
@@ -321,3 +341,43 @@ def test_ws_plan_matches_plan_ws_directly():
     plan, data = plan_ws(fmt, split_tiles=16), attention_launch_data(fmt, ws(split=16))
     assert np.array_equal(data.entry_key, plan.entry_key)
     assert np.array_equal(data.items.reshape(plan.items.shape), plan.items)
+
+
+# ---------------------------------------------------------------- the package's NVRTC builds
+
+
+def _every_ws_variant() -> list:
+    """One KernelSpec per distinct ws source shape of the search space (stages, pingpong,
+    kstep, head_dim: ``split`` changes the plan only), the dtype and the bias / key-bits /
+    soft-capping flags cycling so that each of their 16 combinations is compiled too."""
+    from stofc.kernels.attention import KernelSpec, search_space
+
+    shapes = sorted({(d, c.stages, c.pingpong, c.kstep) for d in (64, 128, 256)
+                     for c in search_space("ws", d, "float16", H100)})
+    flags = itertools.cycle(itertools.product(("float16", "bfloat16"), (False, True),
+                                              (False, True), (False, True)))
+    return [KernelSpec(ws(stages=s, pingpong=pp, kstep=k), dt, d, b, kb, has_softcap=c)
+            for (d, s, pp, k), (dt, b, kb, c) in zip(shapes, flags, strict=False)]
+
+
+@pytest.mark.slow
+def test_package_compiles_every_ws_variant_for_sm_90a():
+    """What a package ships for an H100 (targets sm_90 + compute_90): every ws source shape
+    builds with NVRTC for the arch-specific sm_90a / compute_90a (setmaxnreg, wgmma and the
+    TMA need it), both entry points in the cubin and the PTX."""
+    from stofc.kernels.attention import render_kernel
+    from stofc.package.kernels import compile_all, source_target
+
+    specs = _every_ws_variant()
+    assert len(specs) == 18 and len({(s.dtype, s.has_bias, s.has_key_bits, s.has_softcap)
+                                     for s in specs}) == 16
+    sources = [render_kernel(s) for s in specs]
+    assert {source_target(src, t) for src in sources for t in ("sm_90", "compute_90")} == \
+        {"sm_90a", "compute_90a"}
+    compiled = compile_all(sources, ("sm_90", "compute_90"))
+    for src in sources:
+        cubin, ptx = compiled[(src.name, "sm_90")], compiled[(src.name, "compute_90")]
+        assert (cubin.target, ptx.target) == ("sm_90a", "compute_90a")
+        for entry in src.entry_points:
+            assert entry.encode() in cubin.binary and f".entry {entry}(".encode() in ptx.binary
+        assert b".target sm_90a" in ptx.binary
