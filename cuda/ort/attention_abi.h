@@ -97,7 +97,8 @@
     X(L, i32)                     \
     X(scale, f32)                 \
     X(kv_group, i32)              \
-    X(softcap, f32)
+    X(softcap, f32)               \
+    X(n_work, i32)
 
 #define STOFC_ATTENTION_WS_COMBINE_ABI(X) \
     X(o, ptr)                             \

@@ -96,7 +96,8 @@ struct SparseAttentionCuda {
     std::vector<LaunchUnit> variants;  // attribute order: the first eligible one runs
     std::vector<AttentionLaunch> variant_launches;
     std::mutex mu;
-    std::vector<CUcontext> prepared;  // contexts where every module and plan is ready
+    std::vector<std::pair<CUcontext, int>> prepared;  // contexts where every module and plan is
+                                                      // ready, with their GPU's SM count
     TensorMapCache maps;              // ws launches: q, k, v tensor maps by (address, shape)
 
     SparseAttentionCuda(const OrtKernelInfo* info, const std::string& dir) : attrs(info, dir) {
@@ -198,22 +199,37 @@ struct SparseAttentionCuda {
         return u;
     }
 
+    struct Ready {
+        CUfunction fn;
+        DevicePlan plan;
+        int sm_count;  // the context's GPU's multiprocessors (the ws kernel's persistent grid)
+    };
+
     /// The function and device plan of `unit` in `ctx`. The first run in a context loads
-    /// every launch's module and uploads every plan (not while capturing), so a later run
-    /// that picks another variant, e.g. under CUDA graph capture, needs no first-use work.
-    std::pair<CUfunction, DevicePlan> ready(LaunchUnit& unit, CUcontext ctx, CUstream stream) {
+    /// every launch's module, uploads every plan and asks the device's SM count (not while
+    /// capturing), so a later run that picks another variant, e.g. under CUDA graph capture,
+    /// needs no first-use work.
+    Ready ready(LaunchUnit& unit, CUcontext ctx, CUstream stream) {
         std::lock_guard<std::mutex> lock(mu);
-        if (std::find(prepared.begin(), prepared.end(), ctx) == prepared.end()) {
+        auto at = std::find_if(prepared.begin(), prepared.end(), [&](const auto& p) { return p.first == ctx; });
+        if (at == prepared.end()) {
             const auto prepare = [&](LaunchUnit& u) {
                 u.module->function(ctx, stream, static_cast<int>(u.launch.smem_bytes));
                 device_plan(*u.slot, ctx, stream);
             };
             prepare(base);
             for (auto& v : variants) prepare(v);
-            prepared.push_back(ctx);
+            const Driver& drv = driver();
+            ScopedContext scope(drv, ctx);
+            CUdevice dev = 0;
+            int sms = 0;
+            drv.check(drv.CtxGetDevice(&dev), "cuCtxGetDevice");
+            drv.check(drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                      "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+            at = prepared.insert(prepared.end(), {ctx, sms});
         }
         return {unit.module->function(ctx, stream, static_cast<int>(unit.launch.smem_bytes)),
-                device_plan(*unit.slot, ctx, stream)};
+                device_plan(*unit.slot, ctx, stream), at->second};
     }
 
     void compute(OrtKernelContext* context) {
@@ -253,16 +269,16 @@ struct SparseAttentionCuda {
         shape.scale = attrs.scale;
         shape.packed = c.packed;
         const AttentionLaunchScalars sc = attention_scalars(p, shape);
-        const bool ws = var.kind == KernelKind::kWs;
-        const WsLaunchScalars wsc = ws ? ws_scalars(p, shape, sc) : WsLaunchScalars();
         if (c.B == 0 || c.S == 0) return;  // an empty batch or sequence: nothing to write
-        if (std::max(ws ? wsc.grid : sc.grid, wsc.combine_grid) > 0x7fffffff)
-            throw OpError("batch * heads * tile rows (or work items) is too large for one launch");
 
         const Driver& drv = driver();
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUcontext cuctx = CudaModule::context_of(stream);
-        const auto [attn, dp] = ready(unit, cuctx, stream);
+        const auto [attn, dp, sm_count] = ready(unit, cuctx, stream);
+        const bool ws = var.kind == KernelKind::kWs;
+        const WsLaunchScalars wsc = ws ? ws_scalars(p, shape, sc, sm_count) : WsLaunchScalars();
+        if (std::max({ws ? wsc.n_work : sc.grid, wsc.combine_grid}) > 0x7fffffff)
+            throw OpError("batch * heads * tile rows (or work items) is too large for one launch");
 
         // ORT scratch, one allocation: kv_len [B] int32, then (256-aligned) the packed key
         // bits [B, key_words] uint64 unless key_state (KeyPrep's output, size checked by

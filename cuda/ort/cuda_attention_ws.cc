@@ -95,6 +95,7 @@ void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const
     a.scale = sc.scale;
     a.kv_group = sc.kv_group;
     a.softcap = sc.softcap;
+    a.n_work = static_cast<int>(wsc.n_work);
 #define STOFC_ABI_ADDR(name, type) static_cast<void*>(&a.name),
     void* args[] = {STOFC_ATTENTION_WS_ABI(STOFC_ABI_ADDR)};
 #undef STOFC_ABI_ADDR

@@ -32,6 +32,8 @@ Driver load() {
     resolve(lib, "cuStreamIsCapturing", d.StreamIsCapturing);
     resolve(lib, "cuCtxPushCurrent_v2", d.CtxPushCurrent);
     resolve(lib, "cuCtxPopCurrent_v2", d.CtxPopCurrent);
+    resolve(lib, "cuCtxGetDevice", d.CtxGetDevice);
+    resolve(lib, "cuDeviceGetAttribute", d.DeviceGetAttribute);
     resolve(lib, "cuModuleLoadData", d.ModuleLoadData);
     resolve(lib, "cuModuleUnload", d.ModuleUnload);
     resolve(lib, "cuModuleGetFunction", d.ModuleGetFunction);

@@ -21,6 +21,8 @@ struct Driver {
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus*);
     CUresult (*CtxPushCurrent)(CUcontext);
     CUresult (*CtxPopCurrent)(CUcontext*);
+    CUresult (*CtxGetDevice)(CUdevice*);
+    CUresult (*DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice);
     CUresult (*ModuleLoadData)(CUmodule*, const void*);
     CUresult (*ModuleUnload)(CUmodule);
     CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);

@@ -232,14 +232,16 @@ AttentionLaunchScalars attention_scalars(const AttentionPlan& p, const Attention
     return a;
 }
 
-WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s, const AttentionLaunchScalars& a) {
+WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s, const AttentionLaunchScalars& a,
+                           int64_t sm_count) {
     const WsTables& w = p.ws;
     WsLaunchScalars r;
     r.pairs = static_cast<int>(std::min<int64_t>(w.pairs, (s.S + kWsRows - 1) / kWsRows));
     if (r.pairs < 1) return r;  // an empty sequence: nothing is launched
     r.order_offset = w.order_ptr[r.pairs - 1];
     r.items = w.items_upto[r.pairs];
-    r.grid = s.H * s.B * r.items;
+    r.n_work = s.H * s.B * r.items;  // work w: head w % H, batch (w / H) % B, item order[w / (H B)]
+    r.grid = std::min(r.n_work, std::max<int64_t>(sm_count, 1));
     r.combine_grid = w.splits ? s.H * s.B * w.n_split : 0;
     const bool per_head = p.num_heads > 1;
     r.items_head_stride = per_head ? w.n_items * 4 : 0;

@@ -110,14 +110,16 @@ struct WsLaunchScalars {
     int pairs = 0;             // pair rows the run covers: min(pairs, ceil(S / 128))
     int64_t order_offset = 0;  // elements into each head's orders: order_ptr[pairs - 1]
     int64_t items = 0;         // items per head launched: items_upto[pairs]
-    int64_t grid = 0;          // H * B * items
+    int64_t n_work = 0;        // H * B * items: the works of the persistent grid
+    int64_t grid = 0;          // min(n_work, sm_count): at most one block per SM
     int64_t combine_grid = 0;  // H * B * n_split (0 when no row is split)
     int items_head_stride = 0, order_head_stride = 0, combine_head_stride = 0, slots = 0;
     TensorMapShape q, k, v;
     size_t part_o_bytes = 0, part_ml_bytes = 0;  // float32 workspace (0 when no row is split)
 };
+/// `sm_count`: the GPU's multiprocessors (the persistent grid's bound).
 WsLaunchScalars ws_scalars(const AttentionPlan& plan, const AttentionLaunchShape& shape,
-                           const AttentionLaunchScalars& base);
+                           const AttentionLaunchScalars& base, int64_t sm_count);
 
 /// Reads and validates `path` (thrown OpError names the file and the defect).
 std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path);

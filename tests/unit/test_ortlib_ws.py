@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import re
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -63,7 +64,7 @@ def per_head_format(L: int, heads: int = 2):
 
 def test_ws_tables_match_the_template_signatures():
     main, combine = abi_table(WS_ABI), abi_table(COMBINE_ABI)
-    assert len(main) == 30 and len(combine) == 12
+    assert len(main) == 31 and len(combine) == 12
     assert template_params(TEMPLATE) == main                 # names and types, in order
     assert template_params(TEMPLATE, "{{ kernel_name }}_combine") == combine
     assert [n for n, t in main if t == "map"] == ["tma_q", "tma_k", "tma_v"]
@@ -118,8 +119,8 @@ def ws_runtime(monkeypatch):
     return maps
 
 
-def ws_op(fmt, config, head_dim=64, dtype="float16"):
-    op = rt.AttentionOp(fmt, config, dtype, head_dim, profile=H100)
+def ws_op(fmt, config, head_dim=64, dtype="float16", sm_count=H100.sm_count):
+    op = rt.AttentionOp(fmt, config, dtype, head_dim, profile=replace(H100, sm_count=sm_count))
     op._kernel = lambda has_bias, has_key_bits, has_softcap: ("main", has_bias, has_key_bits,
                                                                has_softcap)
     op._combines = {(b, k, c): "combine" for b in (False, True) for k in (False, True)
@@ -286,31 +287,33 @@ def _views(B, S, H, Hkv, D, packed, rng):
     return (rng.standard_normal((B, S, h, D)).astype(np.float16) for h in (H, Hkv, Hkv))
 
 
-SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed)
-    ("longformer:window=128,global=32", 8, 2, 2000, 4, 4, 64, False),
-    ("longformer:window=128,global=32", 8, 3, 200, 4, 2, 128, True),     # GQA, packed
-    ("causal", 0, 1, 1000, 2, 1, 64, False),                             # MQA, no split
-    ("per-head", 8, 2, 650, 2, 2, 128, True),
+SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed, SMs)
+    ("longformer:window=128,global=32", 8, 2, 2000, 4, 4, 64, False, 132),   # grid = 132 SMs
+    ("longformer:window=128,global=32", 8, 3, 200, 4, 2, 128, True, 132),    # GQA, packed
+    ("causal", 0, 1, 1000, 2, 1, 64, False, 7),                              # MQA, 7 SMs
+    ("per-head", 8, 2, 650, 2, 2, 128, True, 114),
 ]
 
 
-@pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed", SCALAR_CASES)
+@pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed,sms", SCALAR_CASES)
 def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, spec, split,  # noqa: F811
-                                                  B, S, H, Hkv, D, packed):
+                                                  B, S, H, Hkv, D, packed, sms):
     fmt = per_head_format(700) if spec == "per-head" else encode(spec, 2048 if split else 1000)
     config = ws(split=split)
     path = write_attention_plan(attention_launch_data(fmt, config), tmp_path / "w.plan.bin")
-    op = ws_op(fmt, config, head_dim=D)
+    op = ws_op(fmt, config, head_dim=D, sm_count=sms)
     rng = np.random.default_rng(2)
     q, k, v = _views(B, S, H, Hkv, D, packed, rng)
     launch = op.bind(q, k, v, scale=0.125, key_mask=np.ones((B, S), np.int64))
     want = dict(zip([n for n, _ in abi_table(WS_ABI)], launch.args, strict=True))
     (line,) = ask(driver, ("pack", {"path": str(path), "B": B, "S": S, "H": H, "Hkv": Hkv, "D": D,
                                     "kpm": 1, "per_row": 1, "scale_milli": 125,
-                                    "packed": int(packed)}))
+                                    "packed": int(packed), "sm": sms}))
     got = dict(item.split("=") for item in line.removeprefix("OK ").split())
-    assert int(got["grid"]) == launch.grid
-    for name in ("items_head_stride", "order_head_stride", "slots", "key_words", "kv_group"):
+    # the persistent grid: at most one block per SM over n_work = H * B * items works
+    assert int(got["grid"]) == launch.grid == min(int(want["n_work"]), sms)
+    for name in ("items_head_stride", "order_head_stride", "slots", "key_words", "kv_group",
+                 "n_work"):
         assert int(got[name]) == int(want[name]), name
     for name in ("o_sb", "o_ss", "o_sh"):
         assert int(got[name]) == int(want[name]), name

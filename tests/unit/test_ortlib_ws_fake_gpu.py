@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -132,9 +133,11 @@ def per_run(records):
     return [records[a:b] for a, b in itertools.pairwise(runs)]
 
 
-def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed):
-    """The run's launches (after key_prep) are what WsLaunchData.bind launches."""
-    op = rt.AttentionOp(fmt, config, "float16", D, profile=get_profile("h100"))
+def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed, sm_count=132):
+    """The run's launches (after key_prep) are what WsLaunchData.bind launches on a GPU of
+    ``sm_count`` SMs (the fake driver's $STOFC_FAKE_SM_COUNT)."""
+    profile = replace(get_profile("h100"), sm_count=sm_count)
+    op = rt.AttentionOp(fmt, config, "float16", D, profile=profile)
     op._kernel = lambda *flags: "main"
     op._combines = {k: "combine" for k in itertools.product((False, True), repeat=3)}
     q, k, v = views(f, B, S, H, Hkv, packed)
@@ -151,6 +154,7 @@ def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed):
     spec = KernelSpec(config, "float16", D, has_bias="bias" in f, has_key_bits="kpm" in f)
     assert main["fn"] == spec.name
     assert main["grid"] == [want.grid, 1, 1] and main["block"] == [384, 1, 1] == [want.block, 1, 1]
+    assert want.grid == min(int(w["n_work"]), sm_count)      # persistent: <= one block per SM
     assert main["smem"] == attention_launch_numbers(config, D)[2]
     a = main["args"]
     for name, kind in WS_NAMES.items():
@@ -207,27 +211,28 @@ def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed):
     assert (a["part_ml"] - a["part_o"]) % 256 == 0
 
 
-CASES = [  # id, format, config, H, Hkv, kpm, bias, packed
+CASES = [  # id, format, config, H, Hkv, kpm, bias, packed, SMs
     ("split-kpm-bias", lambda: encode("longformer:window=64,global=16", 1024), ws(split=8),
-     2, 2, True, True, False),
+     2, 2, True, True, False, 132),
     ("split-packed", lambda: encode("longformer:window=64,global=16", 1024), ws(split=8, stages=3),
-     2, 2, False, False, True),
-    ("gqa-nosplit", lambda: encode("causal", 512), ws(kstep=2, stages=4), 4, 2, True, False, False),
-    ("gqa-packed", lambda: encode("causal", 512), ws(split=4 * 2), 4, 1, False, False, True),
-    ("per-head-split", lambda: per_head_format(700), ws(split=8), 2, 2, True, False, False),
+     2, 2, False, False, True, 5),
+    ("gqa-nosplit", lambda: encode("causal", 512), ws(kstep=2, stages=4), 4, 2, True, False, False,
+     132),
+    ("gqa-packed", lambda: encode("causal", 512), ws(split=4 * 2), 4, 1, False, False, True, 3),
+    ("per-head-split", lambda: per_head_format(700), ws(split=8), 2, 2, True, False, False, 16),
 ]
 
 
-@pytest.mark.parametrize("name,make_fmt,config,H,Hkv,kpm,bias,packed", CASES,
+@pytest.mark.parametrize("name,make_fmt,config,H,Hkv,kpm,bias,packed,sms", CASES,
                          ids=[c[0] for c in CASES])
 def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_fmt, config,  # noqa: F811
-                                         H, Hkv, kpm, bias, packed):
+                                         H, Hkv, kpm, bias, packed, sms):
     fmt = make_fmt()
     model = ws_package(tmp_path, fmt, config, H=H, Hkv=Hkv, kpm=kpm, bias=bias, packed=packed)
     rng = np.random.default_rng(0)
     shapes = [(2, fmt.seq_len - 37), (1, 70), (1, fmt.seq_len), (3, 129)]
     feeds = [ws_feeds(rng, B, S, H, Hkv, kpm=kpm, bias=bias, packed=packed) for B, S in shapes]
-    code, out, records = run(fake, tmp_path, model, feeds)
+    code, out, records = run(fake, tmp_path, model, feeds, STOFC_FAKE_SM_COUNT=str(sms))
     assert code == 0, out
     runs = per_run(records)
     first = runs[0]
@@ -239,8 +244,10 @@ def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_
         assert len([r for r in recs if r["call"] == "tensor_map"]) <= 3
     plan = attention_launch_data(fmt, config)
     assert any(len([r for r in recs if r["call"] == "launch"]) == 3 for recs in runs) == plan.splits
+    assert [r["value"] for r in records if r["call"] == "device_attr"] == [sms]   # asked once
     for (B, S), f, recs in zip(shapes, feeds, runs, strict=True):
-        check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, packed=packed)
+        check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, packed=packed,
+                          sm_count=sms)
 
 
 def test_repeated_buffers_reuse_their_tensor_maps(fake, tmp_path):  # noqa: F811

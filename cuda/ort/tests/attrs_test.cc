@@ -8,8 +8,9 @@
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
-//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed, Hkv: the
-//   attention launch's scalars; for a ws plan its work items, grids and tensor maps), variants (the base's attributes + variant_*, optional
+//   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed, Hkv, sm: the
+//   attention launch's scalars; for a ws plan its work items, grids (sm: the GPU's SMs,
+//   default 132) and tensor maps), variants (the base's attributes + variant_*, optional
 //   B, S, tile: the selected variant), lt_algo (lt_algo_m, lt_algo_rank, M).
 #include <cstdint>
 #include <iostream>
@@ -135,9 +136,9 @@ std::string run(const std::string& parser, const MapSource& a) {
         s.Hkv = a.i("Hkv");
         const AttentionLaunchScalars c = attention_scalars(*p, s);
         if (p->kind == KernelKind::kWs) {  // the ws launches' scalars and tensor maps
-            const WsLaunchScalars w = ws_scalars(*p, s, c);
+            const WsLaunchScalars w = ws_scalars(*p, s, c, a.ints.count("sm") ? a.i("sm") : 132);
             out << "pairs=" << w.pairs << " order_offset=" << w.order_offset << " items=" << w.items
-                << " grid=" << w.grid << " combine_grid=" << w.combine_grid << " items_head_stride=" << w.items_head_stride
+                << " n_work=" << w.n_work << " grid=" << w.grid << " combine_grid=" << w.combine_grid << " items_head_stride=" << w.items_head_stride
                 << " order_head_stride=" << w.order_head_stride << " combine_head_stride=" << w.combine_head_stride
                 << " slots=" << w.slots << " part_o_bytes=" << w.part_o_bytes << " part_ml_bytes=" << w.part_ml_bytes;
             const char* names[] = {"q", "k", "v"};

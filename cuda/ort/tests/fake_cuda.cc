@@ -173,6 +173,18 @@ CUresult cuCtxPopCurrent_v2(CUcontext* c) {
     *c = nullptr;
     return CUDA_SUCCESS;
 }
+CUresult cuCtxGetDevice(CUdevice* d) {
+    *d = 0;
+    return CUDA_SUCCESS;
+}
+// The multiprocessor count is $STOFC_FAKE_SM_COUNT (default 132, an H100 SXM's).
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
+    const char* env = std::getenv("STOFC_FAKE_SM_COUNT");
+    *v = a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? (env ? std::atoi(env) : 132) : 0;
+    emit("{\"call\": \"device_attr\", \"attr\": " + std::to_string(static_cast<int>(a)) + ", \"value\": " +
+         std::to_string(*v) + "}");
+    return CUDA_SUCCESS;
+}
 CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     std::lock_guard<std::mutex> lock(mu);
     *m = static_cast<CUmodule>(handle());
