@@ -486,7 +486,7 @@ class SpaceFactory:
             return Config.of({p: getattr(c, p) for p in fields})
 
         def build() -> tuple[list[Config], dict[str, int]]:
-            kinds = ("block", "row") if fmt.tile >= 64 else ("row",)
+            kinds = ("block", "row", "ws") if fmt.tile >= 64 else ("row",)
             configs = [as_config(c) for kind in kinds
                        for c in _attention_space(fmt, kind, head_dim, dtype, profile)]
             reasons = {} if fmt.tile >= 64 else {

@@ -85,11 +85,33 @@ def test_small_tile_format_forces_row():
 
 
 def test_short_grid_splits_query_rows():
+    a100 = get_profile("a100")
     fmt = format_from_dense(_causal(512), 64)
-    small = select_kernel(fmt, H100, batch=1, heads=2, seq_len=512, head_dim=64)
-    big = select_kernel(format_from_dense(_causal(4096), 64), H100, batch=8, heads=16,
+    small = select_kernel(fmt, a100, batch=1, heads=2, seq_len=512, head_dim=64)
+    big = select_kernel(format_from_dense(_causal(4096), 64), a100, batch=8, heads=16,
                         seq_len=4096, head_dim=64)
     assert small.config.q_split == 2 and big.config.q_split == 1
+
+
+@pytest.mark.parametrize("spec,L,B,H,D,kind", [
+    ("dense", 8192, 1, 16, 128, "ws"),            # measured 1.9x the wgmma block kernel (H100)
+    ("causal", 8192, 1, 16, 128, "ws"),
+    ("longformer:window=256,global=16", 16384, 1, 12, 64, "ws"),
+    ("strided:stride=128", 4096, 4, 12, 64, "block"),   # gathered tiles: block-wise
+    ("dilated:window=256,dilation=2", 4096, 4, 12, 64, "block"),   # residue permutation
+])
+def test_hopper_picks_the_warp_specialised_kernel_where_it_is_faster(spec, L, B, H, D, kind):
+    """The measured picks of bench/results/mha-hopper-h100-2026-11-25-fa4 (the selector's
+    estimate for ws; block-wise keeps the masks whose tiles it gathers or permutes)."""
+    choice = select_kernel(encode(spec, L), H100, batch=B, heads=H, seq_len=L, head_dim=D)
+    assert choice.kernel == kind, choice.explanation
+    assert math.isfinite(choice.ws_us) and f"{choice.ws_us:.1f} us" in choice.explanation
+    if kind == "ws":
+        assert choice.config.kind == "ws" and "warp-specialised" in choice.explanation
+    # other GPUs never get it
+    a100 = select_kernel(encode(spec, min(L, 4096)), get_profile("a100"), batch=B, heads=H,
+                         seq_len=min(L, 4096), head_dim=D)
+    assert a100.kernel != "ws" and math.isinf(a100.ws_us)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

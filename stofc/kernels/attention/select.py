@@ -43,6 +43,7 @@ from stofc.kernels.attention.config import (
 )
 from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.permute import choose_permutation, permuted_plan
+from stofc.kernels.attention.ws_cost import ws_config, ws_estimate
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
 
@@ -67,6 +68,7 @@ class KernelChoice:
     stof_threshold: float
     block_us: float
     row_us: float
+    ws_us: float = math.inf   # the warp-specialised Hopper kernel (inf where it cannot run)
 
 
 def nonempty_blocks16(fmt: MaskFormat) -> float:
@@ -211,7 +213,9 @@ def _estimates(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, 
 
 def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
                   seq_len: int, head_dim: int) -> KernelChoice:
-    """Pick block-wise or row-wise for this mask and shape on this GPU, with a reason."""
+    """Pick the kernel for this mask and shape on this GPU, with a reason: block-wise or
+    row-wise by STOF's rule refined by the cost model, then the warp-specialised Hopper
+    kernel where it runs and its estimate is lower."""
     check_head_dim(head_dim)
     seq_len = min(seq_len, fmt.seq_len)
     thr = stof_threshold(fmt, seq_len)
@@ -237,6 +241,20 @@ def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: in
                f"{fmt.tile}x{fmt.tile} tiles beat per-element K/V re-reads")
     agree = "agrees" if (thr < 0) == (kind == "row") else "is overruled"
     cfg = rcfg if kind == "row" or bcfg is None else bcfg
-    explanation = (f"{kind}-wise ({cfg.describe()}) on {profile.full_name}: {why}; "
+    wcfg = ws_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim)
+    ws_us = math.inf
+    if wcfg is not None:
+        ws_us = ws_estimate(fmt, profile, wcfg, batch=batch, heads=heads, seq_len=seq_len,
+                            head_dim=head_dim)
+        best = min(block_us, row_us)
+        if ws_us < best:
+            why = (f"warp-specialised est. {ws_us:.1f} us < {kind}-wise {best:.1f} us: TMA-fed "
+                   f"warpgroup MMA on the contiguous 64x64 tiles of the walk")
+            kind, cfg = "ws", wcfg
+            agree = "is refined"
+        else:
+            why += f" (warp-specialised est. {ws_us:.1f} us)"
+    label = "warp-specialised" if kind == "ws" else f"{kind}-wise"
+    explanation = (f"{label} ({cfg.describe()}) on {profile.full_name}: {why}; "
                    f"STOF's threshold {thr:+.4f} says {stof} and {agree}")
-    return KernelChoice(kind, cfg, explanation, thr, block_us, row_us)
+    return KernelChoice(kind, cfg, explanation, thr, block_us, row_us, ws_us)
