@@ -1,20 +1,23 @@
 """The ``stofc`` command line: argument parsing only.
 
 Each command lives in ``stofc.commands.<name>`` and calls the pipeline or a
-stage; this module assembles the group and turns a :class:`StofcError` into one
-line on stderr and exit code 2 (no traceback). ``STOFC_DEBUG=1`` re-raises.
+stage; this module assembles the group. Every way a command can end is turned
+into one line on stderr and an exit code by :func:`stofc.errorreport.report`
+(user errors, file-system faults and click's usage errors: exit 2; a bug:
+exit 1 with the traceback saved for the report). SIGTERM and SIGHUP raise
+inside the command, so its cleanup runs. ``STOFC_DEBUG=1`` re-raises.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
+from typing import Any
 
 import click
 
 from stofc import __version__
-from stofc.errors import StofcError
+from stofc.errorreport import report, signals_as_exceptions
 
 # (module, attribute) of every top-level command, in the order `--help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
@@ -30,16 +33,20 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 
 
 class _Group(click.Group):
-    """A click group that reports user errors in one line with exit code 2."""
+    """A click group whose every ending is one line and an exit code (stofc.errorreport)."""
 
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except StofcError as err:
-            if os.environ.get("STOFC_DEBUG"):
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        with signals_as_exceptions():
+            try:
+                result = super().main(args, prog_name, complete_var, False, **extra)
+            except SystemExit:
                 raise
-            click.echo(f"error: {err}", err=True)
-            sys.exit(err.exit_code)
+            except BaseException as exc:  # noqa: BLE001 - report() decides per type
+                sys.exit(report(exc))
+        sys.exit(result if isinstance(result, int) else 0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -62,3 +62,16 @@ class DeviceError(StofcError):
 
 class PackageError(StofcError):
     """A package directory is missing, incomplete or was edited."""
+
+
+class FileSystemError(StofcError):
+    """A file or directory cannot be read or written (read-only, permissions, disk full,
+    missing parent); the message names the path and the operating system's reason."""
+
+
+class LimitError(StofcError):
+    """A request exceeds a documented size limit (sequence length, memory, YAML size)."""
+
+
+class CheckError(StofcError):
+    """The package just written does not compute the model (``stofc compile``'s check)."""
