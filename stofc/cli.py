@@ -44,7 +44,7 @@ class _Group(click.Group):
                 result = super().main(args, prog_name, complete_var, False, **extra)
             except SystemExit:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - report() decides per type
+            except BaseException as exc:
                 sys.exit(report(exc))
         sys.exit(result if isinstance(result, int) else 0)
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import click
 import numpy as np
 
 from stofc.errors import MaskSpecError
+from stofc.fsutil import atomic_write
+from stofc.masks.limits import check_dense
 
 
 def _spec_options(fn):
@@ -170,8 +170,11 @@ def export(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None
                             hint=f"accepted: at most {DENSE_LIMIT}; use 'stofc mask encode'")
     if not output.endswith(".npy"):
         raise MaskSpecError(f"cannot export to '{output}'", hint="accepted: a .npy path")
-    dense = to_dense_all(_encode(spec, seq_len, tile, layer, num_heads))
-    _atomic(output, lambda f: np.save(f, dense))
+    check_dense(seq_len, num_heads or 1)  # before encoding: the dense array is the big part
+    fmt = _encode(spec, seq_len, tile, layer, num_heads)
+    check_dense(seq_len, fmt.num_heads)
+    dense = to_dense_all(fmt)
+    atomic_write(output, lambda f: np.save(f, dense))
     click.echo(f"wrote {output} (bool {list(dense.shape)}, {int(dense.sum())} allowed)")
 
 
@@ -191,23 +194,3 @@ def encode_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | 
     save(fmt, output)
     click.echo(f"wrote {output} ({len(fmt.full_col_idx)} full + {len(fmt.part_col_idx)} part "
                f"tiles, hash {fmt.spec_hash[:16]})")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _atomic(output: str, write) -> None:
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npy")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

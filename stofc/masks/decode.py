@@ -11,13 +11,13 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from stofc.errors import MaskSpecError
+from stofc.fsutil import atomic_write_bytes
 from stofc.masks.encoder import format_hash
 from stofc.masks.format import MaskFormat
 from stofc.masks.predicates import unpack_tiles
@@ -162,23 +162,7 @@ def save(fmt: MaskFormat, path: str | os.PathLike) -> Path:
             "nnz": fmt.nnz, "arrays_sha256": _arrays_digest(arrays)}
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def load(path: str | os.PathLike) -> MaskFormat:

@@ -19,6 +19,7 @@ import numpy as np
 from stofc.errors import MaskSpecError
 from stofc.masks.build import build_predicate
 from stofc.masks.format import MaskFormat
+from stofc.masks.limits import MaskBudget, check_heads, check_seq_len
 from stofc.masks.predicates import FULL, MAYBE, ONES, pack_tiles
 from stofc.masks.spec import MaskSpec, Node, canonical_json, sha256_text
 
@@ -74,8 +75,14 @@ def _cat(parts: list[np.ndarray], dtype, width: int | None = None) -> np.ndarray
     return np.zeros((0, width) if width else 0, dtype=dtype)
 
 
-def encode_node(node: Node, seq_len: int, tile: int) -> HeadTiles:
-    """Tiles of one node (one head) for ``(L_max, tile)``, built chunk by chunk of tile rows."""
+def encode_node(node: Node, seq_len: int, tile: int,
+                budget: MaskBudget | None = None) -> HeadTiles:
+    """Tiles of one node (one head) for ``(L_max, tile)``, built chunk by chunk of tile rows.
+
+    ``budget`` is charged with each chunk's stored tiles as they are kept and stops
+    the encode (a LimitError) once the format would exceed its limit.
+    """
+    budget = budget or MaskBudget(seq_len, tile)
     pred = build_predicate(node, seq_len, tile)
     L, T = seq_len, tile
     R = -(-L // T)
@@ -122,6 +129,7 @@ def encode_node(node: Node, seq_len: int, tile: int) -> HeadTiles:
                                               minlength=r1 - r0).astype(np.int64)
         full_counts[r0:r1] = full_grid.sum(axis=1)
         part_counts[r0:r1] = part_grid.sum(axis=1)
+        budget.spend(int(full_counts[r0:r1].sum() + part_counts[r0:r1].sum()), len(words))
         row_nnz[r0:r1] += (full_grid @ sizes) * sizes[r0:r1]
         full_c.append(np.nonzero(full_grid)[1].astype(np.int32))
         part_c.append(np.nonzero(part_grid)[1].astype(np.int32))
@@ -193,9 +201,7 @@ def _check_geometry(seq_len: int, tile: int) -> None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise MaskSpecError(f"sequence length {seq_len!r} is invalid",
                             hint="accepted: an integer >= 1")
-    if seq_len > 1 << 24:
-        raise MaskSpecError(f"sequence length {seq_len} is too large",
-                            hint="accepted: at most 16777216")
+    check_seq_len(int(seq_len), tile=tile)
 
 
 def encode(spec: MaskSpec | str, seq_len: int, *, tile: int = 64, layer: int = 0,
@@ -215,13 +221,16 @@ def encode(spec: MaskSpec | str, seq_len: int, *, tile: int = 64, layer: int = 0
         spec = parse_mask(spec)
     _check_geometry(seq_len, tile)
     seq_len = int(seq_len)
+    if num_heads is not None:
+        check_heads(num_heads)
+    budget = MaskBudget(seq_len, tile)
     try:
         resolved = spec.for_layer(layer, num_heads)
         cache: dict[Node, HeadTiles] = {}
         heads = []
         for node in resolved.heads:
             if node not in cache:
-                cache[node] = encode_node(node, seq_len, tile)
+                cache[node] = encode_node(node, seq_len, tile, budget)
             heads.append(cache[node])
     except MaskSpecError as err:
         from stofc.masks.parse import one_line

@@ -11,11 +11,20 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import yaml
 
-from stofc.errors import MaskSpecError
+from stofc.errors import LimitError, MaskSpecError, StofcError
+from stofc.masks.limits import (
+    MAX_ARRAY_BYTES,
+    MAX_MASK_NODES,
+    MAX_SEQ_LEN,
+    MAX_YAML_BYTES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+)
 from stofc.masks.spec import COMBINE_OPS, ArrayRef, Combine, Family, MaskSpec, Node, Override
 
 # Parameter kinds and what a user may write for them.
@@ -45,6 +54,7 @@ FAMILIES: dict[str, dict[str, str]] = {
 }
 DEFAULTS: dict[tuple[str, str], int] = {("bigbird", "seed"): 0}
 _INT_RE = re.compile(r"^[0-9]+$")
+E = TypeVar("E", bound=StofcError)
 
 
 def _accepted_keys(family: str) -> str:
@@ -72,6 +82,7 @@ def load_array(path_text: str, base: Path | None, where: str, family: str, key: 
     if base is not None and not path.is_absolute():
         path = base / path
     try:
+        _check_array_header(path, where, family, key)
         arr = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise MaskSpecError(f"{where}: {family} {key} file {path} does not exist",
@@ -91,6 +102,29 @@ def load_array(path_text: str, base: Path | None, where: str, family: str, key: 
     digest = hashlib.sha256(f"{arr.shape}".encode() + arr.tobytes()).hexdigest()
     return ArrayRef(sha256=digest, shape=tuple(int(s) for s in arr.shape), path=str(path),
                     data=arr)
+
+
+def _check_array_header(path: Path, where: str, family: str, key: str) -> None:
+    """Refuse an array too large for stofc from its ``.npy`` header, before reading it."""
+    if not path.is_file():
+        return  # np.load reports a missing file
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if reader is None:  # a later format: read the header the private way
+                shape, _, dtype = np.lib.format._read_array_header(f, version)
+            else:
+                shape, _, dtype = reader(f)
+    except Exception:  # not a .npy file: np.load reports it
+        return
+    size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize if shape else dtype.itemsize
+    if size > MAX_ARRAY_BYTES or (len(shape) >= 2 and shape[-1] > MAX_SEQ_LEN):
+        raise LimitError(f"{where}: {family} {key} file {path} holds an array of shape "
+                         f"{list(shape)} ({size} bytes), above stofc's limits "
+                         f"({MAX_ARRAY_BYTES} bytes, N <= {MAX_SEQ_LEN})",
+                         hint="use a smaller layout or bitmap")
 
 
 def make_family(name: str, raw: dict[str, object], where: str, base: Path | None,
@@ -222,7 +256,65 @@ class _LineDict(dict):
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    """SafeLoader with limits (:mod:`stofc.masks.limits`): nesting depth while composing,
+    and the node count with every alias expanded, checked before anything is constructed
+    (an alias bomb is a few hundred bytes whose expansion is exponential)."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise LimitError(f"line {mark.line + 1}: the YAML nests deeper than "
+                                 f"{MAX_YAML_DEPTH} levels",
+                                 hint=f"flatten the spec (limit: MAX_YAML_DEPTH = {MAX_YAML_DEPTH})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node):
+        _check_expanded_size(node)
+        return super().construct_document(node)
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Raise a LimitError when ``root`` expands to more than MAX_YAML_NODES nodes (an alias
+    counts each time it is used) or refers to itself."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise LimitError(f"line {node.start_mark.line + 1}: a YAML alias refers to the "
+                             "collection that contains it", hint="remove the recursive alias")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_NODES:
+                break
+        active.discard(key)
+        sizes[key] = total
+        if total > MAX_YAML_NODES:
+            raise LimitError(f"the YAML expands to more than {MAX_YAML_NODES} nodes (aliases "
+                             "counted each time they are used)",
+                             hint=f"write a smaller spec (limit: MAX_YAML_NODES = {MAX_YAML_NODES})")
+        return total
+
+    size(root)
 
 
 def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _LineDict:
@@ -326,13 +418,20 @@ def _overrides(obj: object, file: str, line: int, base: Path, what: str) -> tupl
 def parse_yaml(path: Path) -> MaskSpec:
     file = str(path)
     try:
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise LimitError(f"mask file {file} is {path.stat().st_size} bytes, above the "
+                             f"{MAX_YAML_BYTES}-byte limit for a YAML spec",
+                             hint=f"write a smaller spec (limit: MAX_YAML_BYTES = {MAX_YAML_BYTES})")
         text = path.read_text()
     except OSError as err:
         raise MaskSpecError(f"mask file {file} cannot be read ({err.strerror})",
                             hint="give the path of a .yaml mask spec") from None
+    except UnicodeDecodeError as err:
+        raise MaskSpecError(f"mask file {file} is not UTF-8 text ({err.reason} at byte "
+                            f"{err.start})", hint="save the YAML as UTF-8") from None
     try:
         doc = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
-    except MaskSpecError as err:
+    except (MaskSpecError, LimitError) as err:
         err.message = f"{file} {err.message}"
         raise
     except yaml.YAMLError as err:
@@ -360,10 +459,22 @@ def parse_yaml(path: Path) -> MaskSpec:
               if "layers" in doc else ())
     heads = (_overrides(doc["heads"], file, doc.lines["heads"], base, "heads")
              if "heads" in doc else ())
-    return MaskSpec(default=default, layers=layers, heads=heads, source=file)
+    spec = MaskSpec(default=default, layers=layers, heads=heads, source=file)
+    count = sum(_count_nodes(n) for n in (default, *(o.node for o in (*layers, *heads))))
+    if count > MAX_MASK_NODES:
+        raise LimitError(f"{file}: the spec has {count} mask families and combinations, above "
+                         f"the limit of {MAX_MASK_NODES}",
+                         hint=f"write a smaller spec (limit: MAX_MASK_NODES = {MAX_MASK_NODES})")
+    return spec
 
 
-def one_line(err: MaskSpecError) -> MaskSpecError:
+def _count_nodes(node: Node) -> int:
+    if isinstance(node, Combine):
+        return 1 + sum(_count_nodes(c) for c in node.children)
+    return 1
+
+
+def one_line(err: E) -> E:
     """Escape control characters a user put in the spec so the message stays one line."""
     def clean(text: str | None) -> str | None:
         if text is None:
@@ -380,7 +491,7 @@ def parse_mask(text: str) -> MaskSpec:
     """Parse ``NAME[:key=value,...]`` or the path of a ``.yaml`` / ``.yml`` spec file."""
     try:
         return _parse_mask(text)
-    except MaskSpecError as err:
+    except (MaskSpecError, LimitError) as err:
         raise one_line(err) from None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stofc.fsutil import atomic_write
 from stofc.masks.decode import tile_classes, to_dense
 from stofc.masks.format import MaskFormat
 
@@ -91,7 +92,9 @@ def render(fmt: MaskFormat, path: str | Path, *, head: int = 0, title: str = "",
     ax.set_title(info, fontsize=9, color="#333333", pad=28)
     fig.tight_layout(rect=(0, 0.02, 1, 0.96))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    kind = path.suffix.lstrip(".").lower() or "png"
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format=kind))
+    finally:
+        plt.close(fig)
     return mode
