@@ -36,6 +36,9 @@ from stofc.frontend.pack import packed_from_document
 from stofc.masks import MaskSpec, encode, parse_mask
 from stofc.masks.effective import MODEL, effective_canonical, effective_specs
 from stofc.masks.format import MaskFormat
+from stofc.masks.limits import check_seq_len
+from stofc.masks.spec import spec_files
+from stofc.package.destination import check_destination
 from stofc.package.kernels import (
     AttentionKernel,
     AttentionVariant,
@@ -43,8 +46,10 @@ from stofc.package.kernels import (
     compile_all,
     render_segment,
 )
+from stofc.package.positions import check_positions, max_positions
 from stofc.package.rewrite import attention_inputs
-from stofc.package.writer import PackageContents, check_destination, write_package
+from stofc.package.selfcheck import check_package_runs
+from stofc.package.writer import PackageContents, write_package
 from stofc.plan.build import build_plan
 from stofc.plan.plan import KernelSpec, Plan
 from stofc.targets import GpuProfile, get_profile
@@ -64,6 +69,7 @@ class Instruments:
     dump_dir: Path | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
     _console: Any = None
+    _depth: int = 0
 
     def _print(self, text: str) -> None:
         if not self.progress:
@@ -77,14 +83,24 @@ class Instruments:
     def stage(self, name: str) -> Iterator[None]:
         """Time the block as stage ``name`` and report it when done."""
         start = time.perf_counter()
+        indent = "  " * self._depth
+        self._depth += 1
         try:
             yield
         except BaseException:
-            self._print(f"[red]✗[/red] {name:<28} {(time.perf_counter() - start) * 1000:9.1f} ms")
+            self._print(f"[red]✗[/red] {indent}{name:<28} "
+                        f"{(time.perf_counter() - start) * 1000:9.1f} ms")
             raise
+        finally:
+            self._depth -= 1
         elapsed = time.perf_counter() - start
-        self.timings.append((name, elapsed))
-        self._print(f"[green]✓[/green] {name:<28} {elapsed * 1000:9.1f} ms")
+        if not self._depth:  # a stage inside another is counted in the outer one
+            self.timings.append((name, elapsed))
+        self._print(f"[green]✓[/green] {indent}{name:<28} {elapsed * 1000:9.1f} ms")
+
+    def note(self, text: str) -> None:
+        """An informational line (with the progress lines)."""
+        self._print(f"[blue]i[/blue] {text}")
 
     def warn(self, text: str) -> None:
         """A warning line (shown even when progress is off)."""
@@ -180,20 +196,27 @@ def record_attention(plan: Plan, kernels: dict[int, AttentionKernel]) -> Plan:
 
 
 def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAULT_GPU,
-                  dtype: str = "fp16", max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+                  dtype: str = "fp16", max_seq_len: int | None = None,
                   out_dir: str | Path | None = None, tune: bool = False, batch: int = 1,
                   tile: int = DEFAULT_TILE, instruments: Instruments | None = None,
                   ort_include: str | Path | None = None,
-                  tune_options: dict[str, Any] | None = None, pack_qkv: bool = True) -> Path:
+                  tune_options: dict[str, Any] | None = None, pack_qkv: bool = True,
+                  check: bool = True) -> Path:
     """Compile ``model_path`` with the structured ``mask`` into a package; return its path.
 
     ``mask`` is ANDed with the mask every layer of the model computes itself
     (``"model"``: that mask alone); see the module doc.
 
+    ``check``: before the package is put in place it must run on ONNX Runtime's CPU EP
+    and match the model with the structured mask (:mod:`stofc.package.selfcheck`);
+    ``--no-check`` turns this off.
+
     ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer (``rewrite_model``); with
     ``pack_qkv`` the model is loaded with its Q, K, V projections packed in the graph
     (:mod:`stofc.frontend.pack`), so the plan has one ``qkv`` GEMM segment per layer,
     and plan.json's ``model.pack_projections`` says so (recompile and tune pack too).
+    ``max_seq_len`` defaults to 512, or to the model's position table when that is
+    shorter (:mod:`stofc.package.positions`); a longer one is refused.
     ``out_dir`` defaults to ``<model stem>.stofc/`` beside the model. Raises a
     :class:`~stofc.errors.StofcError` (one line) for any user error; nothing is
     left half-written.
@@ -202,12 +225,18 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     model_path = Path(model_path)
     out = Path(out_dir) if out_dir is not None else model_path.with_name(f"{model_path.stem}.stofc")
     dtype = normalize_dtype(dtype)
-    if max_seq_len < 1 or batch < 1:
+    if (max_seq_len is not None and max_seq_len < 1) or batch < 1:
         raise PlanError(f"max_seq_len={max_seq_len}, batch={batch} must be positive",
                         hint="pass --max-seq-len and --batch as positive integers")
-    check_destination(out)  # before any work: a foreign directory is never touched
+    if max_seq_len is not None:
+        check_seq_len(max_seq_len, what="--max-seq-len", tile=tile)
+    options = tune_options or {}
+    protect = (model_path, *_mask_files(mask), ins.dump_dir, options.get("db"))
+    check_destination(out, protect=protect)  # before any work: nothing foreign is touched
     profile = ins.run("target", get_profile, gpu)
     spec = None if mask.strip() == MODEL else ins.run("parse mask", parse_mask, mask)
+    if spec is not None:
+        check_destination(out, protect=spec_files(spec))
     if tune:  # tuning measures on the GPU present: check it before compiling anything
         from stofc.tune.device import check_gpu
         profile = ins.run("check GPU", check_gpu, gpu)
@@ -216,6 +245,14 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     if not graph.layers:
         raise PlanError(f"{model_path}: no attention block stofc can fuse",
                         hint="run `stofc inspect` to see why each block was left to ORT")
+    if spec is not None:
+        spec.check_layers(len(graph.layers))
+    max_seq_len = _max_seq_len(graph, max_seq_len, ins)
+    check_seq_len(max_seq_len, what="--max-seq-len", tile=tile)
+    too_long = [n for n in options.get("seq_lens", ()) if n > max_seq_len]
+    if tune and too_long:
+        raise PlanError(f"--seq-len {too_long[0]} is longer than the package's max_seq_len "
+                        f"{max_seq_len}", hint="tune lengths up to the length it is compiled for")
     blocks = [u for u in graph.unsupported if u.op_type in ("Softmax", "Attention")]
     if blocks:
         left = sorted({u.reason for u in blocks})
@@ -235,11 +272,39 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
         ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
         mask_canonical=canonical, causal=own.structured, tuned=False)
     contents = replace(contents, pack_qkv=pack_qkv, pack_projections=pack_qkv)
-    path = ins.run("write package", write_package, out, contents, ort_include=ort_include)
+    path = ins.run("write package", write_package, out, contents, ort_include=ort_include,
+                   verify=_checker(ins, contents) if check else None, protect=protect)
     ins.dump_package(path)
     if tune:
-        ins.run("tune", _tune, path, profile, tune_options or {})
+        ins.run("tune", _tune, path, profile, {**options, "check": check})
     return path
+
+
+def _max_seq_len(graph: ModelGraph, asked: int | None, ins: Instruments) -> int:
+    """``asked`` (refused beyond the model's position table), else the default 512 or the
+    table's length when shorter."""
+    if asked is not None:
+        check_positions(graph, asked)
+        return asked
+    table = max_positions(graph)
+    if table is not None and table.rows < DEFAULT_MAX_SEQ_LEN:
+        ins.note(f"max_seq_len {table.rows}: the model's position table '{table.name}' has "
+                 f"{table.rows} positions (pass --max-seq-len to choose a shorter one)")
+        return table.rows
+    return DEFAULT_MAX_SEQ_LEN
+
+
+def _checker(ins: Instruments, contents: PackageContents) -> Callable[[Path], None]:
+    """The write's ``verify``: the package runs and matches the model (a stage of its own)."""
+    def verify(tmp: Path) -> None:
+        ins.run("check package (CPU EP)", check_package_runs, tmp, contents)
+    return verify
+
+
+def _mask_files(mask: str) -> tuple[Path, ...]:
+    """The mask spec's own file, when it is one (read before the spec is parsed)."""
+    path = Path(mask.strip()).expanduser()
+    return (path,) if path.suffix.lower() in (".yaml", ".yml") and path.is_file() else ()
 
 
 def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile: GpuProfile,
@@ -265,8 +330,11 @@ def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile
 def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path | None = None,
                       instruments: Instruments | None = None,
                       ort_include: str | Path | None = None, tuned: bool = True,
-                      buckets: tuple[tuple[int, Plan], ...] = ()) -> Path:
+                      buckets: tuple[tuple[int, Plan], ...] = (), check: bool = True) -> Path:
     """Rewrite the package in ``package_dir`` for a new ``plan`` (the tuner's schemes/configs).
+
+    ``check``: the rewritten package must pass ``stofc compile``'s check before it
+    replaces the old one (:mod:`stofc.package.selfcheck`).
 
     The original model comes from ``model`` or the path recorded in plan.json
     (hash-checked); the mask formats are the package's own. Attention segments
@@ -304,7 +372,7 @@ def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path 
         causal=bool(mask["causal_from_model"]), tuned=tuned, buckets=buckets)
     contents = replace(contents, pack_projections=packed)
     path = ins.run("write package", write_package, package_dir, contents,
-                   ort_include=ort_include)
+                   ort_include=ort_include, verify=_checker(ins, contents) if check else None)
     ins.dump_package(path)
     return path
 
@@ -387,7 +455,8 @@ def _tune(path: Path, profile: GpuProfile, options: dict[str, Any]) -> None:
         try:
             tune_package(path, profile, db, reporter, budget_s=options.get("budget"),
                          batch=int(options.get("batch", 1)),
-                         seq_lens=tuple(options.get("seq_lens", ())))
+                         seq_lens=tuple(options.get("seq_lens", ())),
+                         check=bool(options.get("check", True)))
         except StofcError as err:
             raise StofcError(f"the untuned package was written to {path}, but --tune failed: "
                              f"{err.message}", hint=err.hint) from None

@@ -8,6 +8,7 @@ import click
 
 from stofc.commands.tune import choose_reporter
 from stofc.errors import StofcError
+from stofc.masks.limits import MAX_SEQ_LEN
 from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compile_model
 
 
@@ -23,8 +24,10 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
                    "Default h100: its sm_90 cubins also run on an H200.")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True,
               help="Data type of the fused ops (graph inputs and outputs keep theirs).")
-@click.option("--max-seq-len", "max_seq_len", type=int, default=DEFAULT_MAX_SEQ_LEN,
-              show_default=True, metavar="N", help="Longest sequence the package accepts (L_max).")
+@click.option("--max-seq-len", "max_seq_len", type=int, default=None, metavar="N",
+              help=f"Longest sequence the package accepts (L_max; at most {MAX_SEQ_LEN}). "
+                   f"Default {DEFAULT_MAX_SEQ_LEN}, or the model's position table when shorter; "
+                   "longer than that table is refused.")
 @click.option("--batch", type=int, default=1, show_default=True,
               help="Batch size the analytical configs are chosen for (any batch runs).")
 @click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False),
@@ -42,13 +45,17 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
               help="Also write every rendered CUDA source here.")
 @click.option("--ort-include", type=click.Path(path_type=Path, file_okay=False), default=None,
               envvar="STOFC_ORT_INCLUDE", help="ONNX Runtime C/C++ API headers to build against.")
+@click.option("--no-check", "no_check", is_flag=True,
+              help="Do not run the package against the model on ONNX Runtime's CPU EP before "
+                   "writing it (the check takes seconds; a package that fails it is never "
+                   "written).")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: int, batch: int,
-                    out_dir: Path | None, tune: bool, budget: float | None,
+def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: int | None,
+                    batch: int, out_dir: Path | None, tune: bool, budget: float | None,
                     seq_lens: tuple[int, ...], db: Path | None, dump_dir: Path | None,
-                    ort_include: Path | None, quiet: bool) -> None:
+                    ort_include: Path | None, no_check: bool, quiet: bool) -> None:
     """Compile MODEL with the structured mask into an ONNX Runtime package directory."""
-    if max_seq_len < 1:
+    if max_seq_len is not None and max_seq_len < 1:
         raise StofcError(f"--max-seq-len {max_seq_len} is not positive",
                          hint="give the longest sequence length, e.g. --max-seq-len 512")
     if batch < 1:
@@ -59,14 +66,15 @@ def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: i
     if (seq_lens or db is not None) and not tune:
         raise StofcError("--seq-len and --db choose what --tune does, and --tune was not given",
                          hint="add --tune, or drop them")
-    bad = [n for n in seq_lens if not 1 <= n <= max_seq_len]
+    bad = [n for n in seq_lens if not 1 <= n <= (max_seq_len or MAX_SEQ_LEN)]
     if bad:
-        raise StofcError(f"--seq-len {bad[0]} is outside 1..{max_seq_len} (--max-seq-len)",
+        raise StofcError(f"--seq-len {bad[0]} is outside 1..{max_seq_len or MAX_SEQ_LEN} "
+                         "(--max-seq-len)",
                          hint="tune lengths up to the length the package is compiled for")
     ins = Instruments(progress=not quiet, dump_dir=dump_dir)
     path = compile_model(model, mask, gpu=gpu, dtype=dtype, max_seq_len=max_seq_len,
                          out_dir=out_dir, tune=tune, batch=batch, instruments=ins,
-                         ort_include=ort_include,
+                         ort_include=ort_include, check=not no_check,
                          tune_options={"budget": budget, "batch": batch,
                                        "seq_lens": tuple(seq_lens), "db": db,
                                        "reporter": choose_reporter(quiet, False)})

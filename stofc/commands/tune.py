@@ -52,9 +52,12 @@ def choose_reporter(quiet: bool, as_json: bool) -> Reporter:
 @click.option("--seed", type=int, default=0, show_default=True, help="Search seed.")
 @click.option("--quiet", is_flag=True, help="Print warnings and errors only.")
 @click.option("--json", "as_json", is_flag=True, help="Progress and summary as JSON lines.")
+@click.option("--no-check", "no_check", is_flag=True,
+              help="Do not run the rewritten package against the model on ONNX Runtime's CPU "
+                   "EP before it replaces the old one.")
 def tune(package_dir: Path, gpu: str, budget: float | None, batch: int,
          seq_lens: tuple[int, ...], db_path: Path | None, seed: int, quiet: bool,
-         as_json: bool) -> None:
+         as_json: bool, no_check: bool) -> None:
     """Tune a compiled package on the GPU present (which must be --gpu NAME)."""
     if budget is not None and budget <= 0:
         raise StofcError(f"--budget {budget:g} is not positive", hint="give seconds, e.g. --budget 60")
@@ -70,4 +73,4 @@ def tune(package_dir: Path, gpu: str, budget: float | None, batch: int,
     reporter = choose_reporter(quiet, as_json)
     with TuningDatabase.open(db_path, on_warning=reporter.warning) as db:
         tune_package(package_dir, profile, db, reporter, budget_s=budget, batch=batch,
-                     seq_lens=tuple(sorted(set(seq_lens))), seed=seed)
+                     seq_lens=tuple(sorted(set(seq_lens))), seed=seed, check=not no_check)

@@ -50,25 +50,32 @@ def tile_classes(fmt: MaskFormat, head: int = 0) -> np.ndarray:
     return out
 
 
-def to_dense(fmt: MaskFormat, head: int = 0) -> np.ndarray:
-    """The bool ``[L_max, L_max]`` mask of ``head`` (any head when shared)."""
+def to_dense(fmt: MaskFormat, head: int = 0, size: int | None = None) -> np.ndarray:
+    """The bool ``[L_max, L_max]`` mask of ``head`` (any head when shared); with ``size``,
+    only its top-left ``[size, size]`` corner (the mask at run length ``S = size``), decoded
+    from the tiles that cover it."""
     h = _check_head(fmt, head)
-    L, T, R = fmt.seq_len, fmt.tile, fmt.tile_rows
-    if L > DENSE_LIMIT:
-        raise MaskSpecError(f"a dense mask of L={L} is too large to materialise",
+    L, T = fmt.seq_len, fmt.tile
+    n = L if size is None else max(0, min(int(size), L))
+    if n > DENSE_LIMIT:
+        raise MaskSpecError(f"a dense mask of L={n} is too large to materialise",
                             hint=f"accepted: L <= {DENSE_LIMIT}; use stats or show instead")
+    R = -(-n // T)
     grid = np.zeros((R, T, R, T), dtype=bool)
     f0, f1 = fmt.full_row_ptr[h, 0], fmt.full_row_ptr[h, -1]
-    frows = np.repeat(np.arange(R), np.diff(fmt.full_row_ptr[h]))
-    grid[frows, :, fmt.full_col_idx[f0:f1], :] = True
+    frows = np.repeat(np.arange(fmt.tile_rows), np.diff(fmt.full_row_ptr[h]))
+    fcols = fmt.full_col_idx[f0:f1]
+    keep = (frows < R) & (fcols < R)
+    grid[frows[keep], :, fcols[keep], :] = True
     p0, p1 = fmt.part_row_ptr[h, 0], fmt.part_row_ptr[h, -1]
-    prows = np.repeat(np.arange(R), np.diff(fmt.part_row_ptr[h]))
+    prows = np.repeat(np.arange(fmt.tile_rows), np.diff(fmt.part_row_ptr[h]))
     pcols = fmt.part_col_idx[p0:p1]
+    (sel,) = np.nonzero((prows < R) & (pcols < R))
     step = 4096
-    for s in range(0, p1 - p0, step):
-        bits = unpack_tiles(fmt.part_bitmaps[p0 + s:min(p1, p0 + s + step)], T)
-        grid[prows[s:s + step], :, pcols[s:s + step], :] = bits
-    return grid.reshape(R * T, R * T)[:L, :L].copy()
+    for s in range(0, len(sel), step):
+        idx = sel[s:s + step]
+        grid[prows[idx], :, pcols[idx], :] = unpack_tiles(fmt.part_bitmaps[p0 + idx], T)
+    return grid.reshape(R * T, R * T)[:n, :n].copy()
 
 
 def to_dense_all(fmt: MaskFormat) -> np.ndarray:

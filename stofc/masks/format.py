@@ -74,11 +74,12 @@ class MaskFormat:
         """Allowed elements over ``num_heads * L_max**2``."""
         return self.nnz / (self.num_heads * self.seq_len * self.seq_len)
 
-    def to_dense(self, head: int = 0) -> np.ndarray:
-        """Bool ``[L_max, L_max]`` mask of ``head`` (see ``stofc.masks.to_dense``)."""
+    def to_dense(self, head: int = 0, size: int | None = None) -> np.ndarray:
+        """Bool ``[L_max, L_max]`` mask of ``head``, or its top-left ``[size, size]`` corner
+        (see ``stofc.masks.to_dense``)."""
         from stofc.masks.decode import to_dense
 
-        return to_dense(self, head)
+        return to_dense(self, head, size)
 
     def stats(self):
         """Density, tile counts and sizes (see ``stofc.masks.stats``)."""

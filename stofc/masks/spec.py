@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -131,6 +132,15 @@ def _arrays(node: Node):
             yield from _arrays(child)
 
 
+def spec_files(spec: MaskSpec) -> tuple[Path, ...]:
+    """The files a spec was read from: its YAML file and every layout or bitmap array."""
+    nodes = (spec.default, *(o.node for o in (*spec.layers, *spec.heads)))
+    files = [Path(a.path) for n in nodes for a in _arrays(n)]
+    if spec.source.lower().endswith((".yaml", ".yml")):
+        files.append(Path(spec.source))
+    return tuple(dict.fromkeys(files))
+
+
 def file_heads(node: Node) -> int | None:
     """``H`` of the per-head arrays a node uses (all must agree), else ``None``."""
     heads = {a.num_heads for a in _arrays(node) if a.num_heads is not None}
@@ -215,6 +225,16 @@ class MaskSpec:
             if o.covers(layer):
                 return o.node
         return self.default
+
+    def check_layers(self, num_layers: int) -> None:
+        """Every ``layers`` override names layers the model has (``0 .. num_layers - 1``);
+        an override past the last layer is a mistake (a typo, or the wrong model), never
+        silently ignored."""
+        for o in self.layers:
+            if o.hi >= num_layers:
+                raise MaskSpecError(f"layer override '{o.key}' is out of range: the model has "
+                                    f"{num_layers} attention layers",
+                                    hint=f"use layer indices 0-{num_layers - 1}")
 
     def file_heads(self, layer: int = 0) -> int | None:
         """``H`` of the per-head files used by ``layer`` or any head override."""

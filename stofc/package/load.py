@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from stofc.errors import DeviceError, PackageError
-from stofc.package.manifest import Manifest, check_manifest
+from stofc.masks.limits import MAX_SEQ_LEN
+from stofc.package.manifest import ARCH_RE, Manifest, check_manifest
 from stofc.package.ortlib import LIBRARY_NAME
 from stofc.package.writer import MODEL_FILE, PLAN_FILE_VERSION, PLAN_FORMAT
 from stofc.plan.plan import Plan
@@ -32,6 +33,10 @@ CPU_EP = "CPUExecutionProvider"
 
 
 def _arch_cc(arch: str) -> tuple[int, int]:
+    """``sm_90a`` -> ``(9, 0)``; a PackageError for anything that is not ``sm_XY[a]``."""
+    if not ARCH_RE.fullmatch(arch):
+        raise PackageError(f"the package names GPU architecture {arch!r}, which is not sm_XY",
+                           hint="run `stofc compile` again")
     digits = arch.split("_", 1)[1].rstrip("a")
     return int(digits[:-1]), int(digits[-1])
 
@@ -80,12 +85,48 @@ def read_plan_document(root: str | Path) -> dict[str, Any]:
     if doc.get("version") != PLAN_FILE_VERSION:
         raise PackageError(f"{path} has version {doc.get('version')!r}, this stofc reads "
                            f"{PLAN_FILE_VERSION}", hint="run `stofc compile` again")
+    problem = _document_problem(doc)
+    if problem:
+        raise PackageError(f"{path} is malformed ({problem})", hint="run `stofc compile` again")
     return doc
+
+
+def _document_problem(doc: dict[str, Any]) -> str | None:
+    """What is wrong with the fields other modules read from plan.json, or None."""
+    plan, mask = doc.get("plan"), doc.get("mask")
+    if not isinstance(plan, dict):
+        return "no 'plan' object"
+    if not isinstance(plan.get("max_seq_len"), int) or isinstance(plan.get("max_seq_len"), bool) \
+            or not 1 <= plan["max_seq_len"] <= MAX_SEQ_LEN:
+        return f"plan.max_seq_len is {plan.get('max_seq_len')!r}, not 1..{MAX_SEQ_LEN}"
+    if not isinstance(mask, dict) or not isinstance(mask.get("formats"), list):
+        return "no 'mask.formats' list"
+    for entry in mask["formats"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("npz"), str) \
+                or not isinstance(entry.get("layers"), list) \
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry["layers"]):
+            return f"mask format entry {str(entry)[:80]!r} needs 'npz' and integer 'layers'"
+        if entry["npz"].startswith("/") or ".." in entry["npz"].split("/"):
+            return f"mask file {entry['npz']!r} is outside the package"
+    for key in ("model", "gpu", "provenance"):
+        if key in doc and not isinstance(doc[key], dict):
+            return f"'{key}' is not an object"
+    return None
 
 
 def read_plan(root: str | Path) -> Plan:
     """The :class:`~stofc.plan.plan.Plan` stored in a package (for ``stofc tune``)."""
-    return Plan.from_dict(read_plan_document(root)["plan"])
+    return plan_of(read_plan_document(root), root)
+
+
+def plan_of(doc: dict[str, Any], root: str | Path) -> Plan:
+    """The Plan of a plan.json document; a PackageError when its fields do not parse."""
+    try:
+        return Plan.from_dict(doc["plan"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise PackageError(f"{Path(root) / 'plan.json'} is malformed: its plan does not parse "
+                           f"({type(err).__name__}: {str(err)[:120]})",
+                           hint="run `stofc compile` again") from None
 
 
 def check_package(root: str | Path, *, providers: Sequence[Any] | None = None,

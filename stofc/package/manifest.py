@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from stofc.errors import PackageError
 
 MANIFEST = "manifest.json"
+ARCH_RE = re.compile(r"sm_[1-9][0-9]{1,2}a?")
+PTX_RE = re.compile(r"compute_[1-9][0-9]{1,2}a?")
 MANIFEST_VERSION = 1
 FORMAT = "stofc-package"
 
@@ -83,8 +86,17 @@ def read_manifest(root: Path) -> Manifest:
                              f"{MANIFEST_VERSION}")
         files = tuple((str(p), str(e["sha256"]), int(e["bytes"]))
                       for p, e in sorted(data["files"].items()))
-        return Manifest(str(data["stofc"]), str(data["gpu"]), str(data["arch"]),
-                        str(data["ptx"]), str(data["dtype"]), files)
+        for rel, _, _ in files:
+            parts = rel.split("/")
+            if rel.startswith("/") or ".." in parts or "" in parts or rel == MANIFEST:
+                raise ValueError(f"file entry {rel!r} is not a path inside the package")
+        arch, ptx = str(data["arch"]), str(data["ptx"])
+        if not ARCH_RE.fullmatch(arch):
+            raise ValueError(f"arch {arch!r} is not a GPU architecture (sm_XY)")
+        if not PTX_RE.fullmatch(ptx):
+            raise ValueError(f"ptx {ptx!r} is not a PTX target (compute_XY)")
+        return Manifest(str(data["stofc"]), str(data["gpu"]), arch, ptx, str(data["dtype"]),
+                        files)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise PackageError(f"{path} is malformed ({type(err).__name__}: {err})",
                            hint="write the package again with `stofc compile`") from None

@@ -33,8 +33,8 @@ from stofc.package.rewrite import float_type
 MASKED = -1e9
 
 
-def _bias_array(fmt: MaskFormat, rank: int) -> np.ndarray:
-    dense = np.stack([fmt.to_dense(h) for h in range(fmt.num_heads)])  # [Hf, L, L]
+def _bias_array(fmt: MaskFormat, rank: int, size: int | None = None) -> np.ndarray:
+    dense = np.stack([fmt.to_dense(h, size) for h in range(fmt.num_heads)])  # [Hf, L, L]
     bias = np.where(dense, 0.0, MASKED).astype(np.float32)
     if rank == 4:
         return bias[None]                       # [1, Hf, L, L]
@@ -44,8 +44,13 @@ def _bias_array(fmt: MaskFormat, rank: int) -> np.ndarray:
     return bias.reshape((1,) * (rank - 2) + bias.shape[1:])
 
 
-def inject_mask(graph: ModelGraph, formats: dict[int, MaskFormat]) -> onnx.ModelProto:
+def inject_mask(graph: ModelGraph, formats: dict[int, MaskFormat], *,
+                size: int | None = None) -> onnx.ModelProto:
     """The reference model: ``graph.model`` with ``formats[layer]`` applied in every block.
+
+    ``size``: the longest sequence the reference will run; its constants then hold only
+    the top-left ``size x size`` of each mask (all a run of ``S <= size`` reads) instead
+    of ``L_max x L_max``.
 
     Before a Softmax: ``scores + bias``. For an ONNX ``Attention`` op (opset
     23): its ``attn_mask`` input becomes ``attn_mask AND allowed`` (boolean),
@@ -61,7 +66,7 @@ def inject_mask(graph: ModelGraph, formats: dict[int, MaskFormat]) -> onnx.Model
         key = (fmt.spec_hash, rank, boolean)
         if key not in shared:
             name = f"stofc_ref/mask_{'allowed' if boolean else 'bias'}_{len(shared)}"
-            array = _bias_array(fmt, rank)
+            array = _bias_array(fmt, rank, size)
             model.graph.initializer.append(
                 numpy_helper.from_array(array == 0 if boolean else array, name))
             shared[key] = name

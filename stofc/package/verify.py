@@ -29,8 +29,9 @@ from stofc.errors import PackageError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.frontend.graph import GraphIndex
 from stofc.masks import load as load_format
+from stofc.masks.format import MaskFormat
 from stofc.package.feeds import input_shape
-from stofc.package.load import CPU_EP, CUDA_EP, load, read_plan_document
+from stofc.package.load import CPU_EP, CUDA_EP, check_package, load, read_plan_document
 from stofc.package.manifest import sha256_file
 from stofc.package.reference import inject_mask
 
@@ -156,6 +157,7 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
     import onnxruntime as ort
 
     package = Path(package)
+    check_package(package)  # the manifest first: an edited plan.json is "modified", not a crash
     doc = read_plan_document(package)
     plan = doc["plan"]
     if provider not in PROVIDERS:
@@ -178,11 +180,9 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
         if seq_len > max_len:
             raise StofcError(f"--seq-len {seq_len} exceeds the package's max_seq_len {max_len}",
                              hint=f"use lengths <= {max_len}")
-    so = ort.SessionOptions()
-    so.log_severity_level = 4  # errors come back as one line, not ORT's log
-    bare = ort.InferenceSession(graph.model.SerializeToString(), so, providers=[CPU_EP])
-    reference = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(), so,
-                                     providers=[CPU_EP])
+    longest = max(n for _, n in cases)
+    bare = _session(graph.model.SerializeToString())
+    reference = reference_session(graph, formats, longest)
     session = load(package, providers=PROVIDERS[provider],
                    session_options_hook=lambda o: setattr(o, "log_severity_level", 4))
     rng = np.random.default_rng(seed)
@@ -190,14 +190,13 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
     errors = []
     for batch, seq_len in cases:
         feeds, real = make_inputs(graph, batch, seq_len, rng, input_shapes)
-        ref_out = _run(reference, names, feeds, f"the reference ({source.name})", batch, seq_len)
-        pkg_out = _run(session, names, feeds, f"the package ({package.name})", batch, seq_len)
-        bare_out = _run(bare, names, feeds, f"the original ({source.name})", batch, seq_len)
-        for name, o, r, b in zip(names, pkg_out, ref_out, bare_out, strict=True):
-            max_abs, max_ref, n = compare(o, r, real)
-            scale = max(max_ref, 1e-30)
-            errors.append(OutputError(name, batch, seq_len, max_abs, max_ref, max_abs / scale, n,
-                                      compare(b, r, real)[0] / scale))
+        ref_out = run_session(reference, names, feeds, f"the reference ({source.name})", batch,
+                              seq_len)
+        pkg_out = run_session(session, names, feeds, f"the package ({package.name})", batch,
+                              seq_len)
+        bare_out = run_session(bare, names, feeds, f"the original ({source.name})", batch,
+                               seq_len)
+        errors += output_errors(names, pkg_out, ref_out, real, batch, seq_len, bare_out)
     return VerifyReport(str(package), str(source), provider, bound, tuple(errors))
 
 
@@ -210,8 +209,38 @@ def default_cases(max_len: int) -> list[tuple[int, int]]:
     return [(2, n) for n in sorted({max(1, top // 3) | 1, top})]
 
 
-def _run(session, names: list[str], feeds: dict[str, np.ndarray], what: str, batch: int,
-         seq_len: int) -> list[np.ndarray]:
+def _session(model: bytes):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # errors come back as one line, not ORT's log
+    return ort.InferenceSession(model, so, providers=[CPU_EP])
+
+
+def reference_session(graph: ModelGraph, formats: dict[int, MaskFormat], size: int):
+    """THE reference of ``stofc verify`` and of ``stofc compile``'s check, as an ONNX Runtime
+    CPU session: the original model with the structured mask injected before every Softmax
+    (:func:`~stofc.package.reference.inject_mask`), for runs of length ``<= size``."""
+    return _session(inject_mask(graph, formats, size=size).SerializeToString())
+
+
+def output_errors(names: list[str], pkg_out: list[np.ndarray], ref_out: list[np.ndarray],
+                  real: np.ndarray, batch: int, seq_len: int,
+                  bare_out: list[np.ndarray] | None = None) -> list[OutputError]:
+    """One :class:`OutputError` per output (``bare_out``: the original without the mask)."""
+    errors = []
+    for i, (name, o, r) in enumerate(zip(names, pkg_out, ref_out, strict=True)):
+        max_abs, max_ref, n = compare(o, r, real)
+        scale = max(max_ref, 1e-30)
+        effect = compare(bare_out[i], r, real)[0] / scale if bare_out is not None else 0.0
+        errors.append(OutputError(name, batch, seq_len, max_abs, max_ref, max_abs / scale, n,
+                                  effect))
+    return errors
+
+
+def run_session(session, names: list[str], feeds: dict[str, np.ndarray], what: str, batch: int,
+                seq_len: int) -> list[np.ndarray]:
+    """``session.run`` with ONNX Runtime's failure as one StofcError line."""
     try:
         return session.run(names, feeds)
     except Exception as err:  # ORT's own exception types; keep one line

@@ -9,11 +9,13 @@ Layout of a package directory (``docs/plan-schema.md`` documents ``plan.json``):
     libstofc_ort.so     the custom-op library (stofc.package.ortlib.build_library)
     manifest.json       sha256 of every other file (stofc.package.manifest)
 
-Atomic: everything is written into a temporary directory next to the
-destination, which then replaces the destination by rename. On any failure the
-temporary directory is removed and an existing package stays as it was. A
-destination that exists and is neither empty nor a stofc package is refused
-(a PackageError), so a typo in ``-o`` never deletes someone's directory.
+Atomic (:mod:`stofc.package.destination`): everything is written into a locked
+temporary directory next to the destination, checked (the package runs on ONNX
+Runtime's CPU EP and matches the model, :mod:`stofc.package.selfcheck`), and
+then swapped into place. On any failure the temporary directory is removed and
+an existing package stays as it was. A destination that exists and is neither
+empty nor a verified stofc package is refused (a PackageError naming the file
+that is not the package's), so a typo in ``-o`` never deletes anyone's files.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,14 +33,15 @@ import onnx
 from stofc import __version__
 from stofc.codegen import Source
 from stofc.compile import CompiledKernel
-from stofc.errors import PackageError
 from stofc.frontend.types import ModelGraph
+from stofc.fsutil import umask
 from stofc.masks import save as save_mask
 from stofc.masks.format import MaskFormat
 from stofc.package import emit
 from stofc.package.cuda_launch import annotate_cuda
+from stofc.package.destination import write_directory
 from stofc.package.kernels import AttentionKernel, compile_options
-from stofc.package.manifest import MANIFEST, build_manifest, sha256_file, write_manifest
+from stofc.package.manifest import build_manifest, sha256_file, write_manifest
 from stofc.package.maskbin import write_mask_binary
 from stofc.package.rewrite import AttentionBinding, attention_inputs, rewrite_model
 from stofc.plan.plan import Plan
@@ -80,18 +82,6 @@ def kernel_file(name: str, target: str) -> str:
 
 def mask_id(fmt: MaskFormat) -> str:
     return f"mask-{fmt.spec_hash[:16]}"
-
-
-def check_destination(dest: Path) -> None:
-    """Refuse a destination that exists and is neither empty nor a stofc package."""
-    if not dest.exists():
-        return
-    if not dest.is_dir():
-        raise PackageError(f"output {dest} exists and is not a directory",
-                           hint="choose another -o DIR")
-    if any(dest.iterdir()) and not ((dest / MANIFEST).is_file() or (dest / "plan.json").is_file()):
-        raise PackageError(f"output directory {dest} is not empty and is not a stofc package",
-                           hint="choose another -o DIR or empty it first")
 
 
 def _driver_version() -> str | None:
@@ -190,7 +180,7 @@ def _write_masks(root: Path, contents: PackageContents) -> list[dict]:
         mid = mask_id(fmt)
         if mid not in by_id:
             save_mask(fmt, root / "masks" / f"{mid}.npz")
-            os.chmod(write_mask_binary(fmt, root / "masks" / f"{mid}.bin"), 0o666 & ~_umask())
+            os.chmod(write_mask_binary(fmt, root / "masks" / f"{mid}.bin"), 0o666 & ~umask())
             by_id[mid] = {"id": mid, "npz": f"masks/{mid}.npz", "bin": f"masks/{mid}.bin",
                           "spec": json.loads(fmt.spec), "spec_hash": fmt.spec_hash,
                           "seq_len": fmt.seq_len, "tile": fmt.tile, "num_heads": fmt.num_heads,
@@ -267,40 +257,15 @@ def _fill(root: Path, contents: PackageContents, *, ort_include: str | Path | No
 
 
 def write_package(out_dir: str | Path, contents: PackageContents, *,
-                  ort_include: str | Path | None = None) -> Path:
-    """Write the package to ``out_dir`` atomically (see the module doc); returns the path."""
-    dest = Path(out_dir).absolute()
-    check_destination(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())
-        _fill(tmp, contents, ort_include=ort_include)
-        _swap(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+                  ort_include: str | Path | None = None,
+                  verify: Callable[[Path], None] | None = None,
+                  protect: tuple[Path | None, ...] = ()) -> Path:
+    """Write the package to ``out_dir`` atomically (see the module doc); returns the path.
 
-
-def _swap(new: Path, dest: Path) -> None:
-    """Replace ``dest`` by ``new``: old moved aside, new renamed in, old removed."""
-    old = None
-    if dest.exists():
-        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
-        os.rmdir(old)
-        os.replace(dest, old)
-    try:
-        os.replace(new, dest)
-    except BaseException:
-        if old is not None:
-            os.replace(old, dest)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    ``verify(tmp)`` runs on the complete package in its temporary directory before it
+    is put in place (``stofc compile``'s check, :mod:`stofc.package.selfcheck`); if it
+    raises, nothing is written. ``protect``: paths the compile reads, which ``out_dir``
+    may not hold (:func:`~stofc.package.destination.check_destination`).
+    """
+    return write_directory(out_dir, lambda tmp: _fill(tmp, contents, ort_include=ort_include),
+                           verify=verify, protect=(contents.source_model, *protect))

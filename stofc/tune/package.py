@@ -35,20 +35,25 @@ from stofc.tune.progress import Reporter
 
 def tune_package(package_dir: Path, profile: GpuProfile, db: TuningDatabase, reporter: Reporter,
                  *, budget_s: float | None, batch: int, seq_lens: tuple[int, ...],
-                 seed: int = 0) -> None:
-    """Tune the package in ``package_dir`` for ``profile`` (see the module doc)."""
+                 seed: int = 0, check: bool = True) -> None:
+    """Tune the package in ``package_dir`` for ``profile`` (see the module doc).
+
+    ``check``: the rewritten package must pass ``stofc compile``'s check (it runs on
+    ONNX Runtime's CPU EP and matches the model) before it replaces the old one.
+    """
     from stofc.frontend import load_model
     from stofc.frontend.pack import packed_from_document
     from stofc.masks import load as load_format
-    from stofc.package.load import read_plan_document
+    from stofc.package.load import plan_of, read_plan_document
+    from stofc.package.manifest import check_manifest
     from stofc.package.verify import original_model
     from stofc.pipeline import recompile_package
-    from stofc.plan.plan import Plan
     from stofc.tune.plan_tuner import tune_plan_buckets
 
     package_dir = Path(package_dir)
+    check_manifest(package_dir)  # first: an edited plan.json is "modified", not a parse error
     doc = read_plan_document(package_dir)
-    plan = Plan.from_dict(doc["plan"])
+    plan = plan_of(doc, package_dir)
     if plan.arch != profile.arch:
         raise PackageError(f"the package was compiled for {plan.gpu} ({plan.arch}) and the GPU "
                            f"present is an {profile.name} ({profile.arch})",
@@ -63,4 +68,4 @@ def tune_package(package_dir: Path, profile: GpuProfile, db: TuningDatabase, rep
     tuning = tune_plan_buckets(plan, graph, formats, profile, batch=batch, seq_lens=lengths,
                                budget_s=budget_s, db=db, reporter=reporter, seed=seed)
     recompile_package(package_dir, tuning.plan_for(lengths[-1]), tuned=True,
-                      buckets=tuple((n, tuning.plan_for(n)) for n in lengths))
+                      buckets=tuple((n, tuning.plan_for(n)) for n in lengths), check=check)

@@ -87,7 +87,7 @@ def test_verify_exit_1_beyond_bound(example, tmp_path):
     (("compile", "{model}", "--mask", "causal", "--seq-len", "64"), "--tune was not given"),
     (("compile", "{model}", "--mask", "causal", "--tune", "--max-seq-len", "64", "--seq-len",
       "128"), "--seq-len 128 is outside 1..64"),
-    (("verify", "{tmp}/nowhere"), "no plan.json"),
+    (("verify", "{tmp}/nowhere"), "does not exist"),
     (("verify", "{tmp}", "--batch", "2"), "--batch without --seq-len"),
     (("bench", "{tmp}"), "onnxruntime-gpu"),
 ])
