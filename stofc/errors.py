@@ -49,7 +49,8 @@ class CompileError(StofcError):
         first = self.log.strip().splitlines()[0] if self.log.strip() else ""
         where = f" (source: {self.source_path})" if self.source_path else ""
         detail = f": {first}" if first else ""
-        return f"{self.message}{detail}{where}"
+        fix = f"; {self.hint}" if self.hint else ""
+        return f"{self.message}{detail}{where}{fix}"
 
 
 class TargetError(StofcError):

@@ -149,7 +149,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, **kwargs) -> Path:
 # ---------------------------------------------------------------- locked temporary directories
 
 
-def _try_lock(fd: int) -> bool | None:
+def try_lock(fd: int) -> bool | None:
     """Take an exclusive flock on ``fd`` without waiting: True, False (held by someone),
     None (flock unsupported here)."""
     try:
@@ -210,7 +210,7 @@ def sweep_stale(parent: Path, prefixes: tuple[str, ...]) -> list[Path]:
         except OSError:
             continue
         try:
-            if _try_lock(fd):
+            if try_lock(fd):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
         finally:
@@ -241,7 +241,7 @@ def make_locked_tempdir(parent: Path, prefix: str, *,
         path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
         fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         assert fd is not None
-        if not _try_lock(fd):
+        if not try_lock(fd):
             os.close(fd)
             fd = None
     return LockedDir(path, fd)

@@ -1,17 +1,42 @@
-"""``stofc cache status|clear``: the compiled-kernel cache and the tuning database."""
+"""``stofc cache status|clear``: every cache stofc keeps, in one place.
+
+=====================  ===================================================================
+cache                  what it holds
+=====================  ===================================================================
+``kernels/``           compiled cubins and PTX (:mod:`stofc.compile.nvrtc`)
+``ortlib/``            built custom-op libraries (:mod:`stofc.package.ortlib`)
+``ort-headers/``       ONNX Runtime API headers fetched through apt
+                       (:mod:`stofc.package.ort_headers`)
+``tuning.sqlite``      the tuning database (:mod:`stofc.tune.db`), or ``--db``
+=====================  ===================================================================
+
+Every entry is content-checked on read (:mod:`stofc.cachecheck`); ``clear``
+is the way out when a user wants the space back or distrusts a cache. Clearing
+skips the temporary build directories of a build that is running right now
+(they are locked; see :mod:`stofc.fsutil`).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import click
 
 from stofc.errors import StofcError
+from stofc.fsutil import fs_errors, try_lock
 from stofc.paths import cache_dir
 from stofc.targets import get_profile, profile_for_device_name
 from stofc.tune.db import TuningDatabase, default_path
+
+# name in status/JSON -> (sub-directory, what a line calls it)
+DIRECTORIES: dict[str, tuple[str, str]] = {
+    "kernels": ("kernels", "compiled kernels"),
+    "ortlib": ("ortlib", "custom-op libraries"),
+    "ort_headers": ("ort-headers", "ONNX Runtime headers"),
+}
 
 
 def kernels_dir() -> Path:
@@ -24,7 +49,7 @@ def _tree_size(root: Path) -> tuple[int, int]:
     files = size = 0
     if root.is_dir():
         for path in root.rglob("*"):
-            if path.is_file():
+            if path.is_file() and not path.is_symlink():
                 files += 1
                 size += path.stat().st_size
     return files, size
@@ -46,8 +71,10 @@ def _human(size: int) -> str:
 
 def cache_status(db_path: Path | None) -> dict:
     """Where the caches are, how big, and the tuning records per GPU (no file is created)."""
-    kernels = kernels_dir()
-    files, size = _tree_size(kernels)
+    out: dict = {"cache_dir": str(cache_dir())}
+    for name, (sub, _) in DIRECTORIES.items():
+        files, size = _tree_size(cache_dir() / sub)
+        out[name] = {"path": str(cache_dir() / sub), "files": files, "bytes": size}
     db_file = db_path or default_path()
     tuning: dict = {"path": str(db_file), "exists": db_file.is_file(), "bytes": 0, "gpus": {}}
     if db_file.is_file():
@@ -55,14 +82,14 @@ def cache_status(db_path: Path | None) -> dict:
             tuning["gpus"] = {gpu: {"records": r, "samples": s}
                               for gpu, (r, s) in db.counts_by_gpu().items()}
         tuning["bytes"] = _db_size(db_file)
-    return {"cache_dir": str(cache_dir()),
-            "kernels": {"path": str(kernels), "files": files, "bytes": size},
-            "tuning": tuning}
+    out["tuning"] = tuning
+    return out
 
 
 @click.group("cache")
 def cache() -> None:
-    """Inspect or clear the compiled-kernel cache and the tuning database."""
+    """Inspect or clear stofc's caches: compiled kernels, custom-op libraries, ONNX Runtime
+    headers and the tuning database."""
 
 
 @cache.command("status")
@@ -70,15 +97,16 @@ def cache() -> None:
               help="Tuning database (default: the user cache directory's tuning.sqlite).")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(db_path: Path | None, as_json: bool) -> None:
-    """Locations, sizes and record counts (per GPU) of the caches."""
+    """Locations, sizes and record counts (per GPU) of every cache."""
     info = cache_status(db_path)
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True))
         return
-    kernels, tuning = info["kernels"], info["tuning"]
     click.echo(f"cache directory: {info['cache_dir']}")
-    click.echo(f"compiled kernels: {kernels['path']}: {kernels['files']} files, "
-               f"{_human(kernels['bytes'])}")
+    for name, (_, label) in DIRECTORIES.items():
+        entry = info[name]
+        click.echo(f"{label}: {entry['path']}: {entry['files']} files, {_human(entry['bytes'])}")
+    tuning = info["tuning"]
     if not tuning["exists"]:
         click.echo(f"tuning database: {tuning['path']}: not created yet")
         return
@@ -89,36 +117,68 @@ def status(db_path: Path | None, as_json: bool) -> None:
         click.echo(f"  {gpu}: {counts['records']} records, {counts['samples']} samples")
 
 
+def _clear_directory(root: Path) -> tuple[int, int]:
+    """Remove everything under ``root`` except a running build's locked directory."""
+    files, size = _tree_size(root)
+    if not root.is_dir():
+        return files, size
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.is_symlink() and entry.name.startswith("."):
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if try_lock(fd) is False:
+                    left = _tree_size(entry)
+                    files, size = files - left[0], size - left[1]
+                    continue  # a build that is running now
+            finally:
+                os.close(fd)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if not any(root.iterdir()):
+        root.rmdir()
+    return files, size
+
+
 @cache.command("clear")
 @click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Tuning database (default: the user cache directory's tuning.sqlite).")
 @click.option("--kernels", is_flag=True, help="Clear the compiled-kernel cache.")
+@click.option("--ortlib", is_flag=True, help="Clear the custom-op library cache.")
+@click.option("--headers", is_flag=True, help="Clear the fetched ONNX Runtime headers.")
 @click.option("--tuning", is_flag=True, help="Clear the tuning database.")
 @click.option("--gpu", "gpu", default=None, metavar="NAME",
               help="With --tuning: only the records measured on this GPU (h100, h200, ...).")
 @click.option("--yes", is_flag=True, help="Confirm: really delete.")
-def clear(db_path: Path | None, kernels: bool, tuning: bool, gpu: str | None, yes: bool) -> None:
-    """Delete cached kernels and/or tuning records (both unless one is named)."""
+def clear(db_path: Path | None, kernels: bool, ortlib: bool, headers: bool, tuning: bool,
+          gpu: str | None, yes: bool) -> None:
+    """Delete cached kernels, libraries, headers and/or tuning records (all unless named)."""
     profile = None
     if gpu is not None:
-        if kernels:
-            raise StofcError("--gpu selects tuning records; the kernel cache is not per GPU",
-                             hint="use --gpu with --tuning only")
+        if kernels or ortlib or headers:
+            raise StofcError("--gpu selects tuning records; the kernel, library and header "
+                             "caches are not per GPU", hint="use --gpu with --tuning only")
         profile = get_profile(gpu)
         tuning = True
-    if not kernels and not tuning:
-        kernels = tuning = True
-    what = " and ".join(n for n, on in (("compiled kernels", kernels),
-                                         ("tuning records", tuning)) if on)
+    chosen = {"kernels": kernels, "ortlib": ortlib, "ort_headers": headers}
+    if not any(chosen.values()) and not tuning:
+        chosen = dict.fromkeys(chosen, True)
+        tuning = True
+    names = [*(DIRECTORIES[n][1] for n, on in chosen.items() if on),
+             *(["tuning records"] if tuning else [])]
+    what = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     if not yes:
         raise StofcError(f"not clearing the {what} without confirmation",
                          hint="add --yes to delete them")
-    if kernels:
-        root = kernels_dir()
-        files, size = _tree_size(root)
-        if root.is_dir():
-            shutil.rmtree(root)
-        click.echo(f"cleared compiled kernels: {files} files, {_human(size)} ({root})")
+    for name, on in chosen.items():
+        if not on:
+            continue
+        sub, label = DIRECTORIES[name]
+        root = cache_dir() / sub
+        with fs_errors(f"clear {root}", root):
+            files, size = _clear_directory(root)
+        click.echo(f"cleared {label}: {files} files, {_human(size)} ({root})")
     if tuning:
         db_file = db_path or default_path()
         if not db_file.is_file():
@@ -133,4 +193,3 @@ def clear(db_path: Path | None, kernels: bool, tuning: bool, gpu: str | None, ye
             db.compact()
         scope = "" if gpu is None else f" for {gpu}"
         click.echo(f"cleared tuning database{scope}: {deleted} rows ({db_file})")
-

@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from stofc import __version__
+from stofc.cachecheck import binary_problem, read_entry, sha256_bytes, warn_once, write_entry
 from stofc.codegen import Source
 from stofc.errors import CompileError, StofcError
 from stofc.paths import cache_dir, cuda_dir
@@ -43,6 +44,7 @@ class CompiledKernel:
     nvrtc_version: str
     options: tuple[str, ...]
     key: str
+    sha256: str = ""   # of ``binary``; the package writer checks it before writing the file
 
     @property
     def is_ptx(self) -> bool:
@@ -142,20 +144,32 @@ def compile_source(source: Source, target: str, *, options: tuple[str, ...] = ()
     opts = (*DEFAULT_OPTIONS, *options, f"-arch={target}",
             *(f"-I{d}" for d in include_dirs()))
     key = cache_key(source, target, (*DEFAULT_OPTIONS, *options))
-    suffix = ".ptx" if target.startswith("compute_") else ".cubin"
-    cached = cache_dir() / "kernels" / key[:2] / f"{key}{suffix}"
-    if use_cache and cached.is_file():
-        binary = cached.read_bytes()
-    else:
-        binary = _run_nvrtc(source, opts, ptx=suffix == ".ptx")
+    cached = kernel_cache_path(key, target)
+    binary = read_entry(cached, cache="kernels") if use_cache else None
+    if binary is not None and binary_problem(binary, target):
+        warn_once("kernels", f"cache entry {cached} holds {binary_problem(binary, target)}; "
+                             "removed it and compiled again")
+        cached.unlink(missing_ok=True)
+        binary = None
+    if binary is None:
+        binary = _run_nvrtc(source, opts, ptx=target.startswith("compute_"))
+        problem = binary_problem(binary, target)
+        if problem:
+            raise CompileError(f"NVRTC returned {problem} for {source.name} ({target})",
+                               hint="report it with the NVRTC version")
         if use_cache:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(binary)
-            os.replace(tmp, cached)
+            write_entry(cached, binary)
     return CompiledKernel(name=source.name, target=target, binary=binary,
                           entry_points=source.entry_points, nvrtc_version=nvrtc_version(),
-                          options=(*DEFAULT_OPTIONS, *options), key=key)
+                          options=(*DEFAULT_OPTIONS, *options), key=key,
+                          sha256=sha256_bytes(binary))
+
+
+def kernel_cache_path(key: str, target: str) -> Path:
+    """Where the kernel of cache key ``key`` is stored (a :func:`~stofc.cachecheck.write_entry`
+    file: the binary headed by its sha256)."""
+    kind = "ptx" if target.startswith("compute_") else "cubin"
+    return cache_dir() / "kernels" / key[:2] / f"{key}.{kind}.entry"
 
 
 def _run_nvrtc(source: Source, opts: tuple[str, ...], *, ptx: bool) -> bytes:
@@ -166,9 +180,12 @@ def _run_nvrtc(source: Source, opts: tuple[str, ...], *, ptx: bool) -> bytes:
             nvrtc.compileProgram(prog, list(opts))
         except Exception as err:
             log = nvrtc.getProgramLog(prog)
-            path = dump_source(source)
+            try:
+                path: str | None = str(dump_source(source))
+            except OSError:  # the dump is a courtesy; NVRTC's log is the error
+                path = None
             raise CompileError(f"NVRTC failed to compile {source.name} ({source.template})",
-                               log=log or str(err), source_path=str(path)) from None
+                               log=log or str(err), source_path=path) from None
         if ptx:
             text = nvrtc.getPTX(prog)
             return text.encode() if isinstance(text, str) else bytes(text)

@@ -25,15 +25,17 @@ The onnxruntime pip wheels ship no C/C++ headers, so they are no fallback.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from stofc.cachecheck import sha256_path, warn_once
 from stofc.errors import StofcError
+from stofc.fsutil import atomic_write_text, fs_errors, make_locked_tempdir
 from stofc.paths import cache_dir
 
 DEB_PACKAGE = "libonnxruntime-dev"
@@ -42,6 +44,15 @@ PINNED_DEB = f"{DEB_PACKAGE}_{PINNED_VERSION}_amd64.deb"
 PINNED_POOL = "pool/main/o/onnxruntime"
 # sha256 of PINNED_DEB as served by the Debian archive (85 340 bytes).
 PINNED_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
+# sha256 of the required headers in PINNED_VERSION: a cached copy is checked against them.
+PINNED_HEADERS = {
+    "onnxruntime_c_api.h": "7783e9664bdb0b1b36145b5c8587dd1bc9a399aa000edf2e3dd03003cafc6882",
+    "onnxruntime_cxx_api.h": "b3b27d6a6fced0725e3f188379cca008b1d7a456997684756374d4b388f2cf05",
+    "onnxruntime_cxx_inline.h": "7f448e994c732eacd9e49900365fefa8f1ac998a6d6eb78e5f4aab1b8d9d8900",
+    "onnxruntime_float16.h": "6c4db3d1954b266c4febe413351af86cac922e3448538e7e452e51d646e56a4a",
+}
+HEADERS_MANIFEST = "stofc-headers.json"
+INCLUDE = "usr/include/onnxruntime"
 MIN_API_VERSION = 21
 REQUIRED = ("onnxruntime_c_api.h", "onnxruntime_cxx_api.h", "onnxruntime_cxx_inline.h",
             "onnxruntime_float16.h")
@@ -108,13 +119,69 @@ def find_ort_headers(include: str | Path | None = None, *, fetch: bool = True) -
     if _locate(SYSTEM_DIR):
         return _checked(SYSTEM_DIR, "system")
     root = headers_cache_dir()
-    for cand in sorted(root.glob("*/usr/include/onnxruntime"), reverse=True):
-        if _locate(cand):
-            return _checked(cand, "cache")
+    for version_dir in sorted(root.glob(f"{DEB_PACKAGE}_*"), reverse=True):
+        if version_dir.name.startswith(".") or not version_dir.is_dir():
+            continue
+        problem = cached_headers_problem(version_dir)
+        if problem:
+            warn_once("ort-headers", f"cached ONNX Runtime headers {version_dir} are damaged "
+                                     f"({problem}); removed them and fetching again")
+            shutil.rmtree(version_dir, ignore_errors=True)
+            continue
+        if _locate(version_dir / INCLUDE):
+            return _checked(version_dir / INCLUDE, "cache")
     if not fetch:
         raise StofcError("no ONNX Runtime headers found",
                          hint="install libonnxruntime-dev or pass --ort-include DIR")
     return _checked(_fetch_with_apt(root), "apt")
+
+
+def _header_hashes(version_dir: Path) -> dict[str, str]:
+    include = version_dir / INCLUDE
+    return {p.relative_to(include).as_posix(): sha256_path(p)
+            for p in sorted(include.rglob("*")) if p.is_file()}
+
+
+def _pinned_problem(version_dir: Path, hashes: dict[str, str]) -> str | None:
+    if version_dir.name != f"{DEB_PACKAGE}_{PINNED_VERSION.replace(':', '_')}":
+        return None
+    for name, digest in PINNED_HEADERS.items():
+        if hashes.get(name) != digest:
+            return f"{name} differs from the pinned {PINNED_VERSION} header"
+    return None
+
+
+def record_headers(version_dir: Path) -> None:
+    """Write ``stofc-headers.json``: the sha256 of every header under ``version_dir``."""
+    atomic_write_text(version_dir / HEADERS_MANIFEST,
+                      json.dumps(_header_hashes(version_dir), indent=1, sort_keys=True))
+
+
+def cached_headers_problem(version_dir: Path) -> str | None:
+    """Why the headers cached in ``version_dir`` cannot be trusted, or None: each file must
+    match the sha256 recorded when it was unpacked, and the pinned version's required
+    headers their pinned hashes. A copy from before the record existed is accepted (and
+    recorded) only when it is the pinned version and matches the pinned hashes."""
+    try:
+        hashes = _header_hashes(version_dir)
+        pinned = _pinned_problem(version_dir, hashes)
+        manifest = version_dir / HEADERS_MANIFEST
+        if not manifest.is_file():
+            if pinned is None and version_dir.name.endswith(PINNED_VERSION.replace(":", "_")):
+                record_headers(version_dir)
+                return None
+            return pinned or f"no {HEADERS_MANIFEST} (unpacked by an older stofc)"
+        recorded = json.loads(manifest.read_text())
+        if not isinstance(recorded, dict) or not recorded:
+            return f"{HEADERS_MANIFEST} is malformed"
+        for name, digest in recorded.items():
+            if name not in hashes:
+                return f"{name} is missing"
+            if hashes[name] != digest:
+                return f"{name} differs from its recorded sha256"
+        return pinned
+    except (OSError, ValueError) as err:
+        return f"cannot be read ({type(err).__name__})"
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -183,24 +250,32 @@ def _fetch_with_apt(root: Path) -> Path:
     if not shutil.which("dpkg-deb"):
         raise StofcError("dpkg-deb is missing, so the ONNX Runtime headers cannot be unpacked",
                          hint="pass --ort-include DIR or set STOFC_ORT_INCLUDE")
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=root, prefix=".fetch-"))
+    with fs_errors("create the ONNX Runtime header cache", root):
+        root.mkdir(parents=True, exist_ok=True)
+        locked = make_locked_tempdir(root, ".fetch-")  # a killed fetch's is swept next time
+    work = locked.path
     try:
         os.chmod(work, 0o755)  # apt's sandbox user may write here
         deb = _download(work)
         version = _run(["dpkg-deb", "-f", str(deb), "Version"]).stdout.strip() or "unknown"
         unpacked = work / "root"
         res = _run(["dpkg-deb", "-x", str(deb), str(unpacked)])
-        if res.returncode != 0 or _locate(unpacked / "usr/include/onnxruntime") is None:
+        if res.returncode != 0 or _locate(unpacked / INCLUDE) is None:
             raise StofcError(f"unpacking {deb.name} gave no ONNX Runtime headers ({res.stderr.strip()})",
                              hint="pass --ort-include DIR or set STOFC_ORT_INCLUDE")
         final = root / f"{DEB_PACKAGE}_{version.replace(':', '_')}"
+        problem = _pinned_problem(final, _header_hashes(unpacked))
+        if problem:
+            raise StofcError(f"the fetched {deb.name} is not the pinned package ({problem})",
+                             hint="pass --ort-include DIR or set STOFC_ORT_INCLUDE")
+        record_headers(unpacked)
         if not final.exists():
             try:
                 os.replace(unpacked, final)
             except OSError:
                 if not final.exists():  # a concurrent fetch won the race otherwise
                     raise
-        return final / "usr/include/onnxruntime"
+        return final / INCLUDE
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        locked.release()

@@ -25,14 +25,16 @@ import os
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
 from stofc import __version__
+from stofc.cachecheck import ELF_MAGIC, sha256_path, warn_once
 from stofc.errors import CompileError, StofcError
+from stofc.fsutil import atomic_write, atomic_write_text, fs_errors, locked_tempdir
 from stofc.package.ort_headers import OrtHeaders, find_ort_headers
 from stofc.paths import cache_dir, cuda_dir
+from stofc.supervise import Finished, Timeout, run_all
 
 LIBRARY_NAME = "libstofc_ort.so"
 CXXFLAGS: tuple[str, ...] = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden",
@@ -73,8 +75,15 @@ def _compiler(compiler: str | None) -> tuple[str, str]:
     path = shutil.which(name)
     if not path:
         raise StofcError(f"C++ compiler '{name}' not found",
-                         hint="install g++ (apt-get install g++) or set CXX to a C++17 compiler")
-    res = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+                         hint="install g++ (apt-get install g++), or give --cxx / set CXX to a "
+                              "C++17 compiler")
+    try:
+        res = subprocess.run([path, "--version"], capture_output=True, text=True, check=False,
+                             timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise StofcError(f"C++ compiler '{name}' ({path}) cannot be run ({reason})",
+                         hint=CXX_HINT) from None
     ident = res.stdout.strip().splitlines()[0] if res.stdout.strip() else name
     return path, ident
 
@@ -152,43 +161,73 @@ def library_key(headers: OrtHeaders, compiler_ident: str, ptx: bytes = b"",
 
 def _compile_all(cxx: str, root: Path, headers: OrtHeaders, work: Path, ptx: bytes,
                  defines: tuple[str, ...] = ()) -> Path:
+    """Compile every unit and link the library in ``work`` (each compiler run supervised by
+    :mod:`stofc.supervise`, so none outlives stofc)."""
     units, _ = _sources(root)
     incs = ["-I", str(root), "-I", str(headers.include_dir), "-I", str(cuda_include_dir())]
-
-    def one(unit: Path) -> Path:
-        obj = work / (unit.stem + ".o")
-        cmd = [cxx, *CXXFLAGS, *(f"-D{d}" for d in defines), *incs, "-c", str(unit), "-o", str(obj)]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
-        if res.returncode != 0:
-            raise CompileError(f"{Path(cxx).name} failed to compile the custom-op library",
-                               log=res.stderr, source_path=str(unit))
-        return obj
-
     units = [*units, _embed_ptx(ptx, work / "key_prep_ptx.cc")]
+    objects = [work / (unit.stem + ".o") for unit in units]
+    commands = [(cxx, *CXXFLAGS, *(f"-D{d}" for d in defines), *incs, "-c", str(unit), "-o",
+                 str(obj)) for unit, obj in zip(units, objects, strict=True)]
     jobs = max(1, min(len(units), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        objects = list(pool.map(one, units))
+    for unit, res in zip(units, _run(commands, work, jobs), strict=True):
+        if res.returncode != 0:
+            raise _compile_failed(cxx, f"failed to compile the custom-op library ({unit.name})",
+                                  res, source=_original(unit, root))
     lib = work / LIBRARY_NAME
-    cmd = [cxx, *(str(o) for o in objects), "-o", str(lib), *LDFLAGS,
-           f"-Wl,--version-script={root / EXPORTS_MAP}"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+    link = (cxx, *(str(o) for o in objects), "-o", str(lib), *LDFLAGS,
+            f"-Wl,--version-script={root / EXPORTS_MAP}")
+    (res,) = _run([link], work, 1)
     if res.returncode != 0:
-        raise CompileError(f"{Path(cxx).name} failed to link {LIBRARY_NAME}", log=res.stderr)
+        raise _compile_failed(cxx, f"failed to link {LIBRARY_NAME}", res)
+    problem = _library_problem(lib)
+    if problem:
+        raise _compile_failed(cxx, f"produced a {LIBRARY_NAME} that is {problem}", res)
     return lib
 
 
-def _install(src: Path, dest: Path) -> None:
-    """Copies ``src`` to ``dest`` atomically."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
+def _run(commands: list[tuple[str, ...]], work: Path, jobs: int) -> list[Finished]:
     try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return run_all(commands, work, jobs=jobs, timeout_s=_TIMEOUT_S)
+    except Timeout as err:
+        raise StofcError(f"{Path(err.command[0]).name} ran longer than {err.seconds:g} s building "
+                         "the custom-op library", hint=CXX_HINT) from None
+
+
+CXX_HINT = ("check that --cxx / $CXX names a C++17 compiler (g++ >= 9 or clang++ >= 10) that "
+            "works, e.g. `g++ --version`")
+
+
+def _original(unit: Path, root: Path) -> str | None:
+    """The source file in ``cuda/ort`` a snapshot unit was copied from (which outlives the
+    build directory), or None for a generated unit."""
+    original = sources_dir() / unit.relative_to(root) if unit.is_relative_to(root) else None
+    return str(original) if original is not None and original.is_file() else None
+
+
+def _compile_failed(cxx: str, what: str, res: Finished, *, source: str | None = None
+                    ) -> CompileError:
+    """A CompileError naming the compiler, the source (a path that exists) and the fix."""
+    log = res.output.strip() or f"exit code {res.returncode}"
+    return CompileError(f"{Path(cxx).name} {what}", log=log, source_path=source,
+                        hint=CXX_HINT)
+
+
+def _library_problem(path: Path) -> str | None:
+    """Why ``path`` is not a shared library (not an ELF file, too short), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    if not head.startswith(ELF_MAGIC) or len(head) < 64:
+        return "not an ELF shared library"
+    return None
+
+
+def _install(src: Path, dest: Path) -> None:
+    """Copies ``src`` to ``dest`` atomically (mode 0755)."""
+    atomic_write(dest, lambda f: f.write(src.read_bytes()), mode=0o755, what="write")
 
 
 def build_test_library(out_dir: str | Path, defines: tuple[str, ...]) -> Path:
@@ -207,28 +246,70 @@ def build_library(out_dir: str | Path, *, ort_include: str | Path | None = None,
                   compiler: str | None = None) -> Path:
     """Builds (or takes from the cache) ``libstofc_ort.so`` and copies it into ``out_dir``.
 
-    Returns the path of the library in ``out_dir``. Raises StofcError when the
-    compiler, ORT's headers or ``cuda.h`` are missing, CompileError when the
-    compiler rejects the sources.
+    Returns the path of the library in ``out_dir``. The cached library is checked against
+    the sha256 and size recorded in its ``key.json`` (a damaged one is rebuilt, with a
+    warning), and the copy against the same hash. The build runs in a locked
+    ``.build-*`` directory of the cache; ones left by a killed process are removed
+    by the next build. Raises StofcError when the compiler, ORT's headers or
+    ``cuda.h`` are missing, CompileError when the compiler rejects the sources.
     """
     headers = find_ort_headers(ort_include)
     cxx, ident = _compiler(compiler)
     root = cache_dir() / "ortlib"
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
-        src = _snapshot(Path(tmp) / "ort")
+    with fs_errors("create the custom-op library cache", root):
+        root.mkdir(parents=True, exist_ok=True)
+    with fs_errors("build in the custom-op library cache", root), \
+            locked_tempdir(root, ".build-") as tmp:
+        src = _snapshot(tmp / "ort")
         ptx = key_prep_ptx(src)
         key = library_key(headers, ident, ptx, src)
-        cached = root / key[:24] / LIBRARY_NAME
-        if not cached.is_file():
-            work = Path(tmp) / "build"
+        entry = root / key[:24]
+        meta = _cached_library(entry, key)
+        if meta is None:
+            work = tmp / "build"
             work.mkdir()
             lib = _compile_all(cxx, src, headers, work, ptx)
-            _install(lib, cached)
-            (cached.parent / "key.json").write_text(json.dumps({
-                "key": key, "compiler": ident, "ort_headers": str(headers.include_dir),
-                "ort_api": headers.api_version, "stofc": __version__, "key_prep_ptx": len(ptx),
-            }, indent=2))
+            _install(lib, entry / LIBRARY_NAME)
+            meta = {"key": key, "compiler": ident, "ort_headers": str(headers.include_dir),
+                    "ort_api": headers.api_version, "stofc": __version__,
+                    "key_prep_ptx": len(ptx), "sha256": sha256_path(entry / LIBRARY_NAME),
+                    "bytes": (entry / LIBRARY_NAME).stat().st_size}
+            atomic_write_text(entry / KEY_FILE, json.dumps(meta, indent=2))
     dest = Path(out_dir) / LIBRARY_NAME
-    _install(cached, dest)
+    with fs_errors(f"write {dest}", dest):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    _install(entry / LIBRARY_NAME, dest)
+    if sha256_path(dest) != meta["sha256"]:
+        dest.unlink(missing_ok=True)
+        raise StofcError(f"the copy of {LIBRARY_NAME} in {out_dir} differs from the checked "
+                         "cached library", hint="check the disk, then build again")
     return dest
+
+
+KEY_FILE = "key.json"
+
+
+def _cached_library(entry: Path, key: str) -> dict | None:
+    """The ``key.json`` of a cached library whose file matches it, else None (a damaged
+    entry is removed and reported once)."""
+    lib, meta_path = entry / LIBRARY_NAME, entry / KEY_FILE
+    if not lib.exists() and not meta_path.exists():
+        return None
+    problem = None
+    try:
+        meta = json.loads(meta_path.read_text())
+        if not isinstance(meta, dict) or meta.get("key") != key or "sha256" not in meta:
+            problem = "its key.json does not describe it (written by an older stofc?)"
+        elif not lib.is_file() or lib.stat().st_size != meta.get("bytes"):
+            problem = "the library is missing or has the wrong size (truncated)"
+        elif sha256_path(lib) != meta["sha256"]:
+            problem = "the library's sha256 differs from the one recorded"
+        else:
+            problem = _library_problem(lib)
+    except (OSError, ValueError) as err:
+        problem = f"its key.json cannot be read ({type(err).__name__})"
+    if problem is None:
+        return meta
+    warn_once("ortlib", f"cached custom-op library {entry} is damaged: {problem}; rebuilding it")
+    shutil.rmtree(entry, ignore_errors=True)
+    return None

@@ -31,6 +31,7 @@ from pathlib import Path
 import onnx
 
 from stofc import __version__
+from stofc.cachecheck import check_binary
 from stofc.codegen import Source
 from stofc.compile import CompiledKernel
 from stofc.frontend.types import ModelGraph
@@ -157,7 +158,9 @@ def write_kernel(root: Path, src: Source, compiled: dict[tuple[str, str], Compil
     files = {"cu": f"kernels/{src.name}.cu"}
     for target in targets:
         rel = kernel_file(src.name, target)
-        (root / rel).write_bytes(compiled[(src.name, target)].binary)
+        kernel = compiled[(src.name, target)]
+        check_binary(kernel.binary, target, src.name, sha256=kernel.sha256 or None)
+        (root / rel).write_bytes(kernel.binary)
         files[target] = rel
     return {"name": src.name, "template": src.template, "entry_points": list(src.entry_points),
             "params": {k: v for k, v in src.params},

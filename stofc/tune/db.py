@@ -12,15 +12,21 @@ family, problem shape, GPU name, driver, stofc version, compile options:
 Concurrency: WAL journal, a busy timeout, and ``BEGIN IMMEDIATE`` for every
 write, so two processes can tune at once. Only parameterised queries.
 
+Content checks: every row carries a ``digest``, the sha256 of its key, config,
+time and fault (:func:`row_digest`); reads check it, and a row that does not
+match (edited, or damaged in a way SQLite's own checks let through) is
+deleted, reported once (:func:`stofc.cachecheck.warn_once`) and measured again.
+
 Schema versions: ``schema_version`` holds one integer. An older schema is
-upgraded in place by :data:`_MIGRATIONS`; a newer one is refused with a
-clear error (never silently rewritten). A file that is not a database (or is
+upgraded in place by :data:`_MIGRATIONS` (version 1 -> 2 adds the digests); a
+newer one is refused with a clear error (never silently rewritten). A file that is not a database (or is
 corrupt) is moved aside to ``<name>.corrupt-<time>`` with a warning and a
 fresh database is created; an SQLite file of some other program is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import sqlite3
@@ -32,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stofc import __version__
+from stofc.cachecheck import warn_once
 from stofc.errors import StofcError
 from stofc.paths import cache_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
 
 _SCHEMA_V1 = (
@@ -51,8 +58,33 @@ _SCHEMA_V1 = (
         PRIMARY KEY (family, problem, gpu, driver, stofc_version, compile_options, config))""",
 )
 
-# version -> statements that upgrade a database of that version to version + 1.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {}
+_KEY_COLUMNS = "family, problem, gpu, driver, stofc_version, compile_options"
+
+
+def row_digest(key_params: tuple[str, ...], config: str, time_ms: float | None,
+               fault: str | None = None) -> str:
+    """The content hash of one row: everything it says."""
+    text = json.dumps([*key_params, config, None if time_ms is None else repr(float(time_ms)),
+                       fault], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _add_digests(conn: sqlite3.Connection) -> None:
+    """Schema 1 -> 2: a ``digest`` column in both tables, filled for the rows there."""
+    for table, value_columns in (("records", "config, time_ms, NULL"),
+                                 ("samples", "config, time_ms, fault")):
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN digest TEXT")
+        rows = conn.execute(f"SELECT rowid, {_KEY_COLUMNS}, {value_columns} FROM {table}")
+        for row in rows.fetchall():
+            conn.execute(f"UPDATE {table} SET digest = ? WHERE rowid = ?",
+                         (row_digest(tuple(row[1:7]), row[7], row[8], row[9]), row[0]))
+
+
+# version -> steps (SQL statements or functions of the connection) that upgrade a database
+# of that version to version + 1.
+_MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
+    1: (_add_digests,),
+}
 
 
 class TuningDatabaseError(StofcError):
@@ -183,27 +215,53 @@ class TuningDatabase:
     def best(self, key: RecordKey) -> TuningRecord | None:
         """The stored best config for ``key``, or None."""
         row = self._conn.execute(
-            f"SELECT config, time_ms, created FROM records WHERE {_KEY_WHERE}",
+            f"SELECT config, time_ms, created, digest FROM records WHERE {_KEY_WHERE}",
             key.as_params()).fetchone()
-        return None if row is None else TuningRecord(key, row[0], row[1], row[2])
+        if row is None:
+            return None
+        if row[3] != row_digest(key.as_params(), row[0], row[1]):
+            self._drop("records", key, None)
+            return None
+        return TuningRecord(key, row[0], row[1], row[2])
+
+    def _drop(self, table: str, key: RecordKey, config: str | None) -> None:
+        """Delete a row whose digest does not match (warned once); it is measured again."""
+        warn_once("tuning", f"tuning database {self.path} has a {table} row that does not "
+                            f"match its digest ({key.family} {key.problem}); deleted it")
+        with self._write() as conn:
+            if config is None:
+                conn.execute(f"DELETE FROM {table} WHERE {_KEY_WHERE}", key.as_params())
+            else:
+                conn.execute(f"DELETE FROM {table} WHERE {_KEY_WHERE} AND config = ?",
+                             (*key.as_params(), config))
 
     def upsert_best(self, key: RecordKey, config: str, time_ms: float) -> None:
         """Store ``config`` as the best for ``key`` unless a faster one is stored."""
         with self._write() as conn:
             conn.execute(
                 "INSERT INTO records (family, problem, gpu, driver, stofc_version, "
-                "compile_options, config, time_ms, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "compile_options, config, time_ms, created, digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (family, problem, gpu, driver, stofc_version, compile_options) "
                 "DO UPDATE SET config = excluded.config, time_ms = excluded.time_ms, "
-                "created = excluded.created WHERE excluded.time_ms < records.time_ms",
-                (*key.as_params(), config, float(time_ms), time.time()))
+                "created = excluded.created, digest = excluded.digest "
+                "WHERE excluded.time_ms < records.time_ms",
+                (*key.as_params(), config, float(time_ms), time.time(),
+                 row_digest(key.as_params(), config, float(time_ms))))
 
     # ---- samples -----------------------------------------------------------------
     def samples(self, key: RecordKey) -> dict[str, Sample]:
         """Every stored sample of ``key``, by config JSON."""
         rows = self._conn.execute(
-            f"SELECT config, time_ms, fault FROM samples WHERE {_KEY_WHERE}", key.as_params())
-        return {row[0]: Sample(row[0], row[1], row[2]) for row in rows}
+            f"SELECT config, time_ms, fault, digest FROM samples WHERE {_KEY_WHERE}",
+            key.as_params()).fetchall()
+        out = {}
+        for config, time_ms, fault, digest in rows:
+            if digest != row_digest(key.as_params(), config, time_ms, fault):
+                self._drop("samples", key, config)
+                continue
+            out[config] = Sample(config, time_ms, fault)
+        return out
 
     def add_samples(self, key: RecordKey, samples: list[Sample]) -> None:
         """Store samples of ``key`` in one transaction (a sample already stored is kept)."""
@@ -211,18 +269,20 @@ class TuningDatabase:
         with self._write() as conn:
             conn.executemany(
                 "INSERT OR IGNORE INTO samples (family, problem, gpu, driver, stofc_version, "
-                "compile_options, config, time_ms, fault, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(*key.as_params(), s.config, s.time_ms, s.fault, now) for s in samples])
+                "compile_options, config, time_ms, fault, created, digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*key.as_params(), s.config, s.time_ms, s.fault, now,
+                  row_digest(key.as_params(), s.config, s.time_ms, s.fault)) for s in samples])
 
     def set_sample(self, key: RecordKey, sample: Sample) -> None:
         """Store ``sample``, replacing a stored one (a winner found wrong at verification)."""
         with self._write() as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO samples (family, problem, gpu, driver, stofc_version, "
-                "compile_options, config, time_ms, fault, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*key.as_params(), sample.config, sample.time_ms, sample.fault, time.time()))
+                "compile_options, config, time_ms, fault, created, digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key.as_params(), sample.config, sample.time_ms, sample.fault, time.time(),
+                 row_digest(key.as_params(), sample.config, sample.time_ms, sample.fault)))
 
     # ---- maintenance -------------------------------------------------------------
     def counts_by_gpu(self) -> dict[str, tuple[int, int]]:
@@ -327,8 +387,11 @@ def _ensure_schema(conn: sqlite3.Connection, target: Path) -> None:
                     raise TuningDatabaseError(
                         f"tuning database {target} has schema version {version}, which cannot "
                         "be upgraded", hint=f"move {target.name} away or pass --db with another path")
-                for statement in steps:
-                    conn.execute(statement)
+                for step in steps:
+                    if callable(step):
+                        step(conn)
+                    else:
+                        conn.execute(step)
                 version += 1
                 conn.execute("UPDATE schema_version SET version = ?", (version,))
     except BaseException:

@@ -56,8 +56,8 @@ def test_clear_needs_confirmation(cache):
     result = invoke("clear")
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "error: not clearing the compiled kernels and tuning records without confirmation; "
-        "add --yes to delete them"]
+        "error: not clearing the compiled kernels, custom-op libraries, ONNX Runtime headers "
+        "and tuning records without confirmation; add --yes to delete them"]
     assert (cache / "kernels").is_dir()
 
 

@@ -37,7 +37,7 @@ def test_ptx_target(tmp_path, monkeypatch):
 def test_cache_hit_returns_same_binary(tmp_path, monkeypatch):
     monkeypatch.setenv("STOFC_CACHE_DIR", str(tmp_path))
     first = compile_source(GOOD, "sm_90")
-    assert list(tmp_path.rglob("*.cubin"))
+    assert list(tmp_path.rglob("*.cubin.entry"))
     second = compile_source(GOOD, "sm_90")
     assert first.binary == second.binary and first.key == second.key
 

@@ -73,7 +73,8 @@ def test_schema_version_newer_is_refused(tmp_path):
     conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     conn.commit()
     conn.close()
-    with pytest.raises(TuningDatabaseError, match=r"schema version 2, newer than this stofc") as err:
+    with pytest.raises(TuningDatabaseError,
+                       match=rf"schema version {SCHEMA_VERSION + 1}, newer than this stofc") as err:
         TuningDatabase.open(path)
     assert "\n" not in str(err.value)
 
@@ -84,17 +85,20 @@ def test_an_older_schema_is_upgraded_in_place(tmp_path, monkeypatch):
     old = tmp_path / "old.sqlite"
     with TuningDatabase.open(old) as db:
         db.upsert_best(key(), '{"b":1}', 2.0)
-    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(dbmod, "_MIGRATIONS", {1: ("ALTER TABLE records ADD COLUMN note TEXT",)})
+    now = SCHEMA_VERSION
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", now + 1)
+    monkeypatch.setattr(dbmod, "_MIGRATIONS", {**dbmod._MIGRATIONS,
+                                               now: ("ALTER TABLE records ADD COLUMN note TEXT",)})
     for path in (old, tmp_path / "fresh.sqlite"):
         with TuningDatabase.open(path) as db:
-            assert db._conn.execute("SELECT version FROM schema_version").fetchone() == (2,)
+            assert db._conn.execute("SELECT version FROM schema_version").fetchone() == (now + 1,)
             columns = [r[1] for r in db._conn.execute("PRAGMA table_info(records)")]
             assert "note" in columns
     with TuningDatabase.open(old) as db:
         assert db.best(key()).time_ms == 2.0
-    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 3)
-    with pytest.raises(TuningDatabaseError, match="schema version 2, which cannot be upgraded"):
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", now + 2)
+    with pytest.raises(TuningDatabaseError,
+                       match=f"schema version {now + 1}, which cannot be upgraded"):
         TuningDatabase.open(old)
 
 

@@ -1,0 +1,125 @@
+"""Child processes that never outlive stofc: the C++ compiler runs under a small reaper.
+
+Why: ``g++`` is a driver that starts ``cc1plus``, ``as`` and ``ld``. If stofc
+is killed (``kill -9``, an OOM kill), its children are re-parented and keep
+running, writing into a build directory nobody will clean. Killing ``g++``
+alone is not enough either: its own children survive it.
+
+How (Linux): each command runs under a reaper, a few lines of Python run with
+``python -c`` (no import of stofc):
+
+1. the reaper asks the kernel for ``SIGTERM`` when its parent (stofc) dies
+   (``prctl(PR_SET_PDEATHSIG)``), then checks that stofc is still its parent
+   (closing the race with a death before the ``prctl``);
+2. it starts the command in a new process group, which the compiler's own
+   children inherit;
+3. on ``SIGTERM``, ``SIGINT`` or ``SIGHUP`` it kills that whole group with
+   ``SIGKILL`` and exits.
+
+stofc starts every reaper from the calling thread (the death signal follows
+the thread that forked, so no pool thread may start one) and, when it stops
+early itself (an error, Ctrl-C, SIGTERM), sends each running reaper
+``SIGTERM`` and waits for it. So however stofc ends, no compiler process is
+left. Elsewhere than Linux the reaper only forwards the stop (no death signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REAPER = r"""
+import ctypes, os, signal, subprocess, sys
+child = None
+def stop(signum, frame):
+    if child is not None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    os._exit(128 + signum)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, stop)
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    if os.getppid() != int(os.environ["STOFC_REAPER_PARENT"]):
+        os._exit(143)  # stofc died before the prctl
+try:
+    child = subprocess.Popen(sys.argv[1:], preexec_fn=os.setpgrp)
+except OSError as err:
+    print(f"cannot run {sys.argv[1]}: {err.strerror}", file=sys.stderr)
+    os._exit(127)
+code = child.wait()
+os._exit(code if code >= 0 else 128 - code)
+"""
+POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One finished command: its exit code and what it wrote (stdout and stderr)."""
+
+    command: tuple[str, ...]
+    returncode: int
+    output: str
+
+
+class Timeout(Exception):
+    """A command ran longer than its limit (it was stopped)."""
+
+    def __init__(self, command: tuple[str, ...], seconds: float) -> None:
+        super().__init__(f"{command[0]} ran longer than {seconds:g} s")
+        self.command, self.seconds = command, seconds
+
+
+def _start(command: tuple[str, ...], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, STOFC_REAPER_PARENT=str(os.getpid()))
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-c", REAPER, *command], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # the reaper kills its compiler's process group
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_all(commands: list[tuple[str, ...]], work: Path, *, jobs: int,
+            timeout_s: float) -> list[Finished]:
+    """Run ``commands`` (at most ``jobs`` at once, each under a reaper, logs in ``work``);
+    return them in order once all have finished. Any exception (Ctrl-C, SIGTERM raised as
+    an exception, :class:`Timeout`) stops every running command first."""
+    pending = list(enumerate(commands))
+    running: dict[int, tuple[subprocess.Popen, float, Path]] = {}
+    done: dict[int, Finished] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                i, command = pending.pop(0)
+                log = work / f".job-{i}.log"
+                running[i] = (_start(command, log), time.monotonic(), log)
+            for i, (proc, started, log) in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    if time.monotonic() - started > timeout_s:
+                        raise Timeout(commands[i], timeout_s)
+                    continue
+                done[i] = Finished(commands[i], code, log.read_text(errors="replace"))
+                log.unlink(missing_ok=True)
+                del running[i]
+            if running:
+                time.sleep(POLL_S)
+    finally:
+        for proc, _, _ in running.values():
+            _stop(proc)
+    return [done[i] for i in range(len(commands))]
