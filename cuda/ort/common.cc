@@ -1,7 +1,12 @@
 // stofc ONNX Runtime custom-op library: helpers and the attribute parsing both twins share.
 #include "common.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "ops.h"
 
@@ -158,8 +163,34 @@ std::pair<std::string, std::string> split_kernel_ref(const std::string& ref) {
 
 std::string resolve_package_path(const std::string& package_dir, const std::string& rel) {
     if (rel.empty()) throw OpError("an empty file attribute");
-    if (rel[0] == '/' || package_dir.empty()) return rel;
-    return package_dir + "/" + rel;
+    if (rel[0] == '/')
+        throw OpError("file attribute '" + rel +
+                      "' is an absolute path; package files are named relative to the package directory");
+    for (size_t start = 0; start <= rel.size();) {
+        const size_t end = std::min(rel.find('/', start), rel.size());
+        if (rel.compare(start, end - start, "..") == 0 && end - start == 2)
+            throw OpError("file attribute '" + rel + "' leaves the package directory ('..')");
+        start = end + 1;
+    }
+    if (package_dir.empty())
+        throw OpError("file attribute '" + rel + "' cannot be resolved: the package directory is unknown (set "
+                      "the session config entry '" + std::string(kPackageDirKey) + "')");
+    const std::string path = package_dir + "/" + rel;
+    // Symbolic links inside the package must stay inside it, and only regular files are read
+    // (no /dev/zero, FIFO or directory). A missing file is left to the reader's own message.
+    char* real_dir = realpath(package_dir.c_str(), nullptr);
+    char* real = realpath(path.c_str(), nullptr);
+    const std::string dir_s = real_dir ? real_dir : "", file_s = real ? real : "";
+    std::free(real_dir);
+    std::free(real);
+    if (dir_s.empty() || file_s.empty()) return path;
+    if (file_s.compare(0, dir_s.size() + 1, dir_s + "/") != 0 || file_s.size() <= dir_s.size() + 1)
+        throw OpError("file attribute '" + rel + "' resolves to '" + file_s + "', outside the package directory '" +
+                      dir_s + "'");
+    struct stat st {};
+    if (stat(file_s.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+        throw OpError("file attribute '" + rel + "' (" + file_s + ") is not a regular file");
+    return path;
 }
 
 AttentionAttrs::AttentionAttrs(const OrtKernelInfo* info, const std::string& package_dir) {

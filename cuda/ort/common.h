@@ -169,7 +169,9 @@ void check_add_layer_norm_types(ONNXTensorElementDataType t, const Input& x, con
 /// Splits the library's attribute `file:entry` (the CUDA kernel reference).
 std::pair<std::string, std::string> split_kernel_ref(const std::string& ref);
 
-/// Resolves a package-relative path against the package directory.
+/// Resolves a package-relative path against the package directory, confined to it: an absolute
+/// path, a '..' component, a symbolic link leading outside the directory or anything but a regular
+/// file (e.g. /dev/zero) is an OpError. A missing file resolves (its reader reports it).
 std::string resolve_package_path(const std::string& package_dir, const std::string& rel);
 
 }  // namespace stofc_ort

@@ -135,3 +135,52 @@ def test_rewritten_mask_is_read_afresh(lib, pkg):
     (pkg / "m.bin").write_bytes(b"NOTAMASK" + bytes(200))
     with pytest.raises(Exception, match="bad magic"):
         attention(lib, pkg)
+
+
+# ------------------------------------------------- package-relative paths stay in the package
+
+
+def _outside_mask(pkg):
+    """A valid mask file outside the package directory (so only confinement can refuse it)."""
+    outside = pkg.parent / f"{pkg.name}-outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "m.bin").write_bytes((pkg / "m.bin").read_bytes())
+    return outside / "m.bin"
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "inner_dotdot", "symlink_out",
+                                 "dev_zero", "directory"])
+def test_mask_file_is_confined_to_the_package(lib, pkg, how):
+    """issue 16: mask_file may not name a file outside the package, an absolute path, or a
+    device; each is refused at session creation with the reason (before this, the library
+    opened '../..', absolute paths and /dev/zero)."""
+    outside = _outside_mask(pkg)
+    rel = f"../{outside.parent.name}/m.bin"
+    message = {"dotdot": "leaves the package directory", "absolute": "is an absolute path",
+               "inner_dotdot": "leaves the package directory",
+               "symlink_out": "outside the package directory",
+               "dev_zero": "outside the package directory", "directory": "not a regular file"}[how]
+    if how == "absolute":
+        rel = str(outside)
+    elif how == "inner_dotdot":
+        (pkg / "sub").mkdir()
+        rel = "sub/../m.bin"  # inside, but '..' is refused outright: no path games
+    elif how == "symlink_out":
+        (pkg / "link.bin").symlink_to(outside)
+        rel = "link.bin"
+    elif how == "dev_zero":
+        (pkg / "zero.bin").symlink_to("/dev/zero")
+        rel = "zero.bin"
+    elif how == "directory":
+        (pkg / "adir.bin").mkdir()
+        rel = "adir.bin"
+    with pytest.raises(Exception, match=message):
+        attention(lib, pkg, mask_file=rel)
+
+
+def test_symlink_inside_the_package_is_fine(lib, pkg):
+    (pkg / "masks").mkdir()
+    (pkg / "masks" / "real.bin").write_bytes((pkg / "m.bin").read_bytes())
+    (pkg / "alias.bin").symlink_to(pkg / "masks" / "real.bin")
+    (out,) = attention(lib, pkg, mask_file="alias.bin")
+    assert np.isfinite(out).all()

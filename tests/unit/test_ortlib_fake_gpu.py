@@ -380,3 +380,26 @@ def test_norm_kernel_for_another_epilogue_fails_the_run(fake, tmp_path):
     code, out, _ = run(fake, tmp_path, model, [{"x": np.ones((2, N), np.float16),
                                                 "r": np.ones((2, N), np.float16)}])
     assert code == 3 and "compiled for 'ln' but this node needs 'r-ln'" in out, out
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"launch_plan": "../a.plan.bin"}, "leaves the package directory"),
+    ({"launch_plan": "/dev/zero"}, "is an absolute path"),
+    ({"kernel": "../k.cubin:stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k0"},
+     "leaves the package directory"),
+    ({"kernel": "zero.cubin:stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k0"},
+     "outside the package directory"),
+], ids=["plan-dotdot", "plan-absolute", "kernel-dotdot", "kernel-dev-zero-link"])
+def test_cuda_file_attributes_are_confined_to_the_package(fake, tmp_path, override, message):
+    """issue 16: the CUDA twin's launch_plan and kernel files, like mask_file, must lie in the
+    package directory (resolve_package_path), checked at session creation."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "zero.cubin").symlink_to("/dev/zero")
+    spec, L, config = CASES[0]
+    _, model = attention_package(pkg, spec, L, config, kpm=False, bias=False, **override)
+    (tmp_path / "a.plan.bin").write_bytes((pkg / "a.plan.bin").read_bytes())
+    (tmp_path / "k.cubin").write_bytes((pkg / "k.cubin").read_bytes())
+    code, out, records = run(fake, pkg, model, [])
+    assert code == 3 and "stofc SparseAttention" in out and message in out, out
+    assert not [r for r in records if r["call"] == "run"]
