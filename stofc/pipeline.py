@@ -68,6 +68,7 @@ class Instruments:
     progress: bool = True
     dump_dir: Path | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
+    nested: dict[str, float] = field(default_factory=dict)  # stages run inside another stage
     _console: Any = None
     _depth: int = 0
 
@@ -96,6 +97,8 @@ class Instruments:
         elapsed = time.perf_counter() - start
         if not self._depth:  # a stage inside another is counted in the outer one
             self.timings.append((name, elapsed))
+        else:
+            self.nested[name] = self.nested.get(name, 0.0) + elapsed
         self._print(f"[green]✓[/green] {indent}{name:<28} {elapsed * 1000:9.1f} ms")
 
     def note(self, text: str) -> None:

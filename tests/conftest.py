@@ -8,7 +8,9 @@ every module-scoped fixture and every subprocess a test starts (they inherit
   kernels, the custom-op library cache ``ortlib/``, ``ort-headers/``, the
   tuning database, locks), removed when the session ends;
 * ``STOFC_DUMP_DIR``: where a failed NVRTC compile dumps its source, under the
-  same directory (the default is a shared ``/tmp/stofc-dump``).
+  same directory (the default is a shared ``/tmp/stofc-dump``);
+* ``CUPY_CACHE_DIR``: CuPy's kernel cache (default ``~/.cupy/kernel_cache``), which
+  importing CuPy's NVRTC binding creates.
 
 ``~/.cache/stofc`` (or ``$XDG_CACHE_HOME/stofc``) is never consulted:
 ``stofc.paths.cache_dir`` reads ``STOFC_CACHE_DIR`` first.
@@ -27,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 _SESSION: dict[str, str | None] = {}
-ISOLATED_ENV = ("STOFC_CACHE_DIR", "STOFC_DUMP_DIR")
+ISOLATED_ENV = ("STOFC_CACHE_DIR", "STOFC_DUMP_DIR", "CUPY_CACHE_DIR")
 
 
 def pytest_configure(config) -> None:
@@ -37,6 +39,7 @@ def pytest_configure(config) -> None:
         _SESSION[name] = os.environ.get(name)
     os.environ["STOFC_CACHE_DIR"] = str(root / "cache")
     os.environ["STOFC_DUMP_DIR"] = str(root / "dump")
+    os.environ["CUPY_CACHE_DIR"] = str(root / "cupy")
 
 
 def pytest_unconfigure(config) -> None:

@@ -85,8 +85,9 @@ def check_dense(seq_len: int, heads: int) -> None:
 class MaskBudget:
     """Running estimate of one encode's memory, checked before each chunk's bitmaps."""
 
-    def __init__(self, seq_len: int, tile: int, limit: int = MAX_MASK_BYTES) -> None:
-        self.seq_len, self.tile, self.limit = seq_len, tile, limit
+    def __init__(self, seq_len: int, tile: int, limit: int | None = None) -> None:
+        self.seq_len, self.tile = seq_len, tile
+        self.limit = MAX_MASK_BYTES if limit is None else limit
         self.bytes = 0
 
     def spend(self, tiles: int, bitmap_tiles: int) -> None:

@@ -87,6 +87,8 @@ def load_array(path_text: str, base: Path | None, where: str, family: str, key: 
     except FileNotFoundError:
         raise MaskSpecError(f"{where}: {family} {key} file {path} does not exist",
                             hint="give the path of a .npy file of bools") from None
+    except LimitError:
+        raise
     except Exception as err:  # numpy raises several types for a non-.npy file
         raise MaskSpecError(f"{where}: {family} {key} file {path} is not a readable .npy array "
                             f"({type(err).__name__})", hint="save it with numpy.save") from None

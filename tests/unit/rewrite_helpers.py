@@ -37,15 +37,25 @@ def rewrite_graph(graph: ModelGraph, mask: str, tmp_path: Path, *, max_seq_len: 
     for layer in graph.layers:
         mask_bin = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
         kpm, bias = attention_inputs(layer.attention, graph)
-        bindings[layer.index] = AttentionBinding(layer.index, str(mask_bin), "", kpm, bias)
+        # package files are relative to the package directory (the library refuses others)
+        bindings[layer.index] = AttentionBinding(layer.index, mask_bin.name, "", kpm, bias)
     model, emitted = rewrite_model(graph, plan, {}, bindings, pack_qkv=pack_qkv)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
+                                        PACKAGE_DIR_PROP: str(tmp_path.absolute())})
     onnx.checker.check_model(model)
     return formats, model, emitted
 
 
+PACKAGE_DIR_PROP = "stofc.test.package_dir"
+
+
 def cpu_session(model: onnx.ModelProto, library: Path) -> ort.InferenceSession:
-    """``model`` on ONNX Runtime's CPU EP with the stofc custom-op library registered."""
+    """``model`` on ONNX Runtime's CPU EP with the stofc custom-op library registered, bound
+    to the directory :func:`rewrite_graph` wrote the mask files to."""
     so = ort.SessionOptions()
+    props = {p.key: p.value for p in model.metadata_props}
+    if PACKAGE_DIR_PROP in props:
+        so.add_session_config_entry("stofc.package_dir", props[PACKAGE_DIR_PROP])
     so.register_custom_ops_library(str(library))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
