@@ -77,7 +77,7 @@ def os_error(err: OSError, *, doing: str | None = None,
              path: str | os.PathLike | None = None) -> FileSystemError:
     """A one-line :class:`FileSystemError` for ``err`` ("cannot DOING: REASON (PATH); FIX")."""
     where = path if path is not None else (err.filename or None)
-    reason = err.strerror or type(err).__name__
+    reason = err.strerror or (str(err) or type(err).__name__)
     head = f"cannot {doing}" if doing else "file-system error"
     text = f"{head}: {reason}"
     if where is not None:
@@ -90,6 +90,17 @@ def os_error(err: OSError, *, doing: str | None = None,
         fix = (f"{fix}, or set STOFC_CACHE_DIR to a writable directory with free space "
                "(stofc's cache)")
     return FileSystemError(text.replace("\n", " "), hint=fix)
+
+
+def _full(path: Path) -> bool:
+    """The file system holding ``path`` (or its nearest existing parent) has no room left."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize < (64 << 10)
+    return False
 
 
 @contextlib.contextmanager
@@ -130,6 +141,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
                 os.fsync(f.fileno())
             os.chmod(tmp, (0o666 & ~umask()) if mode is None else mode)
             os.replace(tmp, path)
+        except OSError as err:
+            if err.errno is None and _full(path.parent):   # judged before the space is freed
+                err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            Path(tmp).unlink(missing_ok=True)
+            raise err from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

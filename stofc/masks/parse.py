@@ -325,6 +325,10 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _LineDict:
     out.line = node.start_mark.line + 1
     out.lines = {}
     for knode, vnode in node.value:
+        if not isinstance(knode, yaml.ScalarNode):
+            raise MaskSpecError(f"line {knode.start_mark.line + 1}: a mapping key must be a name "
+                                "or a number, not a list or a mapping",
+                                hint="write keys such as mask, union, window or \"0-3\"")
         key = loader.construct_object(knode, deep=True)
         if key in out:
             raise MaskSpecError(f"line {knode.start_mark.line + 1}: key '{key}' appears twice")
