@@ -39,6 +39,11 @@ class _Group(click.Group):
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        given = sys.argv[1:] if args is None else list(args)
+        bad = next((i for i, a in enumerate(given) if isinstance(a, str) and "\0" in a), None)
+        if bad is not None:  # no shell passes one; an API caller might
+            click.echo(f"error: argument {bad + 1} contains a NUL byte; remove it", err=True)
+            sys.exit(2)
         with signals_as_exceptions():
             try:
                 result = super().main(args, prog_name, complete_var, False, **extra)

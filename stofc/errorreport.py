@@ -131,6 +131,9 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, OSError):
         _echo(f"error: {os_error(exc)}")
         return 2
+    if isinstance(exc, ValueError) and "embedded null byte" in str(exc):
+        _echo("error: a path or name contains a NUL byte; remove it")
+        return 2
     if isinstance(exc, MemoryError):
         _echo(f"error: out of memory ({type(exc).__name__}: {str(exc)[:200]}); ask for less "
               "(a shorter --seq-len / --max-seq-len, fewer heads) or run on a machine with "

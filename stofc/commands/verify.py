@@ -8,9 +8,11 @@ from pathlib import Path
 
 import click
 
-from stofc.errors import StofcError
+from stofc.errors import LimitError, StofcError
 from stofc.package.feeds import parse_input_shapes
 from stofc.package.verify import END_TO_END_BOUND, verify_package
+
+MAX_VERIFY_TOKENS = 1 << 16  # batch x length of one case (the reference runs in float32 on CPU)
 
 
 @click.command("verify")
@@ -39,7 +41,7 @@ def verify(package: Path, model: Path | None, provider: str, batches: tuple[int,
     "mask effect" is the bare original's relative difference from the reference:
     how much the structured mask changes the model's output.
     """
-    cases = pair_cases(batches, seq_lens)
+    cases = pair_cases(batches, seq_lens, max_tokens=MAX_VERIFY_TOKENS)
     report = verify_package(package, model=model, provider=provider, cases=cases, seed=seed,
                             bound=END_TO_END_BOUND,
                             input_shapes=parse_input_shapes(input_shapes))
@@ -64,8 +66,10 @@ def verify(package: Path, model: Path | None, provider: str, batches: tuple[int,
         click.echo(f"ok: every output within {report.bound:g} (worst {report.worst.rel:.3e})")
 
 
-def pair_cases(batches: tuple[int, ...], seq_lens: tuple[int, ...]) -> list[tuple[int, int]] | None:
-    """``--batch``/``--seq-len`` pairs; one batch applies to every length. None: defaults."""
+def pair_cases(batches: tuple[int, ...], seq_lens: tuple[int, ...], *,
+               max_tokens: int | None = None) -> list[tuple[int, int]] | None:
+    """``--batch``/``--seq-len`` pairs; one batch applies to every length. None: defaults.
+    ``max_tokens`` bounds ``batch x length`` of each case."""
     if not seq_lens:
         if batches:
             raise StofcError("--batch without --seq-len", hint="give --seq-len L for each case")
@@ -79,4 +83,9 @@ def pair_cases(batches: tuple[int, ...], seq_lens: tuple[int, ...]) -> list[tupl
     if len(batches) != len(seq_lens):
         raise StofcError(f"{len(batches)} --batch values for {len(seq_lens)} --seq-len values",
                          hint="give one --batch, or one per --seq-len")
+    for b, n in zip(batches, seq_lens, strict=True):
+        if max_tokens is not None and b * n > max_tokens:
+            raise LimitError(f"--batch {b} x --seq-len {n} is {b * n} tokens, above the "
+                             f"{max_tokens} a verify case may run on the CPU",
+                             hint="verify with fewer tokens per case (e.g. --batch 2)")
     return list(zip(batches, seq_lens, strict=True))
