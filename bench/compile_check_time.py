@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="stofc-check-time-"))
+    root.mkdir(parents=True, exist_ok=True)
     for name, (kwargs, max_len) in MODELS.items():
         model = root / f"{name.replace(' ', '_')}.onnx"
         onnx.save(build_model(**kwargs), str(model), save_as_external_data=True,
