@@ -232,8 +232,9 @@ class MaskSpec:
         silently ignored."""
         for o in self.layers:
             if o.hi >= num_layers:
+                noun = "layer" if num_layers == 1 else "layers"
                 raise MaskSpecError(f"layer override '{o.key}' is out of range: the model has "
-                                    f"{num_layers} attention layers",
+                                    f"{num_layers} attention {noun}",
                                     hint=f"use layer indices 0-{num_layers - 1}")
 
     def file_heads(self, layer: int = 0) -> int | None:
