@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from stofc.errors import FileSystemError
 
@@ -122,7 +122,7 @@ def umask() -> int:
     return mask
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], *,
                  mode: int | None = None, what: str = "write") -> Path:
     """Write ``path`` through ``write(file)`` atomically; returns the path.
 
@@ -152,12 +152,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     return path
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, **kwargs) -> Path:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, **kwargs: Any) -> Path:
     """:func:`atomic_write` of ``data``."""
     return atomic_write(path, lambda f: f.write(data), **kwargs)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, **kwargs) -> Path:
+def atomic_write_text(path: str | os.PathLike, text: str, **kwargs: Any) -> Path:
     """:func:`atomic_write` of ``text`` (UTF-8)."""
     return atomic_write(path, lambda f: f.write(text.encode()), **kwargs)
 

@@ -127,7 +127,8 @@ def test_cxx_failures_give_a_hint_and_no_dead_path(tmp_path):
 
 @pytest.mark.parametrize("args,text", [
     (["compile"], "error: missing argument 'MODEL'; see 'stofc compile --help'"),
-    (["compile", "m.onnx"], "error: missing option '--mask'; see 'stofc compile --help'"),
+    (["mask", "stats", "causal"],
+     "error: missing option '--seq-len' / '-L'; see 'stofc mask stats --help'"),
     (["mask", "stats", "causal", "-L", "x"],
      "error: invalid value for '--seq-len' / '-L': 'x' is not a valid integer; "
      "see 'stofc mask stats --help'"),
