@@ -135,14 +135,14 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
-def _swap(new: Path, dest: Path) -> None:
-    """Put ``new`` at ``dest``; whatever was at ``dest`` is removed."""
+def _swap(new: Path, dest: Path) -> Path | None:
+    """Put ``new`` at ``dest``; returns where the replaced package now is (to be removed;
+    unlocked, so a sweep may remove it too), or None."""
     if not dest.exists():
         os.rename(new, dest)
-        return
+        return None
     if _exchange(new, dest):
-        shutil.rmtree(new, ignore_errors=True)  # now the old package
-        return
+        return new  # the old package now has the temporary name
     old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=old_prefix(dest)))
     os.rmdir(old)
     os.replace(dest, old)
@@ -151,7 +151,7 @@ def _swap(new: Path, dest: Path) -> None:
     except BaseException:
         os.replace(old, dest)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    return old
 
 
 def write_directory(dest: str | Path, fill: Callable[[Path], None], *,
@@ -181,10 +181,12 @@ def write_directory(dest: str | Path, fill: Callable[[Path], None], *,
             verify(tmp.path)
         with directory_lock(dest.parent), fs_errors(f"move the package into place at {dest}"):
             check_destination(dest, protect=protect)  # nobody put anything there meanwhile
-            _swap(tmp.path, dest)
+            replaced = _swap(tmp.path, dest)
     except BaseException:
         shutil.rmtree(tmp.path, ignore_errors=True)
         raise
     finally:
         tmp.release()
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)  # outside the lock: it may be large
     return dest

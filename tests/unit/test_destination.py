@@ -185,7 +185,8 @@ def test_stale_temporaries_are_swept_but_a_live_one_is_kept(example, tmp_path):
         [out.name, unrelated.name])
 
 
-def test_the_package_is_swapped_in_while_locked_and_leaves_nothing(example, tmp_path):
+def test_the_package_is_swapped_in_while_locked_and_leaves_nothing(example, tmp_path,
+                                                                   monkeypatch):
     """While a package is built its temporary directory is locked by the writer."""
     seen = {}
     from stofc.package import destination
@@ -204,10 +205,7 @@ def test_the_package_is_swapped_in_while_locked_and_leaves_nothing(example, tmp_
             os.close(fd)
         return real_swap(new, dest)
 
-    destination._swap = spy
-    try:
-        compile_to(example, tmp_path / "pkg")
-    finally:
-        destination._swap = real_swap
+    monkeypatch.setattr(destination, "_swap", spy)
+    compile_to(example, tmp_path / "pkg")
     assert seen == {"locked": True}
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
