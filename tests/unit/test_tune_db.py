@@ -162,3 +162,45 @@ def test_two_processes_write_at_once(tmp_path):
         assert db.best(key(gpu="shared")).time_ms == 1000.0 - 149
         assert db.clear(gpu="A") == 300
         assert db.counts_by_gpu() == {"B": (150, 150), "shared": (1, 0)}
+
+
+def test_a_row_that_does_not_match_its_digest_is_dropped_and_measured_again(tmp_path, capsys,
+                                                                            monkeypatch):
+    """issue 16: tuning-database rows are content-checked on read like every cache entry."""
+    from stofc import cachecheck
+
+    monkeypatch.setattr(cachecheck, "_warned", set())
+    path = tmp_path / "t.sqlite"
+    with TuningDatabase.open(path) as db:
+        db.upsert_best(key(), '{"b":1}', 2.0)
+        db.add_samples(key(), [Sample('{"b":1}', 2.0, None), Sample('{"b":2}', 3.0, None)])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE records SET time_ms = 0.001")               # an edited record
+    conn.execute("UPDATE samples SET config = '{\"b\":9}' WHERE config = '{\"b\":2}'")
+    conn.commit()
+    conn.close()
+    capsys.readouterr()
+    with TuningDatabase.open(path) as db:
+        assert db.best(key()) is None                                  # not trusted
+        assert set(db.samples(key())) == {'{"b":1}'}                   # the edited one goes
+        assert db.counts_by_gpu() == {"NVIDIA H200": (0, 1)}           # and is deleted
+        db.upsert_best(key(), '{"b":1}', 2.5)                          # measured again
+        assert db.best(key()).time_ms == 2.5
+    err = capsys.readouterr().err
+    assert err.count("warning: ") == 1 and "does not match its digest" in err
+
+
+def test_a_schema_1_database_gets_digests_for_its_rows(tmp_path, monkeypatch):
+    import stofc.tune.db as dbmod
+
+    path = tmp_path / "old.sqlite"
+    monkeypatch.setattr(dbmod, "SCHEMA_VERSION", 1)
+    with TuningDatabase.open(path) as db:
+        db._conn.execute(
+            "INSERT INTO records (family, problem, gpu, driver, stofc_version, compile_options, "
+            "config, time_ms, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+            (*key().as_params(), '{"b":1}', 2.0))
+    monkeypatch.undo()
+    with TuningDatabase.open(path) as db:
+        assert db._conn.execute("SELECT version FROM schema_version").fetchone() == (2,)
+        assert db.best(key()).time_ms == 2.0
