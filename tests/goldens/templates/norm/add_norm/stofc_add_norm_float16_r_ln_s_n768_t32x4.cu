@@ -1,0 +1,137 @@
+// stofc Add + Norm (memory-bound, one pass): out = norm(act(x + bias) + residual)
+// __half in/out, fp32 math; 32 threads per row, 4 rows per block,
+// 3 16-byte vectors per thread (rows up to 768 wide, N % 8 == 0).
+// bias=0 act=0 residual=1 norm=1
+// shift=1 store_pre_norm=1. The row stays in registers.
+// x is __half (float: the fp32 partial sums of a split GEMM+GEMM).
+#include <stofc/gemm_common.cuh>
+
+namespace {
+using namespace stofc_ds;
+typedef __half T;
+typedef Traits<T>::T2 T2;
+typedef __half TX;
+constexpr int TPR = 32, ROWS = 4, ITEMS = 3;
+constexpr int HAS_BIAS = 0, ACT = 0, HAS_RESIDUAL = 1;
+constexpr int NORM = 1, NORM_SHIFT = 1, STORE_PRE_NORM = 1;
+constexpr int THREADS = TPR * ROWS, WPR = TPR / 32;
+static_assert(TPR % 32 == 0, "a row is handled by whole warps");
+
+__device__ __forceinline__ void load8(float (&d)[8], const T* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T2* h = reinterpret_cast<const T2*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = Traits<T>::unpack(h[j]);
+    d[2 * j] = f.x;
+    d[2 * j + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void load8(float (&d)[8], const float* p) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w;
+  d[4] = b.x; d[5] = b.y; d[6] = b.z; d[7] = b.w;
+}
+
+__device__ __forceinline__ void store8(T* p, const float (&d)[8]) {
+  uint4 raw;
+  T2* h = reinterpret_cast<T2*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) h[j] = Traits<T>::pack(d[2 * j], d[2 * j + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Sum over the TPR threads of one row (whole warps); every thread gets the total.
+__device__ __forceinline__ float row_sum(float v, float* red, int rl, int lt) {
+  v = warp_sum(v);
+  if constexpr (WPR > 1) {
+    __syncthreads();
+    if ((lt & 31) == 0) red[rl * WPR + lt / 32] = v;
+    __syncthreads();
+    v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WPR; ++w) v += red[rl * WPR + w];
+  }
+  return v;
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS) stofc_add_norm_float16_r_ln_s_n768_t32x4(
+    const TX* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ residual,
+    const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ out,
+    T* __restrict__ pre_norm, int M, int N, float eps) {
+  __shared__ float red[ROWS * WPR];
+  const int rl = threadIdx.x / TPR, lt = threadIdx.x % TPR;
+  const int row = blockIdx.x * ROWS + rl;
+  const bool row_ok = row < M;
+  float v[ITEMS][8];
+  float s = 0.0f;
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int c = (it * TPR + lt) * 8;
+    const bool ok = row_ok && c < N;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[it][j] = 0.0f;
+    if (ok) {
+      load8(v[it], x + (size_t)row * N + c);
+      if constexpr (HAS_BIAS) {
+        float b[8];
+        load8(b, bias + c);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[it][j] += b[j];
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[it][j] = activate<ACT>(v[it][j]);
+      if constexpr (HAS_RESIDUAL) {
+        float r[8];
+        load8(r, residual + (size_t)row * N + c);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[it][j] += r[j];
+      }
+      if constexpr (NORM == 0 || STORE_PRE_NORM) {
+        store8((NORM == 0 ? out : pre_norm) + (size_t)row * N + c, v[it]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s += NORM == 2 ? v[it][j] * v[it][j] : v[it][j];
+  }
+  if constexpr (NORM != 0) {
+    const float inv_n = 1.0f / static_cast<float>(N);
+    float mean = 0.0f, rstd;
+    if constexpr (NORM == 1) {
+      mean = row_sum(s, red, rl, lt) * inv_n;
+      float q = 0.0f;
+#pragma unroll
+      for (int it = 0; it < ITEMS; ++it) {
+        const bool ok = (it * TPR + lt) * 8 < N;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float d = v[it][j] - mean;
+          q += ok ? d * d : 0.0f;
+        }
+      }
+      rstd = rsqrtf(row_sum(q, red, rl, lt) * inv_n + eps);
+    } else {
+      rstd = rsqrtf(row_sum(s, red, rl, lt) * inv_n + eps);
+    }
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      const int c = (it * TPR + lt) * 8;
+      if (row_ok && c < N) {
+        float gm[8], y[8];
+        load8(gm, gamma + c);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = (v[it][j] - mean) * rstd * gm[j];
+        if constexpr (NORM_SHIFT) {
+          float bt[8];
+          load8(bt, beta + c);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) y[j] += bt[j];
+        }
+        store8(out + (size_t)row * N + c, y);
+      }
+    }
+  }
+}
