@@ -4,8 +4,9 @@ Each case compiles (or re-writes, or only rewrites) a model the way users and th
 tuner do and compares :func:`tests.package_fingerprint.fingerprint` with
 ``tests/goldens/packages/<case>.json``: plan.json (less provenance), every kernel
 source, the mask binaries and attention launch plans, the mask arrays and model.onnx.
-The cases cover both attention kernels (mma.sync and wgmma block-wise, row-wise,
-gathered, residue-permuted, run-time variants: the query split and tuned length
+The cases cover every attention kernel (mma.sync and wgmma block-wise, row-wise,
+gathered, residue-permuted, the warp-specialised kernel as the selector's pick and forced
+through the plan with split rows, run-time variants: the query split and tuned length
 buckets), every downstream family (vendor cuBLASLt with a tuned rank, the GEMM
 template, GEMM+GEMM, GEMM+norm, Add+Norm), fp16 and bf16, packed and unpacked Q/K/V,
 four exporter fixtures compiled whole with their own masks (RoPE, grouped-query and
@@ -118,9 +119,7 @@ def _with_attention(plan, config: AttentionConfig):
         for seg in lp.segments:
             if seg.family == "attention":
                 params = dict(seg.kernel.params)
-                params.update({k: getattr(config, k) for k in
-                               ("kind", "tile", "warp_m", "warps", "stages", "q_split", "gather",
-                                "min_blocks", "permute", "mma")})
+                params.update({k: getattr(config, k) for k in AttentionConfig.__dataclass_fields__})
                 seg = replace(seg, kernel=replace(seg.kernel, params=tuple(params.items())))
             segs.append(seg)
         layers.append(replace(lp, segments=tuple(segs)))
@@ -173,3 +172,14 @@ def test_rewritten_fixture(fixture, dtype, tmp_path):
             if attr.name == "mask_file":
                 attr.s = Path(attr.s.decode()).name.encode()
     _check(f"fixture_{fixture}_{dtype}", lowered_fingerprint(model, emitted))
+
+
+def test_ws_forced_package(tmp_path):
+    """A package whose attention is the warp-specialised kernel (forced through the plan, as
+    the tuner would): its sm_90a kernel with the combine entry and its split launch plan."""
+    model = _model(tmp_path, layers=2, hidden=128, heads=2, seq=1024)
+    pkg = compile_model(model, "longformer:window=64,global=16", max_seq_len=1024,
+                        out_dir=tmp_path / "pkg", instruments=QUIET)
+    ws = AttentionConfig("ws", 64, 16, 12, 3, 1, mma="wgmma", split=8)
+    recompile_package(pkg, _with_attention(read_plan(pkg), ws), instruments=QUIET)
+    _check("ws_forced", fingerprint(pkg))
