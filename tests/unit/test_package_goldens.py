@@ -84,6 +84,9 @@ COMPILED = {
     "dilated_512": ({"layers": 1, "seq": 512}, "dilated:window=96,dilation=2",
                     {"max_seq_len": 512}),
     "unpacked_causal": ({"layers": 1}, "causal", {"max_seq_len": 64, "pack_qkv": False}),
+    # head_dim 64 at L=1024 on an H100: the selector picks the warp-specialised kernel
+    "ws_selected_bf16": ({"layers": 2, "hidden": 128, "heads": 2, "seq": 1024},
+                         "longformer:window=64,global=16", {"dtype": "bf16", "max_seq_len": 1024}),
 }
 # exporter fixtures compiled whole (head_dim 32): their own masks, RoPE, grouped-query and
 # multi-query attention, soft-capping, local/global layers, activations left to ORT
