@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     from build_model import build_model
 
     from stofc.frontend import load_model
-    from stofc.masks import encode
+    from stofc.masks import encode, to_dense
     from stofc.package.reference import inject_mask
     from stofc.package.verify import default_cases, make_inputs
 
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         graph = load_model(path)
     fmt = encode(MASK, MAX_LEN)
     assert fmt.num_heads == 1
-    allowed = fmt.to_dense(0).astype(bool)
+    allowed = to_dense(fmt, 0).astype(bool)
     ref_model = inject_mask(graph, {layer.index: fmt for layer in graph.layers})
     so = ort.SessionOptions()
     so.log_severity_level = 4

@@ -24,6 +24,7 @@ import numpy as np
 
 from stofc.errors import MaskSpecError
 from stofc.masks.lookup import BitmapArray, BlockLayout, RandomBlocks
+from stofc.masks.parse import parse_mask
 from stofc.masks.predicates import (
     BIG,
     BlockBand,
@@ -34,7 +35,7 @@ from stofc.masks.predicates import (
     Pred,
     TokenGlobal,
 )
-from stofc.masks.spec import Family, Node
+from stofc.masks.spec import Family, MaskSpec, Node
 
 _U64 = 1 << 64
 
@@ -192,15 +193,13 @@ def build_predicate(node: Node, seq_len: int, tile: int) -> Pred:
     return Combined(seq_len, tile, "intersect", [pred, DiffBand(seq_len, tile, 0, BIG)])
 
 
-def predicate(spec, seq_len: int, *, tile: int = 64, layer: int = 0, head: int = 0,
+def predicate(spec: MaskSpec | str, seq_len: int, *, tile: int = 64, layer: int = 0, head: int = 0,
               num_heads: int | None = None) -> Pred:
     """The predicate of one head of one layer of a :class:`MaskSpec` (or spec text).
 
     ``predicate(spec, L).allowed(q, k)`` evaluates MASKS.md on broadcast int64
     position arrays (``0 <= q, k < L``).
     """
-    from stofc.masks.parse import parse_mask
-
     if isinstance(spec, str):
         spec = parse_mask(spec)
     resolved = spec.for_layer(layer, num_heads)

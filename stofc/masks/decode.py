@@ -18,8 +18,7 @@ import numpy as np
 
 from stofc.errors import MaskSpecError
 from stofc.fsutil import atomic_write_bytes
-from stofc.masks.encoder import format_hash
-from stofc.masks.format import MaskFormat
+from stofc.masks.format import MaskFormat, format_hash
 from stofc.masks.predicates import unpack_tiles
 
 FORMAT_VERSION = 1

@@ -18,22 +18,14 @@ import numpy as np
 
 from stofc.errors import MaskSpecError
 from stofc.masks.build import build_predicate
-from stofc.masks.format import MaskFormat
+from stofc.masks.format import MaskFormat, format_hash, popcount
 from stofc.masks.limits import MaskBudget, check_heads, check_seq_len
+from stofc.masks.parse import one_line, parse_mask
 from stofc.masks.predicates import FULL, MAYBE, ONES, pack_tiles
-from stofc.masks.spec import MaskSpec, Node, canonical_json, sha256_text
+from stofc.masks.spec import MaskSpec, Node
 
 TILES = (16, 32, 64, 128)
 _GRID_CELLS = 1 << 15  # tile-grid cells classified per chunk (bounds temporaries)
-
-
-def popcount(words: np.ndarray) -> np.ndarray:
-    """Set bits per uint64 (uint8 result, same shape; sum with ``dtype=np.int64``)."""
-    if hasattr(np, "bitwise_count"):
-        return np.bitwise_count(words)
-    lut = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
-    raw = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 8)
-    return lut[raw].sum(axis=-1, dtype=np.uint8)
 
 
 @lru_cache(maxsize=64)
@@ -44,11 +36,6 @@ def range_words(tile: int, rows: int, cols: int) -> np.ndarray:
     words = pack_tiles(inside[None])[0]
     words.flags.writeable = False
     return words
-
-
-def format_hash(spec_text: str, seq_len: int, tile: int) -> str:
-    """``MaskFormat.spec_hash``: sha256 of the canonical JSON of spec, L_max and tile."""
-    return sha256_text(canonical_json({"spec": spec_text, "seq_len": seq_len, "tile": tile}))
 
 
 @dataclass(frozen=True)
@@ -216,8 +203,6 @@ def encode(spec: MaskSpec | str, seq_len: int, *, tile: int = 64, layer: int = 0
     share one format.
     """
     if isinstance(spec, str):
-        from stofc.masks.parse import parse_mask
-
         spec = parse_mask(spec)
     _check_geometry(seq_len, tile)
     seq_len = int(seq_len)
@@ -233,7 +218,5 @@ def encode(spec: MaskSpec | str, seq_len: int, *, tile: int = 64, layer: int = 0
                 cache[node] = encode_node(node, seq_len, tile, budget)
             heads.append(cache[node])
     except MaskSpecError as err:
-        from stofc.masks.parse import one_line
-
         raise one_line(err) from None
     return assemble(resolved.canonical(), seq_len, tile, heads)

@@ -34,7 +34,8 @@ canonical JSON (sorted keys, no whitespace) of the resolved layer:
 ``{"mask": NODE}`` when every head shares it, ``{"heads": [NODE, ...]}``
 otherwise; ``spec_hash`` is the sha256 hex of the canonical JSON of
 ``{"seq_len": L_max, "spec": spec, "tile": T}``. ``stofc.masks.save`` /
-``load`` keep both in a ``.npz`` and check them on load.
+``load`` keep both in a ``.npz`` and check them on load. Decoding (dense views,
+statistics) is :mod:`stofc.masks.decode`'s.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from stofc.masks.spec import canonical_json, sha256_text
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,15 +77,16 @@ class MaskFormat:
         """Allowed elements over ``num_heads * L_max**2``."""
         return self.nnz / (self.num_heads * self.seq_len * self.seq_len)
 
-    def to_dense(self, head: int = 0, size: int | None = None) -> np.ndarray:
-        """Bool ``[L_max, L_max]`` mask of ``head``, or its top-left ``[size, size]`` corner
-        (see ``stofc.masks.to_dense``)."""
-        from stofc.masks.decode import to_dense
 
-        return to_dense(self, head, size)
+def popcount(words: np.ndarray) -> np.ndarray:
+    """Set bits per uint64 (uint8 result, same shape; sum with ``dtype=np.int64``)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words)
+    lut = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+    raw = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 8)
+    return lut[raw].sum(axis=-1, dtype=np.uint8)
 
-    def stats(self):
-        """Density, tile counts and sizes (see ``stofc.masks.stats``)."""
-        from stofc.masks.decode import stats
 
-        return stats(self)
+def format_hash(spec_text: str, seq_len: int, tile: int) -> str:
+    """``MaskFormat.spec_hash``: sha256 of the canonical JSON of spec, L_max and tile."""
+    return sha256_text(canonical_json({"spec": spec_text, "seq_len": seq_len, "tile": tile}))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stofc.masks.format import popcount
 from stofc.masks.predicates import EMPTY, FULL, MAYBE, ONES, Pred
 
 
@@ -193,8 +194,6 @@ class BitmapArray(Pred):
         rows[:L, :packed.shape[1]] = packed
         words = np.ascontiguousarray(rows.reshape(side, 8, side).transpose(0, 2, 1))
         self.words = words.view("<u8").reshape(side, side).astype(np.uint64, copy=False)
-        from stofc.masks.encoder import popcount
-
         counts = popcount(self.words).reshape(R, g, R, g).sum(axis=(1, 3), dtype=np.int64)
         self.counts = counts.astype(np.int64)
 

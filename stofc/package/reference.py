@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from stofc.errors import StofcError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import ModelGraph
+from stofc.masks.decode import to_dense
 from stofc.masks.format import MaskFormat
 from stofc.package.rewrite import float_type
 
@@ -34,7 +35,7 @@ MASKED = -1e9
 
 
 def _bias_array(fmt: MaskFormat, rank: int, size: int | None = None) -> np.ndarray:
-    dense = np.stack([fmt.to_dense(h, size) for h in range(fmt.num_heads)])  # [Hf, L, L]
+    dense = np.stack([to_dense(fmt, h, size) for h in range(fmt.num_heads)])  # [Hf, L, L]
     bias = np.where(dense, 0.0, MASKED).astype(np.float32)
     if rank == 4:
         return bias[None]                       # [1, Hf, L, L]

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from stofc.cli import main
-from stofc.masks import encode, parse_mask
+from stofc.masks import encode, parse_mask, to_dense
 from stofc.masks.parse import FAMILIES
 from stofc.masks.spec import COMBINE_OPS
 
@@ -128,7 +128,7 @@ def check(path: Path | str, opts: dict) -> None:
     heads = int(opts["heads"]) if opts["heads"] is not None else None
     fmt = encode(spec, int(opts["L"]), tile=int(opts["tile"]), layer=int(opts["layer"]),
                  num_heads=heads)
-    dense = np.stack([fmt.to_dense(h) for h in range(fmt.num_heads)])
+    dense = np.stack([to_dense(fmt, h) for h in range(fmt.num_heads)])
     n = int(opts["L"])
     assert dense.dtype == np.bool_ and dense.shape == (fmt.num_heads, n, n)
     assert int(dense.sum()) == fmt.nnz
