@@ -7,7 +7,7 @@ package) is captured ``REPS`` times into one CUDA graph, and the graph's replay
 time / ``REPS`` is the per-launch time a package sees under ORT's CUDA graph.
 Candidates: every block-wise config of the T=64 search space (sync and wgmma,
 with and without the query split), the package's choice (base or split variant,
-:func:`stofc.package.kernels.attention_kernel`), and SDPA (flash, dense or
+:func:`stofc.lower.attention.attention_kernel`), and SDPA (flash, dense or
 ``is_causal``) as ORT's attention stand-in, all on the same inputs; each stofc
 output is checked against SDPA with the same mask before it is timed.
 
@@ -28,11 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stofc.kernels.attention import search_space
+from stofc.kernels.attention import AttentionProblem, search_space
 from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.permute import choose_permutation
+from stofc.lower.attention import attention_kernel
 from stofc.masks import encode, to_dense
-from stofc.package.kernels import attention_kernel
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
 
@@ -82,8 +82,8 @@ def run_case(b: int, s: int, name: str, profile) -> dict:
     else:
         rec["sdpa_us"] = graph_time_us(lambda st: F.scaled_dot_product_attention(q, k, v))
         rec["sdpa"] = "flash dense (the mask ignored: ORT's dense work)"
-    chosen = attention_kernel(0, fmt, profile, num_heads=H, head_dim=D, dtype="float16",
-                              batch=b, seq_len=s, has_bias=False, has_key_bits=True)
+    chosen = attention_kernel(AttentionProblem(fmt, b, H, D, s, "float16", has_key_bits=True),
+                              profile, max_seq_len=s)
     picked = chosen.choice.config
     rows = b * -(-s // 64)
     for var in chosen.variants:

@@ -5,9 +5,9 @@ The failing GPU test (tests/gpu/test_ort_cuda.py, example model, BigBird
 256) measured rel 1.0858e-2 on an H200 (bound 1e-2). This script re-implements
 the example model (examples/build_model.py, 2 layers, hidden 128, 4 heads, FFN
 512) in numpy float32 and rounds to bfloat16 (round to nearest even on the
-float32 bits, as ``stofc.package.emit.to_tensor`` and ``__float2bfloat16_rn``)
+float32 bits, as ``stofc.lower.emit.to_tensor`` and ``__float2bfloat16_rn``)
 exactly where the bf16 package stores a value in T (cuda/ort/OPS.md,
-stofc/package/emit.py, cuda/ort/cuda_gemm_norm.cc, templates/):
+stofc/lower/emit.py, cuda/ort/cuda_gemm_norm.cc, templates/):
 
 * ``gemm_w``, ``bias``, ``ln_gamma``, ``ln_beta``: initializers converted to bf16
   (the embedding LayerNorm is not fused: its parameters stay fp32);
@@ -42,7 +42,7 @@ metric is noisy: one bf16 ulp of the output at |y| in [4, 8) is 6e-3 of
 max|ref| ~ 5); then how often the key candidates exceed 1e-2 over ``--tail``
 input seeds.
 
-``built:`` rows model what stofc builds since the change (stofc/package/prenorm.py,
+``built:`` rows model what stofc builds since the change (stofc/lower/prenorm.py,
 emit.norm_param): LayerNorm gamma/beta float32 (``ln_gamma``, ``ln_beta`` kept),
 the pre-LN FusedGemm writing ``x@W + b`` in float32 with its bias stored float32
 (``oproj_sum``, ``ffn2_sum`` kept, and those two GEMMs' biases not rounded:

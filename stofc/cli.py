@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from stofc import __version__
 from stofc.errorreport import report, signals_as_exceptions
+from stofc.version import __version__
 
 # (module, attribute) of every top-level command, in the order `--help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (

@@ -1,15 +1,24 @@
 """The road from an ONNX model and a mask spec to a deployable package, in one function.
 
-:func:`compile_model` reads top to bottom::
+:func:`compile_model` reads top to bottom, each stage taking the previous one's
+typed result::
 
-    get_profile -> parse_mask -> load_model -> build_plan -> encode masks
-    -> select + render kernels -> compile_source (cubin + PTX) -> write_package [-> tune]
+    get_profile -> parse_mask -> load_model -> model_masks -> encode_masks (LayerMasks)
+    -> build_plan (Plan) [-> tune (TunedPlan)] -> lower_plan (Program)
+    -> render_kernels (RenderedKernel...) -> compile_kernels (CompiledKernel...)
+    -> write_package (the package directory)
 
 Each stage is called through :class:`Instruments` (hidet-style pass
 instruments): timing, a progress line (rich, to stderr) and optional dumps of
 the rendered sources are done there, never inline. Nothing here touches a GPU
-unless ``tune=True``, which hands the written package to the tuner's
-integration point (:func:`stofc.tune.package.tune_package`).
+unless ``tune=True``: then the model is loaded once, the plan tuned on the GPU
+present between planning and lowering, and the package written once.
+
+Two more entries join the same road from a written package (read once, through
+:class:`~stofc.package.load.PackageDocument`): :func:`tune_package` (``stofc tune``:
+the package's plan, tuned, rewritten in place) and :func:`recompile_package` (a
+given plan, e.g. a tuner's, rewritten in place); both go through
+:func:`build_package`, the road's second half.
 
 The mask compiled for each layer is the model's own mask (read from the graph by
 :func:`stofc.frontend.model_mask.model_masks`: causal, sliding windows, local/global
@@ -24,35 +33,39 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import click
+from rich.console import Console
+
 from stofc.codegen import Source
-from stofc.errors import PlanError, StofcError
+from stofc.compile.batch import compile_kernels
+from stofc.errors import PackageError, PlanError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.frontend.model_mask import model_masks
-from stofc.frontend.pack import packed_from_document
-from stofc.masks import MaskSpec, encode, parse_mask
+from stofc.kernels.render import render_kernels
+from stofc.lower.program import lower_plan
+from stofc.masks import MaskSpec, parse_mask
 from stofc.masks.effective import MODEL, effective_canonical, effective_specs
-from stofc.masks.format import MaskFormat
+from stofc.masks.layers import LayerMasks, encode_layers, plan_id
 from stofc.masks.limits import check_seq_len
 from stofc.masks.spec import spec_files
 from stofc.package.destination import check_destination
-from stofc.package.kernels import (
-    AttentionKernel,
-    AttentionVariant,
-    attention_kernel,
-    compile_all,
-    render_segment,
-)
+from stofc.package.load import read_plan_document
+from stofc.package.manifest import check_manifest
 from stofc.package.positions import check_positions, max_positions
-from stofc.package.rewrite import attention_inputs
 from stofc.package.selfcheck import check_package_runs
+from stofc.package.verify import original_model
 from stofc.package.writer import PackageContents, write_package
 from stofc.plan.build import build_plan
-from stofc.plan.plan import KernelSpec, Plan
+from stofc.plan.plan import Plan, TunedPlan
 from stofc.targets import GpuProfile, get_profile
+from stofc.tune import device
+from stofc.tune.db import TuningDatabase
+from stofc.tune.plan_tuner import tune_stage
+from stofc.tune.progress import QuietReporter, Reporter
 
 T = TypeVar("T")
 DTYPE_NAMES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -76,7 +89,6 @@ class Instruments:
         if not self.progress:
             return
         if self._console is None:
-            from rich.console import Console
             self._console = Console(stderr=True, highlight=False)
         self._console.print(text)
 
@@ -107,7 +119,6 @@ class Instruments:
 
     def warn(self, text: str) -> None:
         """A warning line (shown even when progress is off)."""
-        import click
         click.echo(f"warning: {text}", err=True)
 
     def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -123,15 +134,6 @@ class Instruments:
         for src in sources:
             (self.dump_dir / f"{src.name}.cu").write_text(src.code)
 
-    def dump_package(self, package: Path) -> None:
-        """Also dump the sources the package writer rendered itself (the CUDA twins'
-        epilogue kernels, chosen from the rewritten model's nodes)."""
-        if self.dump_dir is None:
-            return
-        for cu in sorted((package / "kernels").glob("*.cu")):
-            if not (self.dump_dir / cu.name).exists():
-                (self.dump_dir / cu.name).write_text(cu.read_text())
-
 
 def normalize_dtype(dtype: str) -> str:
     """``fp16``/``bf16`` (or the long names) -> ``float16``/``bfloat16``."""
@@ -143,7 +145,7 @@ def normalize_dtype(dtype: str) -> str:
 
 def with_causal(spec: MaskSpec) -> MaskSpec:
     """``spec`` with ``causal=true`` on the default and every override."""
-    def causal(o):
+    def causal(o: Any) -> Any:
         return replace(o, node=replace(o.node, causal=True))
     return replace(spec, default=replace(spec.default, causal=True),
                    layers=tuple(causal(o) for o in spec.layers),
@@ -151,51 +153,24 @@ def with_causal(spec: MaskSpec) -> MaskSpec:
 
 
 def encode_masks(graph: ModelGraph, spec: MaskSpec | dict[int, MaskSpec], max_seq_len: int,
-                 tile: int) -> dict[int, MaskFormat]:
-    """One format per layer (equal layers share the object); ``spec`` is one spec for
-    every layer or one per layer (:func:`stofc.masks.effective.effective_specs`)."""
-    formats: dict[int, MaskFormat] = {}
-    seen: dict[str, MaskFormat] = {}
-    for layer in graph.layers:
-        layer_spec = spec[layer.index] if isinstance(spec, dict) else spec
-        fmt = encode(layer_spec, max_seq_len, tile=tile, layer=layer.index,
-                     num_heads=layer.attention.num_heads)
-        formats[layer.index] = seen.setdefault(fmt.spec_hash, fmt)
-    return formats
+                 tile: int, *, canonical: str | None = None) -> LayerMasks:
+    """One format per layer of ``graph`` (equal layers share the object); ``spec`` is one
+    spec for every layer or one per layer (:func:`stofc.masks.effective.effective_specs`),
+    ``canonical`` their canonical JSON (the plan records its hash)."""
+    if canonical is None:
+        canonical = (effective_canonical(spec) if isinstance(spec, dict) else spec.canonical())
+    return encode_layers(spec, {layer.index: layer.attention.num_heads for layer in graph.layers},
+                         max_seq_len, tile, plan_id=plan_id(canonical))
 
 
-def select_attention(graph: ModelGraph, formats: dict[int, MaskFormat], profile: GpuProfile, *,
-                     dtype: str, batch: int, max_seq_len: int) -> dict[int, AttentionKernel]:
-    """The attention kernel of every layer, for the inputs its SparseAttention node gets."""
-    out = {}
-    for layer in graph.layers:
-        block = layer.attention
-        kpm, bias = attention_inputs(block, graph)
-        out[layer.index] = attention_kernel(
-            layer.index, formats[layer.index], profile, num_heads=block.num_heads,
-            head_dim=block.head_dim, dtype=dtype, batch=batch, seq_len=max_seq_len,
-            has_bias=bias is not None, has_key_bits=kpm is not None,
-            has_softcap=block.softcap > 0)
-    return out
+@dataclass(frozen=True)
+class MaskRecord:
+    """What the package records of the mask: the spec as given, the effective spec's
+    canonical JSON, and whether the model's causal mask was ANDed in."""
 
-
-def record_attention(plan: Plan, kernels: dict[int, AttentionKernel]) -> Plan:
-    """The plan with each attention segment's kernel spec set to the selector's choice."""
-    layers = []
-    for lp in plan.layers:
-        segs = []
-        for seg in lp.segments:
-            if seg.family == "attention" and lp.index in kernels:
-                ak = kernels[lp.index]
-                c = ak.choice.config
-                spec = KernelSpec("attention", f"attention/{c.kind}.cu.j2", (
-                    ("dtype", plan.dtype), *asdict(c).items(),
-                    ("has_bias", ak.spec.has_bias), ("has_key_bits", ak.spec.has_key_bits),
-                    ("has_softcap", ak.spec.has_softcap)))
-                seg = replace(seg, kernel=spec)
-            segs.append(seg)
-        layers.append(replace(lp, segments=tuple(segs)))
-    return replace(plan, layers=tuple(layers))
+    text: str
+    canonical: str
+    causal_from_model: bool
 
 
 def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAULT_GPU,
@@ -214,13 +189,16 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     and match the model with the structured mask (:mod:`stofc.package.selfcheck`);
     ``--no-check`` turns this off.
 
-    ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer (``rewrite_model``); with
-    ``pack_qkv`` the model is loaded with its Q, K, V projections packed in the graph
+    ``pack_qkv=False`` keeps three Q, K, V GEMMs per layer; with ``pack_qkv`` the model
+    is loaded with its Q, K, V projections packed in the graph
     (:mod:`stofc.frontend.pack`), so the plan has one ``qkv`` GEMM segment per layer,
     and plan.json's ``model.pack_projections`` says so (recompile and tune pack too).
-    ``max_seq_len`` defaults to 512, or to the model's position table when that is
-    shorter (:mod:`stofc.package.positions`); a longer one is refused.
-    ``out_dir`` defaults to ``<model stem>.stofc/`` beside the model. Raises a
+    ``tune``: tune the plan on the GPU present first (``tune_options``: ``budget``,
+    ``batch``, ``seq_lens``, ``db``, ``reporter``, ``seed``); when tuning fails the
+    untuned package is written and the failure raised. ``max_seq_len`` defaults to 512,
+    or to the model's position table when that is shorter
+    (:mod:`stofc.package.positions`); a longer one is refused. ``out_dir`` defaults to
+    ``<model stem>.stofc/`` beside the model. Raises a
     :class:`~stofc.errors.StofcError` (one line) for any user error; nothing is
     left half-written.
     """
@@ -241,8 +219,7 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     if spec is not None:
         check_destination(out, protect=spec_files(spec))
     if tune:  # tuning measures on the GPU present: check it before compiling anything
-        from stofc.tune.device import check_gpu
-        profile = ins.run("check GPU", check_gpu, gpu)
+        profile = ins.run("check GPU", device.check_gpu, gpu)
     # pack Q, K, V projections in the graph (stofc.frontend.pack) unless asked to keep three
     graph = ins.run("load model", load_model, model_path, pack_projections=pack_qkv)
     if not graph.layers:
@@ -265,22 +242,48 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     effective = effective_specs({m.layer: m.node for m in own.layers}, spec,
                                 [layer.index for layer in graph.layers])
     canonical = effective_canonical(effective)
-    plan = ins.run("plan", build_plan, graph, canonical, profile, dtype=dtype,
+    masks = ins.run("encode masks", encode_masks, graph, effective, max_seq_len, tile,
+                    canonical=canonical)
+    plan = ins.run("plan", build_plan, graph, masks, profile, dtype=dtype,
                    max_seq_len=max_seq_len, batch=batch)
-    formats = ins.run("encode masks", encode_masks, graph, effective, max_seq_len, tile)
-    attention = ins.run("select attention kernels", select_attention, graph, formats, profile,
-                        dtype=dtype, batch=batch, max_seq_len=max_seq_len)
-    plan = record_attention(plan, attention)
-    contents = _render_and_compile(
-        ins, graph, plan, profile, formats, attention, source_model=model_path, mask_text=mask,
-        mask_canonical=canonical, causal=own.structured, tuned=False)
-    contents = replace(contents, pack_qkv=pack_qkv, pack_projections=pack_qkv)
-    path = ins.run("write package", write_package, out, contents, ort_include=ort_include,
-                   verify=_checker(ins, contents) if check else None, protect=protect)
-    ins.dump_package(path)
+    tuned, failure = TunedPlan.untuned(plan), None
     if tune:
-        ins.run("tune", _tune, path, profile, {**options, "check": check})
+        try:
+            tuned = ins.run("tune", _tune, plan, graph, masks, profile, options)
+        except StofcError as err:
+            failure = err
+    record = MaskRecord(mask, canonical, own.structured)
+    path = build_package(out, graph, tuned, masks, profile, record, source_model=model_path,
+                         pack_qkv=pack_qkv, instruments=ins, ort_include=ort_include,
+                         check=check, protect=protect)
+    if failure is not None:
+        raise StofcError(f"the untuned package was written to {path}, but --tune failed: "
+                         f"{failure.message}", hint=failure.hint) from None
     return path
+
+
+def build_package(out: Path, graph: ModelGraph, tuned: TunedPlan, masks: LayerMasks,
+                  profile: GpuProfile, mask: MaskRecord, *, source_model: Path, pack_qkv: bool,
+                  instruments: Instruments | None = None,
+                  ort_include: str | Path | None = None, check: bool = True,
+                  protect: tuple[Path | None, ...] = ()) -> Path:
+    """The road's second half: lower the (tuned) plan, render and compile every kernel,
+    write the package to ``out`` atomically (``check``: once it ran on the CPU EP and
+    matched the model, :mod:`stofc.package.selfcheck`); its path."""
+    ins = instruments or Instruments()
+    program = ins.run("lower", lower_plan, graph, tuned, masks, profile, pack_qkv=pack_qkv)
+    rendered = ins.run("render kernels", render_kernels, (*program.kernels, *program.twins),
+                       program.targets)
+    ins.dump([r.source for r in rendered])
+    compiled = ins.run(f"compile ({len(rendered)} kernels x {len(program.targets)})",
+                       compile_kernels, rendered, program.targets)
+    contents = PackageContents(graph=graph, program=program, rendered=rendered,
+                               compiled=compiled, mask_text=mask.text,
+                               mask_canonical=mask.canonical,
+                               mask_causal_from_model=mask.causal_from_model,
+                               source_model=source_model, pack_projections=pack_qkv)
+    return ins.run("write package", write_package, out, contents, ort_include=ort_include,
+                   verify=_checker(ins, contents) if check else None, protect=protect)
 
 
 def _max_seq_len(graph: ModelGraph, asked: int | None, ins: Instruments) -> int:
@@ -310,156 +313,82 @@ def _mask_files(mask: str) -> tuple[Path, ...]:
     return (path,) if path.suffix.lower() in (".yaml", ".yml") and path.is_file() else ()
 
 
-def _render_and_compile(ins: Instruments, graph: ModelGraph, plan: Plan, profile: GpuProfile,
-                        formats: dict[int, MaskFormat], attention: dict[int, AttentionKernel], *,
-                        source_model: Path, mask_text: str, mask_canonical: str, causal: bool,
-                        tuned: bool, buckets: tuple[tuple[int, Plan], ...] = ()
-                        ) -> PackageContents:
-    """Render every kernel of ``plan``, compile each for the profile's targets; the contents."""
-    segment_sources = ins.run("render kernels", _render_segments, plan)
-    sources = [s for srcs in segment_sources.values() for s in srcs]
-    sources += [src for a in attention.values() for src in a.sources]
-    ins.dump(sources)
-    targets = (profile.arch, profile.ptx_target)
-    compiled = ins.run(f"compile ({len({s.name for s in sources})} kernels x {len(targets)})",
-                       compile_all, sources, targets)
-    return PackageContents(
-        graph=graph, plan=plan, profile=profile, mask_text=mask_text,
-        mask_canonical=mask_canonical, mask_causal_from_model=causal, formats=formats,
-        segment_sources=segment_sources, attention=attention, compiled=compiled,
-        targets=targets, source_model=source_model, tuned=tuned, buckets=buckets)
+def _tune(plan: Plan, graph: ModelGraph, masks: LayerMasks, profile: GpuProfile,
+          options: dict[str, Any]) -> TunedPlan:
+    """The tune stage of ``compile --tune`` (the GPU was checked before anything else)."""
+    reporter = options.get("reporter") or QuietReporter()
+    with TuningDatabase.open(options.get("db"), on_warning=reporter.warning) as db:
+        return tune_stage(plan, graph, masks, profile, db, reporter,
+                          budget_s=options.get("budget"), batch=int(options.get("batch", 1)),
+                          seq_lens=tuple(options.get("seq_lens", ())),
+                          seed=int(options.get("seed", 0)))
 
 
 def recompile_package(package_dir: str | Path, plan: Plan, *, model: str | Path | None = None,
                       instruments: Instruments | None = None,
                       ort_include: str | Path | None = None, tuned: bool = True,
                       buckets: tuple[tuple[int, Plan], ...] = (), check: bool = True) -> Path:
-    """Rewrite the package in ``package_dir`` for a new ``plan`` (the tuner's schemes/configs).
+    """Rewrite the package in ``package_dir`` for a new ``plan`` (a tuner's, or hand-made).
 
     ``check``: the rewritten package must pass ``stofc compile``'s check before it
     replaces the old one (:mod:`stofc.package.selfcheck`).
 
     The original model comes from ``model`` or the path recorded in plan.json
-    (hash-checked); the mask formats are the package's own. Attention segments
-    whose kernel spec names a template (``attention/block.cu.j2``, params
-    holding the ``AttentionConfig`` fields) keep that config; others get the
-    selector's choice. ``buckets``: ``(length, plan)`` of every tuned
-    sequence-length bucket; each shorter bucket's attention config becomes a
-    run-time variant of its layer's node (used when ``S <= length``), ``plan``'s
-    serves the rest. The write is atomic like :func:`compile_model`'s.
+    (hash-checked); the mask formats are the package's own. ``tuned``: the plan's
+    attention configs replace the selector's (module doc of
+    :mod:`stofc.lower.attention`); ``buckets``: ``(length, plan)`` of every tuned
+    sequence-length bucket (shorter buckets' attention configs become run-time
+    variants, cuBLASLt ranks FusedGemm attributes). The write is atomic like
+    :func:`compile_model`'s.
     """
-    from stofc.masks import load as load_format
-    from stofc.package.load import read_plan_document
-    from stofc.package.verify import original_model
-
     ins = instruments or Instruments()
     package_dir = Path(package_dir)
     doc = read_plan_document(package_dir)
     source = original_model(package_dir, doc, model)
-    packed = packed_from_document(doc)  # the plan was built from the packed graph: pack again
-    graph = ins.run("load model", load_model, source, pack_projections=packed)
-    profile = get_profile(plan.gpu)
-    formats: dict[int, MaskFormat] = {}
-    for entry in doc["mask"]["formats"]:
-        fmt = load_format(package_dir / entry["npz"])
-        formats.update({int(layer): fmt for layer in entry["layers"]})
-    attention = select_attention(graph, formats, profile, dtype=plan.dtype,
-                                 batch=max(1, plan.tokens // max(1, plan.max_seq_len)),
-                                 max_seq_len=plan.max_seq_len)
-    attention = {k: _planned_attention(plan, ak, buckets) for k, ak in attention.items()}
-    plan = record_attention(plan, attention)
-    mask = doc["mask"]
-    contents = _render_and_compile(
-        ins, graph, plan, profile, formats, attention, source_model=source,
-        mask_text=mask["spec"], mask_canonical=_canonical(mask["effective"]),
-        causal=bool(mask["causal_from_model"]), tuned=tuned, buckets=buckets)
-    contents = replace(contents, pack_projections=packed)
-    path = ins.run("write package", write_package, package_dir, contents,
-                   ort_include=ort_include, verify=_checker(ins, contents) if check else None)
-    ins.dump_package(path)
-    return path
+    # the plan was built from the graph as the package was (packed or not): load it so
+    graph = ins.run("load model", load_model, source, pack_projections=doc.pack_projections)
+    record = MaskRecord(doc.mask_spec, doc.mask_effective, doc.mask_causal_from_model)
+    return build_package(package_dir, graph, TunedPlan(plan, buckets, tuned), doc.masks(),
+                         get_profile(plan.gpu), record, source_model=source,
+                         pack_qkv=doc.pack_projections, instruments=ins,
+                         ort_include=ort_include, check=check)
 
 
-def _canonical(obj: Any) -> str:
-    from stofc.masks.spec import canonical_json
-    return canonical_json(obj)
+def tune_package(package_dir: str | Path, profile: GpuProfile, db: TuningDatabase,
+                 reporter: Reporter, *, budget_s: float | None, batch: int,
+                 seq_lens: tuple[int, ...], seed: int = 0,
+                 instruments: Instruments | None = None,
+                 ort_include: str | Path | None = None, check: bool = True) -> Path:
+    """``stofc tune``: tune the package in ``package_dir`` on the GPU present and rewrite it.
 
-
-def _plan_config(plan: Plan, layer: int):
-    """The AttentionConfig the plan's attention segment of ``layer`` names, or None."""
-    from stofc.kernels.attention import AttentionConfig
-
-    seg = next(s for lp in plan.layers if lp.index == layer for s in lp.segments
-               if s.family == "attention")
-    spec = seg.kernel
-    if not spec.template.startswith("attention/") or spec.param("kind") is None:
-        return None
-    names = {f.name for f in fields(AttentionConfig)}
-    return AttentionConfig(**{k: v for k, v in spec.params if k in names})
-
-
-def _planned_attention(plan: Plan, ak: AttentionKernel,
-                       buckets: tuple[tuple[int, Plan], ...] = ()) -> AttentionKernel:
-    """``ak`` with the config the plan's attention segment names (if it names one).
-
-    A plan's config replaces the selector's choice and its run-time variants (the
-    tuner measured it); each bucket of ``buckets`` shorter than the plan's own
-    length adds a variant for ``S <= length`` unless the next one would pick the
-    same kernel anyway.
+    Everything ``stofc tune`` checks (GPU name, GPU present, package directory,
+    database) happens before. The package's plan.json is read once
+    (:class:`~stofc.package.load.PackageDocument`: the plan, the mask formats, the
+    original model, hash-checked), the model loaded once, every sequence-length
+    bucket tuned (:func:`stofc.tune.plan_tuner.tune_stage`: real kernels in an
+    isolated worker, winners verified against float64 references, everything stored
+    in ``db``, so a later run starts warm), and the package rewritten in place once,
+    atomically. The package's plan is the largest bucket's (those kernels take the
+    length at run time); each shorter bucket whose tuned attention config differs
+    becomes a run-time variant of its layer's SparseAttention node (OPS.md). ``check``:
+    the rewritten package must pass ``stofc compile``'s check before it replaces the old
+    one.
     """
-    from stofc.kernels.attention import KernelSpec as AttnSpec
-    from stofc.kernels.attention import render_kernel
-
-    cfg = _plan_config(plan, ak.layer)
-    if cfg is None:
-        return ak
-
-    def spec_of(c):
-        return AttnSpec(c, ak.spec.dtype, ak.spec.head_dim, has_bias=ak.spec.has_bias,
-                        has_key_bits=ak.spec.has_key_bits, has_softcap=ak.spec.has_softcap)
-
-    chain: list[tuple[int, Any]] = []
-    for length, bplan in sorted(buckets, key=lambda b: b[0]):
-        bcfg = _plan_config(bplan, ak.layer)
-        if bcfg is not None and length < plan.max_seq_len:
-            chain.append((length, bcfg))
-    kept: list[tuple[int, Any]] = []
-    following = cfg
-    for length, bcfg in reversed(chain):
-        if bcfg != following:
-            kept.insert(0, (length, bcfg))
-            following = bcfg
-    variants = tuple(
-        AttentionVariant(length, 0, replace(ak.choice, kernel=c.kind, config=c), spec_of(c),
-                         render_kernel(spec_of(c)), f"tuned for S <= {length}")
-        for length, c in kept)
-    if cfg == ak.choice.config and not variants:
-        return replace(ak, variants=())
-    choice = replace(ak.choice, kernel=cfg.kind, config=cfg,
-                     explanation=f"from the plan: {cfg.describe()} (the selector's analytical "
-                                 f"choice was {ak.choice.config.describe()})")
-    return AttentionKernel(ak.layer, choice, spec_of(cfg), render_kernel(spec_of(cfg)), variants)
-
-
-def _render_segments(plan: Plan) -> dict[tuple[int, int], tuple[Source, ...]]:
-    return {(seg.layer, seg.ordinal): render_segment(seg, plan.dtype)
-            for lp in plan.layers for seg in lp.segments
-            if seg.family not in ("attention", "ort")}
-
-
-def _tune(path: Path, profile: GpuProfile, options: dict[str, Any]) -> None:
-    """Hand the written package to the tuner (the GPU was checked before compiling)."""
-    from stofc.tune.db import TuningDatabase
-    from stofc.tune.package import tune_package
-    from stofc.tune.progress import QuietReporter
-
-    reporter = options.get("reporter") or QuietReporter()
-    with TuningDatabase.open(options.get("db"), on_warning=reporter.warning) as db:
-        try:
-            tune_package(path, profile, db, reporter, budget_s=options.get("budget"),
-                         batch=int(options.get("batch", 1)),
-                         seq_lens=tuple(options.get("seq_lens", ())),
-                         check=bool(options.get("check", True)))
-        except StofcError as err:
-            raise StofcError(f"the untuned package was written to {path}, but --tune failed: "
-                             f"{err.message}", hint=err.hint) from None
+    ins = instruments or Instruments(progress=False)
+    package_dir = Path(package_dir)
+    check_manifest(package_dir)  # first: an edited plan.json is "modified", not a parse error
+    doc = read_plan_document(package_dir)
+    plan = doc.plan
+    if plan.arch != profile.arch:
+        raise PackageError(f"the package was compiled for {plan.gpu} ({plan.arch}) and the GPU "
+                           f"present is an {profile.name} ({profile.arch})",
+                           hint=f"compile it again with --gpu {profile.name}, then tune")
+    source = original_model(package_dir, doc, None)
+    graph = ins.run("load model", load_model, source, pack_projections=doc.pack_projections)
+    masks = doc.masks()
+    tuned = ins.run("tune", tune_stage, plan, graph, masks, profile, db, reporter,
+                    budget_s=budget_s, batch=batch, seq_lens=seq_lens, seed=seed)
+    record = MaskRecord(doc.mask_spec, doc.mask_effective, doc.mask_causal_from_model)
+    return build_package(package_dir, graph, tuned, masks, profile, record,
+                         source_model=source, pack_qkv=doc.pack_projections, instruments=ins,
+                         ort_include=ort_include, check=check)

@@ -61,3 +61,22 @@ def render(template: str, name: str, entry_points: tuple[str, ...], **values: An
     code = environment().get_template(template).render(**values)
     return Source(name=name, code=code, template=template, entry_points=entry_points,
                   params=tuple(sorted(values.items())))
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """A rendered source with how its family compiles it: the NVRTC ``options`` and, per
+    package target (``sm_90``, ``compute_90``), the NVRTC target (``sm_90a`` for a kernel
+    using sm_90a-only instructions)."""
+
+    source: Source
+    options: tuple[str, ...] = ()
+    targets: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def nvrtc_target(self, target: str) -> str:
+        """The NVRTC target for package target ``target``."""
+        return dict(self.targets).get(target, target)

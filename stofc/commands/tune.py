@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from stofc.errors import PackageError, StofcError
+from stofc.pipeline import tune_package
 from stofc.targets import get_profile
 from stofc.tune.db import TuningDatabase
 from stofc.tune.device import check_gpu
-from stofc.tune.package import tune_package
 from stofc.tune.progress import JsonReporter, QuietReporter, Reporter, RichReporter
 
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from stofc import __version__
 from stofc.cachecheck import binary_problem, read_entry, sha256_bytes, warn_once, write_entry
 from stofc.codegen import Source
 from stofc.errors import CompileError, StofcError
 from stofc.paths import cache_dir, cuda_dir
+from stofc.version import __version__
 
 DEFAULT_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
 

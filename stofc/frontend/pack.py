@@ -2,7 +2,7 @@
 
 BERT-like exports project Q, K and V with three MatMul (+ bias Add) nodes on
 the same input; the package rewrite runs them as ONE [K, 3N] GEMM
-(:mod:`stofc.package.rewrite`, ``pack_qkv``). Packing them in the ONNX graph
+(:mod:`stofc.lower.rewrite`, ``pack_qkv``). Packing them in the ONNX graph
 first makes the plan, the tuner and the rewrite see that one GEMM: one ``qkv``
 gemm segment per layer with ``n0 = 3N``, as GPT-2's c_attn already gives.
 
@@ -49,8 +49,6 @@ from stofc.frontend.graph import GraphIndex
 from stofc.frontend.load import opset_of
 from stofc.frontend.types import AttentionBlock
 
-PLAN_FIELD = "pack_projections"   # plan.json model.<field>: the package was built packed
-
 
 @dataclass(frozen=True)
 class PackedProjection:
@@ -82,11 +80,6 @@ class _Projection:
     add: onnx.NodeProto | None
     weight: str
     bias: str | None
-
-
-def packed_from_document(doc: dict) -> bool:
-    """Whether a package's plan.json says its plan was built from the packed graph."""
-    return bool(doc.get("model", {}).get(PLAN_FIELD, False))
 
 
 def _projection(idx: GraphIndex, block: AttentionBlock, value: str, role: str,

@@ -8,15 +8,32 @@ with a norm the block spans the full row (``gemm_norm``). ``store`` picks the
 output layout: ``row`` ([M, N], which for a packed QKV projection *is*
 [B, S, 3, H, D]) or ``heads`` ([G, B, H, S, D], G = N / (H*D): Q/K/V split
 per head for the attention kernel, no separate transpose).
+
+Two registered families share this template: :class:`Gemm` runs ``gemm`` segments
+(no norm) and :mod:`stofc.kernels.gemm_norm` the ``gemm_norm`` ones (the tile spans
+the row). :class:`GemmSegmentFamily` is what every family of those two segment kinds
+shares: the problem a segment poses, the tuning key and the float64 reference.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import numpy as np
 
 from stofc.codegen import Source, render
 from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.reference import apply_epilogue
+from stofc.kernels.registry import (
+    KernelFamily,
+    KernelInstance,
+    PlanContext,
+    SegmentView,
+    register,
+)
 from stofc.kernels.space import Space, check
+from stofc.kernels.spec import KernelSpec
 from stofc.targets import GpuProfile
 
 TEMPLATE = "gemm/gemm.cu.j2"
@@ -34,6 +51,11 @@ class GemmProblem:
     dtype: str
     epilogue: Epilogue
     store: str = "row"
+
+    @property
+    def segment(self) -> str:
+        """The plan segment kind: ``gemm_norm`` when the epilogue ends in a norm."""
+        return "gemm_norm" if self.epilogue.norm != "none" else "gemm"
 
 
 @dataclass(frozen=True)
@@ -141,3 +163,75 @@ def render_gemm(problem: GemmProblem, config: GemmConfig) -> Source:
                   WARPS_N=config.warps_n, STAGES=config.stages,
                   STORE_HEADS=int(problem.store == "heads"),
                   **problem.epilogue.template_values())
+
+
+C = TypeVar("C")
+
+
+class GemmSegmentFamily(KernelFamily[GemmProblem, C]):
+    """What every family of ``gemm`` and ``gemm_norm`` segments shares: the problem
+    (``x[M, K0] @ w0 -> [M, N0]`` and the last epilogue), the tuning key and the reference."""
+
+    def problem(self, seg: SegmentView, ctx: PlanContext) -> GemmProblem:
+        return GemmProblem(ctx.tokens, seg.dim("n0"), seg.dim("k0"), ctx.dtype,
+                           seg.epilogues[-1], ctx.store)
+
+    def tuning_key(self, problem: GemmProblem, profile: GpuProfile,
+                   identities: tuple[Any, ...]) -> tuple[Any, ...]:
+        p = problem
+        return ("tokens", p.m, p.n, p.k, p.dtype, p.epilogue.tag, p.store, *identities,
+                profile.arch)
+
+    def widths(self, seg: SegmentView) -> tuple[int, int]:
+        """(width of ``x``, width of the output) of a segment of this kind."""
+        return seg.dim("k0"), seg.dim("n0")
+
+    def reference(self, seg: SegmentView, act: Any, param: Any, kn: Any,
+                  extra: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(out, pre_norm)`` of the segment in float64 (see
+        :func:`stofc.plan.reference.reference_segment` for the callables)."""
+        return apply_epilogue(act("x") @ kn("w0"), seg.epilogues[-1], bias=param("b0"), **extra)
+
+
+class GemmTemplateFamily(GemmSegmentFamily[GemmConfig]):
+    """The hand-written template (``gemm/gemm.cu.j2``) as a family of one segment kind."""
+
+    templates = (TEMPLATE,)
+    config_type = GemmConfig
+    preference = 10
+    space_order = 0
+    tuner_tag = (("impl", "mma"),)
+
+    def space(self, problem: GemmProblem, profile: GpuProfile) -> Space:
+        return space(problem, profile)
+
+    def candidates(self, problem: GemmProblem, profile: GpuProfile
+                   ) -> tuple[list[GemmConfig], dict[str, int]]:
+        configs, reasons = super().candidates(problem, profile)
+        return configs, {f"mma: {k}": v for k, v in reasons.items()}
+
+    def default(self, problem: GemmProblem, profile: GpuProfile) -> GemmConfig:
+        return default_config(problem, profile)
+
+    def spec(self, problem: GemmProblem, config: GemmConfig) -> KernelSpec:
+        return KernelSpec(problem.segment, TEMPLATE, (("dtype", problem.dtype),
+                                                      ("store", problem.store),
+                                                      *config.as_params()))
+
+    def config_of(self, spec: KernelSpec, problem: GemmProblem | None) -> GemmConfig:
+        return GemmConfig(*(spec.param(k) for k in ("bm", "bn", "bk", "warps_m", "warps_n",
+                                                     "stages")))
+
+    def kernels(self, problem: GemmProblem, config: GemmConfig) -> tuple[KernelInstance, ...]:
+        return (KernelInstance(self.name, problem, config, kernel_name(problem, config)),)
+
+    def render(self, kernel: KernelInstance) -> Source:
+        return render_gemm(kernel.problem, kernel.config)
+
+
+@register
+class Gemm(GemmTemplateFamily):
+    """``gemm`` segments (no norm) on the hand-written template."""
+
+    name = "gemm"
+    segments = ("gemm",)

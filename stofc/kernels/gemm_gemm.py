@@ -17,12 +17,25 @@ Splitting restores parallelism when ``M / bm`` row blocks under-fill the GPU.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
 
 from stofc.codegen import Source, render
 from stofc.errors import PlanError
+from stofc.kernels import norm as norm_family
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.gemm import DTYPES
+from stofc.kernels.reference import apply_epilogue
+from stofc.kernels.registry import (
+    KernelFamily,
+    KernelInstance,
+    PlanContext,
+    SegmentView,
+    register,
+)
 from stofc.kernels.space import Space, check
+from stofc.kernels.spec import KernelSpec
 from stofc.targets import GpuProfile
 
 TEMPLATE = "gemm/gemm_gemm.cu.j2"
@@ -67,8 +80,8 @@ class GemmGemmConfig:
         return tuple(asdict(self).items())
 
 
-def problem_of(match, tokens: int, dtype: str) -> GemmGemmProblem:
-    """The problem of a ``gemm_gemm`` :class:`~stofc.plan.families.SegmentMatch`."""
+def problem_of(match: SegmentView, tokens: int, dtype: str) -> GemmGemmProblem:
+    """The problem of a ``gemm_gemm`` segment (or :class:`~stofc.plan.families.SegmentMatch`)."""
     return GemmGemmProblem(tokens, match.dim("k0"), match.dim("n0"), match.dim("n1"), dtype,
                            match.epilogues[0], match.epilogues[1])
 
@@ -132,3 +145,63 @@ def render_gemm_gemm(p: GemmGemmProblem, c: GemmGemmConfig) -> Source:
                   N2_PAD=c.n2_pad(p.n2), HAS_BIAS1=e1["HAS_BIAS"], ACT1=e1["ACT"],
                   HAS_BIAS2=e2["HAS_BIAS"], ACT2=e2["ACT"], HAS_RESIDUAL2=e2["HAS_RESIDUAL"],
                   TO_WORKSPACE=int(c.to_workspace(p)), SPLIT=c.split)
+
+
+@register
+class GemmGemm(KernelFamily[GemmGemmProblem, GemmGemmConfig]):
+    """``gemm_gemm`` segments: the FFN chain on chip (plus the fp32 Add+Norm finisher
+    when the partial sums go through the workspace)."""
+
+    name = "gemm_gemm"
+    segments = ("gemm_gemm",)
+    templates = (TEMPLATE,)
+    config_type = GemmGemmConfig
+    preference = 10
+
+    def problem(self, seg: SegmentView, ctx: PlanContext) -> GemmGemmProblem:
+        return problem_of(seg, ctx.tokens, ctx.dtype)
+
+    def space(self, problem: GemmGemmProblem, profile: GpuProfile) -> Space:
+        return space(problem, profile)
+
+    def default(self, problem: GemmGemmProblem, profile: GpuProfile) -> GemmGemmConfig:
+        return default_config(problem, profile)
+
+    def spec(self, problem: GemmGemmProblem, config: GemmGemmConfig) -> KernelSpec:
+        return KernelSpec("gemm_gemm", TEMPLATE, (("dtype", problem.dtype), *config.as_params()))
+
+    def config_of(self, spec: KernelSpec, problem: GemmGemmProblem | None) -> GemmGemmConfig:
+        return GemmGemmConfig(*(spec.param(k) for k in ("bm", "bh", "bk", "warps", "stages")),
+                              split=spec.param("split", 1))
+
+    def tuning_key(self, problem: GemmGemmProblem, profile: GpuProfile,
+                   identities: tuple[Any, ...]) -> tuple[Any, ...]:
+        p = problem
+        return ("tokens", p.m, p.k1, p.n1, p.n2, p.dtype, p.ep1.tag, p.ep2.tag, *identities,
+                profile.arch)
+
+    def widths(self, seg: SegmentView) -> tuple[int, int]:
+        return seg.dim("k0"), seg.dim("n1")
+
+    def reference(self, seg: SegmentView, act: Any, param: Any, kn: Any,
+                  extra: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        hidden, _ = apply_epilogue(act("x") @ kn("w0"), seg.epilogues[0], bias=param("b0"))
+        return apply_epilogue(hidden @ kn("w1"), seg.epilogues[-1], bias=param("b1"), **extra)
+
+    def finisher(self, problem: GemmGemmProblem) -> norm_family.NormProblem:
+        """The fp32 Add+Norm pass applying ep2 to the workspace (split or norm)."""
+        return norm_family.NormProblem(problem.m, problem.n2, problem.dtype, problem.ep2,
+                                       input_fp32=True)
+
+    def kernels(self, problem: GemmGemmProblem, config: GemmGemmConfig
+                ) -> tuple[KernelInstance, ...]:
+        main = KernelInstance(self.name, problem, config, kernel_name(problem, config))
+        if not config.to_workspace(problem):
+            return (main,)
+        nproblem = self.finisher(problem)
+        ncfg = norm_family.default_config(nproblem)
+        return (main, KernelInstance(norm_family.FAMILY, nproblem, ncfg,
+                                     norm_family.kernel_name(nproblem, ncfg), role="finisher"))
+
+    def render(self, kernel: KernelInstance) -> Source:
+        return render_gemm_gemm(kernel.problem, kernel.config)

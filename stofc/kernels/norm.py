@@ -3,19 +3,34 @@
 Memory-bound, one pass: each row is read once with 16-byte vector loads
 (8 elements), held in registers, reduced (two-pass variance from registers),
 and written once. With ``norm="none"`` the same kernel is the vendor path's
-fused epilogue (bias, activation, residual after a cuBLAS GEMM).
+fused epilogue (bias, activation, residual after a cuBLAS GEMM: the
+:mod:`stofc.kernels.vendor_gemm` family's kernels and the CUDA twins' epilogue
+passes are this family's).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
 
 from stofc.codegen import Source, render
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.gemm import DTYPES
+from stofc.kernels.reference import apply_epilogue
+from stofc.kernels.registry import (
+    KernelFamily,
+    KernelInstance,
+    PlanContext,
+    SegmentView,
+    register,
+)
 from stofc.kernels.space import Space, check
+from stofc.kernels.spec import KernelSpec
 from stofc.targets import GpuProfile
 
+FAMILY = "add_norm"
 TEMPLATE = "norm/add_norm.cu.j2"
 VEC = 8  # elements per 16-byte access (fp16/bf16)
 
@@ -56,14 +71,14 @@ def _constraints(env: dict) -> None:
           "over half the row's vector slots are out of range (too many threads per row)")
 
 
-def space(problem: NormProblem, profile: GpuProfile) -> Space:
+def space(problem: NormProblem, profile: GpuProfile | None = None) -> Space:
     """Threads-per-row and rows-per-block candidates."""
     del profile
     return Space(axes=(("tpr", (32, 64, 128, 256, 512)), ("rows", (1, 2, 4, 8))),
                  constraints=(_constraints,), fixed=(("n", problem.n),))
 
 
-def default_config(problem: NormProblem, profile: GpuProfile) -> NormConfig:
+def default_config(problem: NormProblem, profile: GpuProfile | None = None) -> NormConfig:
     """One vector per thread when the row allows it; 4 warps per block at least."""
     del profile
     tpr = 32
@@ -92,3 +107,53 @@ def render_norm(problem: NormProblem, config: NormConfig) -> Source:
         # too (plan.json of float16 packages stays byte-for-byte the same)
         src = replace(src, params=tuple(p for p in src.params if p[0] != "PTYPE"))
     return src
+
+
+@register
+class AddNorm(KernelFamily[NormProblem, NormConfig]):
+    """``add_norm`` segments (bias?, activation?, residual?, norm?) in one memory pass."""
+
+    name = FAMILY
+    segments = ("add_norm",)
+    templates = (TEMPLATE,)
+    config_type = NormConfig
+    preference = 10
+
+    def problem(self, seg: SegmentView, ctx: PlanContext) -> NormProblem:
+        return NormProblem(ctx.tokens, seg.dim("n"), ctx.dtype, seg.epilogues[-1])
+
+    def space(self, problem: NormProblem, profile: GpuProfile) -> Space:
+        return space(problem, profile)
+
+    def default(self, problem: NormProblem, profile: GpuProfile) -> NormConfig:
+        return default_config(problem, profile)
+
+    def spec(self, problem: NormProblem, config: NormConfig) -> KernelSpec:
+        return KernelSpec(FAMILY, TEMPLATE, (("dtype", problem.dtype), ("n", problem.n),
+                                             *config.as_params()))
+
+    def config_of(self, spec: KernelSpec, problem: NormProblem | None) -> NormConfig:
+        return NormConfig(int(spec.param("tpr")), int(spec.param("rows")))
+
+    def twin_epilogue_config(self, spec: KernelSpec) -> NormConfig | None:
+        if spec.param("tpr") and spec.param("rows"):
+            return NormConfig(int(spec.param("tpr")), int(spec.param("rows")))
+        return None
+
+    def tuning_key(self, problem: NormProblem, profile: GpuProfile,
+                   identities: tuple[Any, ...]) -> tuple[Any, ...]:
+        return ("tokens", problem.m, problem.n, problem.dtype, problem.epilogue.tag,
+                *identities, profile.arch)
+
+    def widths(self, seg: SegmentView) -> tuple[int, int]:
+        return seg.dim("n"), seg.dim("n")
+
+    def reference(self, seg: SegmentView, act: Any, param: Any, kn: Any,
+                  extra: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        return apply_epilogue(act("x"), seg.epilogues[-1], bias=param("bias"), **extra)
+
+    def kernels(self, problem: NormProblem, config: NormConfig) -> tuple[KernelInstance, ...]:
+        return (KernelInstance(self.name, problem, config, kernel_name(problem, config)),)
+
+    def render(self, kernel: KernelInstance) -> Source:
+        return render_norm(kernel.problem, kernel.config)

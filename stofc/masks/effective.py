@@ -10,6 +10,7 @@ per layer (:func:`stofc.pipeline.encode_masks`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from stofc.masks.spec import Combine, Family, MaskSpec, Node, Override, canonical_json
@@ -53,6 +54,4 @@ def effective_canonical(specs: dict[int, MaskSpec]) -> str:
     texts = {layer: spec.canonical() for layer, spec in specs.items()}
     if len(set(texts.values())) <= 1:
         return next(iter(texts.values()), canonical_json({"mask": {"dense": {}}}))
-    import json
-
     return canonical_json({"layers": {str(k): json.loads(v) for k, v in sorted(texts.items())}})

@@ -18,14 +18,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stofc.errors import DeviceError, PackageError
+from stofc.errors import DeviceError, PackageError, StofcError
+from stofc.masks.decode import load as load_format
+from stofc.masks.format import MaskFormat
+from stofc.masks.layers import LayerMasks
 from stofc.masks.limits import MAX_SEQ_LEN
+from stofc.masks.spec import canonical_json
+from stofc.package.layout import (
+    LIBRARY_NAME,
+    MODEL_FILE,
+    PLAN_FILE,
+    PLAN_FILE_VERSION,
+    PLAN_FORMAT,
+)
 from stofc.package.manifest import ARCH_RE, Manifest, check_manifest
-from stofc.package.ortlib import LIBRARY_NAME
-from stofc.package.writer import MODEL_FILE, PLAN_FILE_VERSION, PLAN_FORMAT
 from stofc.plan.plan import Plan
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -69,9 +79,49 @@ def check_arch(manifest: Manifest, present: tuple[int, int] | None, root: Path) 
                        hint="compile it again with --gpu naming this GPU (or --gpu auto)")
 
 
-def read_plan_document(root: str | Path) -> dict[str, Any]:
-    """``plan.json`` of a package as a dict (format and version checked)."""
-    path = Path(root) / "plan.json"
+@dataclass(frozen=True)
+class MaskEntry:
+    """One mask format a package stores (plan.json ``mask.formats``)."""
+
+    id: str
+    npz: str
+    bin: str
+    spec_hash: str
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PackageDocument:
+    """What a package's ``plan.json`` says that later stages read back (typed, checked).
+
+    ``mask_spec``: the spec as the user gave it; ``mask_effective``: the effective
+    spec's canonical JSON (``causal`` ANDed in when ``mask_causal_from_model``);
+    ``pack_projections``: the plan was built from the graph with Q, K, V packed;
+    ``source_model`` / ``source_model_sha256``: the model compiled (provenance).
+    """
+
+    root: Path
+    plan: Plan
+    mask_spec: str
+    mask_effective: str
+    mask_causal_from_model: bool
+    mask_formats: tuple[MaskEntry, ...]
+    pack_projections: bool
+    source_model: str
+    source_model_sha256: str | None
+    tuned: bool
+
+    def masks(self) -> LayerMasks:
+        """The package's mask formats by layer (each file hash-checked on load)."""
+        formats: dict[int, MaskFormat] = {}
+        for entry in self.mask_formats:
+            fmt = load_format(self.root / entry.npz)
+            formats.update({layer: fmt for layer in entry.layers})
+        return LayerMasks(formats, self.plan.mask)
+
+
+def _raw_document(root: Path) -> dict[str, Any]:
+    path = root / PLAN_FILE
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -114,19 +164,40 @@ def _document_problem(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def read_plan(root: str | Path) -> Plan:
-    """The :class:`~stofc.plan.plan.Plan` stored in a package (for ``stofc tune``)."""
-    return plan_of(read_plan_document(root), root)
-
-
-def plan_of(doc: dict[str, Any], root: str | Path) -> Plan:
-    """The Plan of a plan.json document; a PackageError when its fields do not parse."""
+def read_plan_document(root: str | Path) -> PackageDocument:
+    """``plan.json`` of a package as a :class:`PackageDocument` (format, version and shape
+    checked: a PackageError names what is wrong)."""
+    root = Path(root)
+    doc = _raw_document(root)
     try:
-        return Plan.from_dict(doc["plan"])
+        plan = Plan.from_dict(doc["plan"])
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
-        raise PackageError(f"{Path(root) / 'plan.json'} is malformed: its plan does not parse "
+        raise PackageError(f"{root / PLAN_FILE} is malformed: its plan does not parse "
                            f"({type(err).__name__}: {str(err)[:120]})",
                            hint="run `stofc compile` again") from None
+    try:
+        mask, prov = doc["mask"], doc.get("provenance", {})
+        entries = tuple(MaskEntry(str(e["id"]), str(e["npz"]), str(e["bin"]),
+                                  str(e["spec_hash"]), tuple(int(x) for x in e["layers"]))
+                        for e in mask["formats"])
+        return PackageDocument(
+            root=root, plan=plan, mask_spec=str(mask["spec"]),
+            mask_effective=canonical_json(mask["effective"]),
+            mask_causal_from_model=bool(mask["causal_from_model"]), mask_formats=entries,
+            pack_projections=bool(doc.get("model", {}).get("pack_projections", False)),
+            source_model=str(prov.get("source_model", "")),
+            source_model_sha256=prov.get("source_model_sha256"),
+            tuned=bool(prov.get("tuned", False)))
+    except StofcError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise PackageError(f"{root / PLAN_FILE} is malformed ({type(err).__name__}: {err})",
+                           hint="run `stofc compile` again; do not edit plan.json") from None
+
+
+def read_plan(root: str | Path) -> Plan:
+    """The :class:`~stofc.plan.plan.Plan` stored in a package (for ``stofc tune``)."""
+    return read_plan_document(root).plan
 
 
 def check_package(root: str | Path, *, providers: Sequence[Any] | None = None,

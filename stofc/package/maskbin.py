@@ -36,14 +36,15 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from stofc.errors import StofcError
+from stofc.kernels.attention.config import attention_families, attention_family
+from stofc.kernels.attention.launch import LaunchData
 from stofc.masks.format import MaskFormat
-from stofc.package.ws_launch import WS_ARRAYS, WS_SCALARS, WsLaunchPlan, ws_launch_data
 
 MASK_BIN_MAGIC = b"STOFMASK"
 MASK_BIN_VERSION = 1
@@ -157,13 +158,15 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 # ---------------------------------------------------------------- attention launch plans
 #
 # ``*.plan.bin``: the device arrays the attention kernel of one (mask format, config) is
-# launched with, computed at package time exactly as the Python runtime computes them, so
-# the C++ CUDA twin only uploads and indexes them. Kinds 0 (block-wise) and 1 (row-wise):
-# ``AttentionOp``'s walk list (maybe gathered or residue-permuted), the sentinels and the
-# longest-first tile-row orders (:class:`AttentionLaunchData`); kind 2 (warp-specialised):
-# ``WsLaunchData``'s pair-row walk, work items, orders and combine table
-# (:class:`stofc.package.ws_launch.WsLaunchPlan`). One layout for every kind
-# (little-endian; arrays 8-byte aligned, zero padding, file ends 8-aligned)::
+# launched with: the family's launch data (:func:`stofc.kernels.attention.launch.launch_data`,
+# which the CuPy runtime uploads too), so the C++ CUDA twin only uploads and indexes them.
+# Kinds 0 (block-wise) and 1 (row-wise): the walk list (maybe gathered or residue-permuted),
+# the sentinels and the longest-first tile-row orders
+# (:class:`~stofc.kernels.attention.launch.AttentionLaunchData`); kind 2 (warp-specialised):
+# the pair-row walk, work items, orders and combine table
+# (:class:`~stofc.kernels.attention.ws_launch.WsLaunchPlan`). The kind is the family's
+# ``plan_code``; its launch data class names the arrays and scalars. One layout for every
+# kind (little-endian; arrays 8-byte aligned, zero padding, file ends 8-aligned)::
 #
 #    offset size field
 #         0    8 magic b"STOFAPLN"
@@ -194,107 +197,14 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 PLAN_BIN_MAGIC = b"STOFAPLN"
 PLAN_BIN_VERSION = 2
 PLAN_HEADER_BYTES = 256
-PLAN_KINDS: tuple[str, ...] = ("block", "row", "ws")
 _PLAN_HEADER = struct.Struct("<8sIIiiiiii8i32s")
 _PLAN_COUNTS = struct.Struct("<16q")
 _COUNTS_AT = 128
-_PLAN_ARRAYS: tuple[tuple[str, str], ...] = (
-    ("row_ptr", "<i4"), ("col_idx", "<i4"), ("part_idx", "<i4"), ("bitmaps", "<u8"),
-    ("gather_keys", "<i4"), ("q_perm", "<i4"), ("row_orders", "<i4"))
-_PLAN_SCALARS: tuple[str, ...] = ("permuted", "fmt_head_stride")
 
 
-@dataclass(frozen=True, eq=False)
-class AttentionLaunchData:
-    """The uploaded arrays and scalars of one block- or row-wise kernel (layout above)."""
-
-    kind: str
-    tile: int
-    tile_rows: int
-    seq_len: int
-    permuted: bool
-    fmt_head_stride: int
-    spec_hash: str
-    row_ptr: np.ndarray
-    col_idx: np.ndarray
-    part_idx: np.ndarray
-    bitmaps: np.ndarray
-    gather_keys: np.ndarray
-    q_perm: np.ndarray
-    row_orders: np.ndarray
-
-    @property
-    def num_heads(self) -> int:
-        """The mask format's heads (1 = shared)."""
-        return 1 if self.fmt_head_stride == 0 else self.row_ptr.size // (self.tile_rows + 1)
-
-    def order(self, seq_len: int) -> np.ndarray:
-        """The tile-row order a run of ``seq_len`` launches with (AttentionOp._order)."""
-        rows = self.tile_rows if self.permuted else -(-seq_len // self.tile)
-        start = rows * (rows - 1) // 2
-        return self.row_orders[start:start + rows]
-
-    def scalars(self) -> tuple[int, ...]:
-        return int(self.permuted), self.fmt_head_stride
-
-
-def attention_launch_data(fmt: MaskFormat, config) -> AttentionLaunchData | WsLaunchPlan:
-    """What the Python runtime uploads for ``config`` on ``fmt``, computed on the host (no GPU).
-
-    Block- and row-wise: mirrors ``AttentionOp.__init__`` and ``AttentionOp._order`` line
-    for line; ``kind="ws"``: :func:`stofc.package.ws_launch.ws_launch_data` (what
-    ``WsLaunchData`` uploads). The unit test ``tests/unit/test_ortlib_abi.py`` checks the
-    arrays against AttentionOp itself.
-    """
-    from stofc.kernels.attention.gather import plan_tiles
-    from stofc.kernels.attention.permute import choose_permutation, permuted_plan
-
-    if config.kind == "ws":
-        return ws_launch_data(fmt, config)
-    perm = None
-    if config.kind == "block" and config.permute:
-        chosen = choose_permutation(fmt)
-        if chosen is None:
-            raise StofcError("the attention config asks for a residue permutation but none "
-                             "pays for this mask", hint="use permute=False")
-        _, perm, pfmt = chosen
-        plan = permuted_plan(pfmt, perm, gather=config.gather)
-    elif config.kind == "block":
-        plan = plan_tiles(fmt, gather=config.gather)
-    if config.kind == "block":
-        row_ptr, keys, parts = plan.row_ptr, plan.key_base, plan.part_idx
-        words, gk, work = plan.bitmaps, plan.gather_keys, plan.tiles_per_row
-    else:
-        row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
-        words, gk, work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
-    words = np.ascontiguousarray(words, dtype=np.uint64).ravel()
-    q_perm = np.full(fmt.tile_rows * fmt.tile + 4, -1, dtype=np.int32)
-    if perm is not None:
-        q_perm[:fmt.seq_len] = perm
-    total = np.asarray(work, dtype=np.int64).sum(axis=0)
-    orders = [np.argsort(-total[:rows], kind="stable").astype(np.int32)
-              for rows in range(1, fmt.tile_rows + 1)]
-    return AttentionLaunchData(
-        kind=config.kind, tile=fmt.tile, tile_rows=fmt.tile_rows, seq_len=fmt.seq_len,
-        permuted=perm is not None, fmt_head_stride=0 if fmt.num_heads == 1 else fmt.tile_rows + 1,
-        spec_hash=fmt.spec_hash,
-        row_ptr=np.ascontiguousarray(row_ptr, dtype=np.int32).ravel(),
-        col_idx=np.concatenate([np.ravel(keys), [0]]).astype(np.int32),
-        part_idx=np.concatenate([np.ravel(parts), [-1]]).astype(np.int32),
-        bitmaps=words if words.size else np.zeros(2, dtype=np.uint64),
-        gather_keys=np.concatenate([np.ravel(gk), np.full(4, -1)]).astype(np.int32),
-        q_perm=q_perm,
-        row_orders=np.concatenate(orders) if orders else np.zeros(0, np.int32))
-
-
-def _layout(kind: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
-    """(arrays, scalars) of a plan kind, in file order."""
-    return (WS_ARRAYS, WS_SCALARS) if kind == "ws" else (_PLAN_ARRAYS, _PLAN_SCALARS)
-
-
-def encode_attention_plan(data: AttentionLaunchData | WsLaunchPlan) -> bytes:
-    """The ``*.plan.bin`` bytes of ``data`` (either kind's, see the layout above)."""
-    arrays, _ = _layout(data.kind)
+def encode_attention_plan(data: LaunchData) -> bytes:
+    """The ``*.plan.bin`` bytes of ``data`` (any kind's, see the layout above)."""
+    arrays = data.ARRAYS
     payload = bytearray()
     for name, dtype in arrays:
         payload += b"\0" * (-len(payload) % 8)
@@ -303,21 +213,22 @@ def encode_attention_plan(data: AttentionLaunchData | WsLaunchPlan) -> bytes:
     scalars = list(data.scalars()) + [0] * (8 - len(data.scalars()))
     counts = [int(np.asarray(getattr(data, n)).size) for n, _ in arrays]
     header = _PLAN_HEADER.pack(
-        PLAN_BIN_MAGIC, PLAN_BIN_VERSION, PLAN_HEADER_BYTES, PLAN_KINDS.index(data.kind),
-        data.tile, data.tile_rows, data.seq_len, data.num_heads, len(arrays), *scalars,
-        data.spec_hash.encode("ascii")[:32])
+        PLAN_BIN_MAGIC, PLAN_BIN_VERSION, PLAN_HEADER_BYTES,
+        attention_family(data.kind).plan_code, data.tile, data.tile_rows, data.seq_len,
+        data.heads, len(arrays), *scalars, data.spec_hash.encode("ascii")[:32])
     header += b"\0" * (_COUNTS_AT - len(header))
     header += _PLAN_COUNTS.pack(*counts, *[0] * (16 - len(counts)))
     return header + bytes(payload)
 
 
-def write_attention_plan(data: AttentionLaunchData | WsLaunchPlan, path: str | Path) -> Path:
+def write_attention_plan(data: LaunchData, path: str | Path) -> Path:
     """Writes ``data`` as ``*.plan.bin`` at ``path`` atomically."""
     return _write_atomic(Path(path), encode_attention_plan(data))
 
 
-def read_attention_plan(path: str | Path) -> AttentionLaunchData | WsLaunchPlan:
-    """Reads a ``*.plan.bin`` back (tests, ``stofc inspect``); the kind decides the type."""
+def read_attention_plan(path: str | Path) -> LaunchData:
+    """Reads a ``*.plan.bin`` back (tests, ``stofc inspect``): the kind's family's launch
+    data class."""
     data = Path(path).read_bytes()
     if len(data) < PLAN_HEADER_BYTES or data[:8] != PLAN_BIN_MAGIC:
         raise StofcError(f"{path} is not a stofc attention plan",
@@ -325,24 +236,21 @@ def read_attention_plan(path: str | Path) -> AttentionLaunchData | WsLaunchPlan:
     (_, version, header, kind, tile, rows, seq_len, heads, n, *rest) = \
         _PLAN_HEADER.unpack_from(data)
     scalars, spec_hash = rest[:8], rest[8].rstrip(b"\0").decode("ascii")
-    if version != PLAN_BIN_VERSION or header != PLAN_HEADER_BYTES or not 0 <= kind < 3:
+    family = next((f for f in attention_families() if f.plan_code == kind), None)
+    if version != PLAN_BIN_VERSION or header != PLAN_HEADER_BYTES or family is None:
         raise StofcError(f"{path} has an unsupported layout (version {version}, kind {kind})",
                          hint="rewrite the package with 'stofc compile'")
-    kind_name = PLAN_KINDS[kind]
-    names, scalar_names = _layout(kind_name)
+    layout = family.launch_data_type
+    if n != len(layout.ARRAYS):
+        raise StofcError(f"{path} holds {n} arrays, a {family.kind} plan "
+                         f"{len(layout.ARRAYS)}", hint="rewrite the package with 'stofc compile'")
     counts = _PLAN_COUNTS.unpack_from(data, _COUNTS_AT)[:n]
-    if n != len(names):
-        raise StofcError(f"{path} holds {n} arrays, a {kind_name} plan {len(names)}",
-                         hint="rewrite the package with 'stofc compile'")
-    pos, arrays = PLAN_HEADER_BYTES, {}
-    for (name, dtype), count in zip(names, counts, strict=True):
+    pos = PLAN_HEADER_BYTES
+    arrays: dict[str, Any] = {}
+    for (name, dtype), count in zip(layout.ARRAYS, counts, strict=True):
         pos += -pos % 8
         arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).astype(dtype[1:])
         pos += arrays[name].nbytes
-    values = dict(zip(scalar_names, scalars, strict=False))
-    common = dict(kind=kind_name, tile=tile, tile_rows=rows, seq_len=seq_len,
+    common = dict(kind=family.kind, tile=tile, tile_rows=rows, seq_len=seq_len,
                   spec_hash=spec_hash, **arrays)
-    if kind_name == "ws":
-        return WsLaunchPlan(num_heads=heads, **values, **common)
-    return AttentionLaunchData(permuted=bool(values["permuted"]),
-                               fmt_head_stride=values["fmt_head_stride"], **common)
+    return layout.from_plan_file(common, heads, dict(zip(layout.SCALARS, scalars, strict=False)))

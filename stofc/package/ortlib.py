@@ -28,13 +28,13 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from stofc import __version__
 from stofc.cachecheck import ELF_MAGIC, sha256_path, warn_once
 from stofc.errors import CompileError, StofcError
 from stofc.fsutil import atomic_write, atomic_write_text, fs_errors, locked_tempdir
 from stofc.package.ort_headers import OrtHeaders, find_ort_headers
 from stofc.paths import cache_dir, cuda_dir
 from stofc.supervise import Finished, Timeout, run_all
+from stofc.version import __version__
 
 LIBRARY_NAME = "libstofc_ort.so"
 CXXFLAGS: tuple[str, ...] = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden",

@@ -27,9 +27,9 @@ from onnx import TensorProto, helper, numpy_helper
 from stofc.errors import StofcError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import ModelGraph
+from stofc.lower.rewrite import float_type
 from stofc.masks.decode import to_dense
 from stofc.masks.format import MaskFormat
-from stofc.package.rewrite import float_type
 
 MASKED = -1e9
 

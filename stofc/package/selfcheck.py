@@ -27,7 +27,6 @@ of a second for the bundled example, seconds for BERT-base shapes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,10 @@ import numpy as np
 import onnx
 
 from stofc.errors import CheckError, PackageError, StofcError
-from stofc.package.load import CPU_EP, MODEL_FILE, load, session_options
+from stofc.lower.emit import EmittedSegment
+from stofc.package.layout import MODEL_FILE
+from stofc.package.load import CPU_EP, load, session_options
+from stofc.package.reference import inject_mask
 from stofc.package.verify import (
     END_TO_END_BOUND,
     compare,
@@ -77,13 +79,13 @@ def check_package_runs(package: Path, contents: PackageContents, *,
                        bound: float = END_TO_END_BOUND) -> None:
     """Run the package in ``package`` and the reference; raise CheckError unless they agree."""
     try:
-        import onnxruntime  # noqa: F401
+        import onnxruntime  # noqa: F401  # optional: ONNX Runtime (the test/ort extras)
     except ImportError:
         raise CheckError("cannot check that the package runs: onnxruntime is not installed",
                          hint="pip install onnxruntime (or onnxruntime-gpu), or pass --no-check"
                          ) from None
-    graph, formats = contents.graph, contents.formats
-    seq_len = check_len(contents.plan.max_seq_len)
+    graph, formats = contents.graph, dict(contents.program.masks.formats)
+    seq_len = check_len(contents.program.plan.max_seq_len)
     feeds, real = make_inputs(graph, CHECK_BATCH, seq_len, np.random.default_rng(SEED))
     try:
         session = load(package, providers=[CPU_EP],
@@ -104,8 +106,8 @@ def check_package_runs(package: Path, contents: PackageContents, *,
     if not bad:
         return
     worst = max(bad, key=lambda e: e.rel if np.isfinite(e.rel) else np.inf)
-    first = _first_bad_segment(package, reference_model_of(graph, formats, seq_len), feeds,
-                               real, bound)
+    first = _first_bad_segment(package, contents.program.emitted,
+                               reference_model_of(graph, formats, seq_len), feeds, real, bound)
     at = (f"; it first goes wrong at layer {first.layer}, segment {first.ordinal} "
           f"({first.family}: {' + '.join(first.ops)}, node {first.node}), whose result "
           f"{first.value} has relative error {first.rel:.3e}") if first else ""
@@ -116,29 +118,24 @@ def check_package_runs(package: Path, contents: PackageContents, *,
 
 def reference_model_of(graph: Any, formats: dict, seq_len: int) -> onnx.ModelProto:
     """The reference model (the same one :func:`reference_session` runs)."""
-    from stofc.package.reference import inject_mask
-
     return inject_mask(graph, formats, size=seq_len)
 
 
-def _segments(package: Path) -> list[dict]:
-    doc = json.loads((package / "plan.json").read_text())
-    return [s for s in doc.get("segments", []) if s.get("nodes")]
-
-
-def _first_bad_segment(package: Path, ref_model: onnx.ModelProto, feeds: dict[str, np.ndarray], real: np.ndarray,
+def _first_bad_segment(package: Path, emitted: tuple[EmittedSegment, ...],
+                       ref_model: onnx.ModelProto, feeds: dict[str, np.ndarray], real: np.ndarray,
                        bound: float) -> SegmentError | None:
-    """Run both with every segment result exposed; the first one beyond ``bound``."""
-    import onnxruntime as ort
+    """Run both with every segment result exposed (the segments the package's nodes run,
+    ``emitted``); the first one beyond ``bound``."""
+    import onnxruntime as ort  # optional: ONNX Runtime (checked by check_package_runs)
 
     pkg_model = onnx.load(str(package / MODEL_FILE))
     if pkg_model.ByteSize() > DIAGNOSE_MAX_BYTES or ref_model.ByteSize() > DIAGNOSE_MAX_BYTES:
         return None
     produced = {o: n for n in pkg_model.graph.node for o in n.output}
     ref_values = {o for n in ref_model.graph.node for o in n.output}
-    pairs: list[tuple[dict, str, str, str]] = []  # (segment, node, package value, reference)
-    for seg in _segments(package):
-        node = seg["nodes"][-1]
+    pairs: list[tuple[EmittedSegment, str, str, str]] = []  # (segment, node, package, reference)
+    for seg in (e for e in emitted if e.nodes):
+        node = seg.nodes[-1]
         for value, producer in produced.items():
             base = value.split("::", 1)[0]
             if producer.name == node and base in ref_values and base != value:
@@ -166,6 +163,6 @@ def _first_bad_segment(package: Path, ref_model: onnx.ModelProto, feeds: dict[st
         max_abs, max_ref, _n = compare(got, want, real)
         rel = max_abs / max(max_ref, 1e-30)
         if not rel <= bound:
-            return SegmentError(int(seg["layer"]), int(seg["ordinal"]), str(seg["family"]),
-                                tuple(seg.get("ops", ())), node, value.split("::", 1)[0], rel)
+            return SegmentError(seg.layer, seg.ordinal, seg.family, tuple(seg.ops), node,
+                                value.split("::", 1)[0], rel)
     return None

@@ -28,10 +28,16 @@ import numpy as np
 from stofc.errors import PackageError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.frontend.graph import GraphIndex
-from stofc.masks import load as load_format
 from stofc.masks.format import MaskFormat
 from stofc.package.feeds import input_shape
-from stofc.package.load import CPU_EP, CUDA_EP, check_package, load, read_plan_document
+from stofc.package.load import (
+    CPU_EP,
+    CUDA_EP,
+    PackageDocument,
+    check_package,
+    load,
+    read_plan_document,
+)
 from stofc.package.manifest import sha256_file
 from stofc.package.reference import inject_mask
 
@@ -78,19 +84,18 @@ class VerifyReport:
                 "errors": [e.to_dict() for e in self.errors]}
 
 
-def original_model(package: Path, doc: dict, model: str | Path | None) -> Path:
+def original_model(package: Path, doc: PackageDocument, model: str | Path | None) -> Path:
     """The original model: ``--model``, else the path recorded at compile time (hash-checked)."""
-    prov = doc.get("provenance", {})
     if model is not None:
         path = Path(model)
         if not path.is_file():
             raise StofcError(f"original model {path} not found", hint="check --model")
         return path
-    path = Path(prov.get("source_model", ""))
-    if not path.is_file():
+    path = Path(doc.source_model)
+    if not doc.source_model or not path.is_file():
         raise StofcError(f"the original model of {package} ({path}) is not there any more",
                          hint="pass it with --model ORIGINAL.onnx")
-    if sha256_file(path) != prov.get("source_model_sha256"):
+    if sha256_file(path) != doc.source_model_sha256:
         raise StofcError(f"{path} changed since {package} was compiled",
                          hint="pass the original with --model, or compile again")
     return path
@@ -159,7 +164,6 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
     package = Path(package)
     check_package(package)  # the manifest first: an edited plan.json is "modified", not a crash
     doc = read_plan_document(package)
-    plan = doc["plan"]
     if provider not in PROVIDERS:
         raise StofcError(f"unknown provider {provider!r}", hint="use cpu or cuda")
     if provider == "cuda" and CUDA_EP not in ort.get_available_providers():
@@ -167,14 +171,11 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
                          hint="install onnxruntime-gpu on a GPU machine, or use --provider cpu")
     source = original_model(package, doc, model)
     graph = load_model(source)
-    formats = {}
-    for entry in doc["mask"]["formats"]:
-        fmt = load_format(package / entry["npz"])
-        formats.update({layer: fmt for layer in entry["layers"]})
+    formats = dict(doc.masks().formats)
     if set(formats) != {layer.index for layer in graph.layers}:
         raise PackageError(f"{source} has {len(graph.layers)} attention layers, the package's "
                            f"masks cover {len(formats)}", hint="pass the model it was compiled from")
-    max_len = int(plan["max_seq_len"])
+    max_len = doc.plan.max_seq_len
     cases = cases or default_cases(max_len)
     for _, seq_len in cases:
         if seq_len > max_len:

@@ -12,7 +12,8 @@
                                "kernel": {"family": "gemm", "template": "gemm/gemm.cu.j2",
                                           "params": [["bm", 128], ...]}}, ...]}]}
 
-Every dataclass here is frozen; ``from_json(to_json(p)) == p``.
+Every dataclass here is frozen; ``from_json(to_json(p)) == p``. :class:`KernelSpec` lives in
+:mod:`stofc.kernels.spec` (kernel families write and read it); it is re-exported here.
 """
 
 from __future__ import annotations
@@ -23,45 +24,11 @@ from typing import Any
 
 from stofc.errors import PlanError
 from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.spec import KernelSpec
 from stofc.plan.scheme import FusionScheme
 
 SCHEMA_VERSION = 1
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """Which template (or ``vendor/cublas``) runs a segment, with which parameters."""
-
-    family: str
-    template: str
-    params: tuple[tuple[str, Any], ...] = ()
-
-    def param(self, name: str, default: Any = None) -> Any:
-        for key, value in self.params:
-            if key == name:
-                return value
-        return default
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "template": self.template,
-                "params": [[k, _thaw(v)] for k, v in self.params]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KernelSpec:
-        return cls(data["family"], data["template"],
-                   tuple((k, _freeze(v)) for k, v in data["params"]))
+__all__ = ["SCHEMA_VERSION", "KernelSpec", "LayerPlan", "Plan", "Segment", "TunedPlan"]
 
 
 @dataclass(frozen=True)
@@ -187,3 +154,27 @@ class Plan:
             lines.append(f"layer {layer.index} ({layer.norm_order}-norm): {layer.scheme}  ->  "
                          f"{fams}")
         return lines
+
+
+@dataclass(frozen=True)
+class TunedPlan:
+    """The plan a package is built from, after the (optional) tune stage.
+
+    ``plan``: the package's plan (the largest bucket's when tuned: its kernels take
+    the length at run time); ``buckets``: ``(length, plan)`` of every tuned
+    sequence-length bucket, whose shorter buckets' attention configs become run-time
+    variants and whose cuBLASLt ranks become FusedGemm attributes. ``tuned``: the
+    plan's kernel configs were measured (or given), not the analytical ones; the
+    selector's own run-time variants then give way to the buckets'. ``report``: the
+    tuner's measurements (:class:`stofc.tune.plan_tuner.PlanTuning`), when it ran.
+    """
+
+    plan: Plan
+    buckets: tuple[tuple[int, Plan], ...] = ()
+    tuned: bool = False
+    report: Any = None
+
+    @classmethod
+    def untuned(cls, plan: Plan) -> TunedPlan:
+        """An analytical plan passed through the road unchanged."""
+        return cls(plan)

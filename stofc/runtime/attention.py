@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,17 +21,15 @@ from stofc.errors import DeviceError, StofcError
 from stofc.kernels.attention.config import (
     AttentionConfig,
     KernelSpec,
+    attention_family,
     check_dtype,
     check_head_dim,
     prune,
-    smem_bytes,
 )
-from stofc.kernels.attention.gather import plan_tiles
-from stofc.kernels.attention.permute import choose_permutation, permuted_plan
 from stofc.kernels.attention.render import compile_kernel
-from stofc.kernels.attention.ws_plan import plan_ws
 from stofc.masks.format import MaskFormat
-from stofc.runtime.attention_ws import TensorView, WsLaunchData
+from stofc.runtime import attention_ws  # noqa: F401  (registers the ws launch form)
+from stofc.runtime.launches import Operands, View, launch_for
 from stofc.runtime.module import BoundLaunch, LoadedKernel, _cupy, device_arch, load_kernel
 from stofc.targets import GpuProfile, detect
 
@@ -67,7 +66,11 @@ def _views(x, layout: str, what: str) -> _Views:
 
 
 class AttentionOp:
-    """One compiled attention (mask format x kernel config x dtype x head_dim)."""
+    """One compiled attention (mask format x kernel config x dtype x head_dim).
+
+    The config's family (:func:`~stofc.kernels.attention.config.attention_family`) gives
+    the kernel, its launch data (computed by the family once, as for the package) and its
+    launch form (:mod:`stofc.runtime.launches`)."""
 
     def __init__(self, fmt: MaskFormat, config, dtype: str, head_dim: int,
                  profile: GpuProfile | None = None) -> None:
@@ -85,79 +88,49 @@ class AttentionOp:
             raise StofcError(f"attention config {config.describe()} is invalid: {reason}",
                              hint="pick one from search_space()")
         self.fmt, self.config, self.dtype, self.head_dim = fmt, config, dtype, head_dim
+        self.family = attention_family(config.kind)
         self.target = device_arch()
         cp = _cupy()
         self._cp = cp
-        perm = None
-        self._ws: WsLaunchData | None = None
-        if config.kind == "ws":                           # warp-specialised: pair rows, items
-            self._ws = WsLaunchData(plan_ws(fmt, split_tiles=config.split), cp, dtype, head_dim,
-                                    self.profile.sm_count)
-            self.plan = None
-            row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
-            words, gk, self._work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
-        elif config.kind == "block" and config.permute:   # residue permutation (dilation)
-            chosen = choose_permutation(fmt)
-            if chosen is None:
-                raise StofcError("the config asks for a residue permutation but none pays "
-                                 "for this mask", hint="use permute=False")
-            _, perm, pfmt = chosen
-            plan = permuted_plan(pfmt, perm, gather=config.gather)
-        elif config.kind == "block":                      # the walk list, maybe gathered
-            plan = plan_tiles(fmt, gather=config.gather)
-        if config.kind == "block":
-            row_ptr, keys, parts = plan.row_ptr, plan.key_base, plan.part_idx
-            words, gk, self._work = plan.bitmaps, plan.gather_keys, plan.tiles_per_row
-            self.plan = plan
-        elif config.kind == "row":                        # row-wise walks the format itself
-            row_ptr, keys, parts = fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx
-            words, gk, self._work = fmt.part_bitmaps, np.zeros(0, np.int32), fmt.row_nnz
-            self.plan = None
-        self._row_ptr = cp.asarray(np.ascontiguousarray(row_ptr, dtype=np.int32).ravel())
-        self._col_idx = cp.asarray(np.concatenate([np.ravel(keys), [0]]).astype(np.int32))
-        self._part_idx = cp.asarray(np.concatenate([np.ravel(parts), [-1]]).astype(np.int32))
-        words = np.ascontiguousarray(words, dtype=np.uint64).ravel()
-        self._bitmaps = cp.asarray(words if words.size else np.zeros(2, dtype=np.uint64))
-        self._gather_keys = cp.asarray(np.concatenate([np.ravel(gk), np.full(4, -1)]).astype(np.int32))
-        self.permutation = perm
-        qp = np.full(fmt.tile_rows * fmt.tile + 4, -1, dtype=np.int32)
-        if perm is not None:
-            qp[:fmt.seq_len] = perm
-        self._q_perm = cp.asarray(qp)
-        self._fmt_head_stride = 0 if fmt.num_heads == 1 else fmt.tile_rows + 1
+        self._launch = launch_for(self)           # the family's launch data, uploaded
         self._dummy = cp.zeros(8, dtype=cp.float16 if dtype == "float16" else cp.uint16)
         self._dummy_words = cp.zeros(1, dtype=cp.uint64)
-        self._orders: dict[int, tuple[object, int]] = {}
-        self._kernels: dict[tuple[bool, bool, bool], LoadedKernel] = {}
-        self._combines: dict[tuple[bool, bool, bool], LoadedKernel] = {}
+        self._kernels: dict[tuple[bool, bool, bool], tuple[LoadedKernel, ...]] = {}
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def launch_data(self) -> Any:
+        """The walk-list kernels' launch data (what the package's plan.bin holds), or None."""
+        return getattr(self._launch, "data", None)
+
+    @property
+    def plan(self) -> Any:
+        """The block-wise walk list (None for the row-wise kernel)."""
+        return getattr(self.launch_data, "plan", None)
+
+    @property
+    def permutation(self) -> Any:
+        """The residue permutation of queries and keys, if the config uses one."""
+        return getattr(self.launch_data, "permutation", None)
+
     def spec(self, *, has_bias: bool, has_key_bits: bool, has_softcap: bool = False) -> KernelSpec:
         return KernelSpec(self.config, self.dtype, self.head_dim, has_bias, has_key_bits,
                           has_softcap)
 
-    def _kernel(self, has_bias: bool, has_key_bits: bool, has_softcap: bool) -> LoadedKernel:
+    def _kernel(self, has_bias: bool, has_key_bits: bool,
+                has_softcap: bool) -> tuple[LoadedKernel, ...]:
+        """The kernels of one variant: the main one (with its dynamic shared memory), then
+        the others its source defines (the ws kernel's combine)."""
         key = (has_bias, has_key_bits, has_softcap)
         if key not in self._kernels:
             spec = self.spec(has_bias=has_bias, has_key_bits=has_key_bits,
                              has_softcap=has_softcap)
             compiled = compile_kernel(spec, self.target)
-            smem = smem_bytes(self.config, self.head_dim) if self.config.kind != "row" else 0
-            self._kernels[key] = load_kernel(compiled, spec.name, dynamic_smem=smem)
-            if self.config.kind == "ws":
-                self._combines[key] = load_kernel(compiled, f"{spec.name}_combine")
+            smem = self.family.dynamic_smem(self.config, self.head_dim)
+            entries = self.family.entry_points(spec)
+            self._kernels[key] = tuple(load_kernel(compiled, e, dynamic_smem=smem if i == 0 else 0)
+                                       for i, e in enumerate(entries))
         return self._kernels[key]
-
-    def _order(self, seq_len: int):
-        """Tile rows that hold queries < seq_len, longest (most allowed elements) first."""
-        if seq_len not in self._orders:
-            rows = math.ceil(seq_len / self.fmt.tile)
-            if self.permutation is not None:                # permuted rows mix all positions
-                rows = self.fmt.tile_rows
-            work = np.asarray(self._work, dtype=np.int64).sum(axis=0)[:rows]
-            order = np.argsort(-work, kind="stable").astype(np.int32)
-            self._orders[seq_len] = (self._cp.asarray(order), rows)
-        return self._orders[seq_len]
 
     # ------------------------------------------------------------------ run
     def run(self, q, k, v, out=None, *, layout: str = "bshd", seq_lens=None, key_mask=None,
@@ -255,33 +228,15 @@ class AttentionOp:
         if not scale > 0:
             raise StofcError(f"attention scale must be > 0, got {scale}", hint="pass a positive scale")
 
-        kern = self._kernel(bias is not None, key_mask is not None, softcap > 0.0)
-        if self._ws is not None:
-            combine = self._combines[(bias is not None, key_mask is not None, softcap > 0.0)]
+        kernels = self._kernel(bias is not None, key_mask is not None, softcap > 0.0)
+        return self._launch.bind(Operands(
+            View(q, *_shape(vq)), View(k, *_shape(vk)), View(v, *_shape(vv)),
+            View(out, *_shape(vo)), kv_len, key_words, words, bias_arr, (bsb, bsh, bsq), scale,
+            kv_group, softcap, batch, heads, seq, kernels))
 
-            def tv(x, vw):
-                return TensorView(int(x.data.ptr), vw.batch, vw.seq, vw.heads, vw.strides)
 
-            return self._ws.bind(
-                kern, combine, q=tv(q, vq), k=tv(k, vk), v=tv(v, vv), out=out,
-                out_strides=vo.strides, kv_len=kv_len, key_words=key_words, key_bits=words,
-                bias=bias_arr, bias_strides=(bsb, bsh, bsq), scale=scale, kv_group=kv_group,
-                softcap=softcap, batch=batch, heads=heads, seq=seq)
-        order, rows = self._order(seq)
-        c = self.config
-        per_row = c.q_split if c.kind == "block" else c.tile // c.rows_per_block
-        grid = heads * batch * rows * per_row
-        i64, i32 = np.int64, np.int32
-        args = (q, k, v, out,
-                *(i64(s) for s in vq.strides), *(i64(s) for s in vk.strides),
-                *(i64(s) for s in vv.strides), *(i64(s) for s in vo.strides),
-                self._row_ptr, self._col_idx, self._part_idx, self._bitmaps, self._gather_keys,
-                self._q_perm, i32(self.permutation is not None),
-                i32(self._fmt_head_stride), order, kv_len, words, i32(key_words),
-                bias_arr, i64(bsb), i64(bsh), i64(bsq),
-                i32(batch), i32(heads), i32(seq), np.float32(scale), i32(kv_group),
-                np.float32(softcap))
-        return BoundLaunch(kern, grid, c.threads, args, result=out)
+def _shape(vw: _Views) -> tuple[int, int, int, tuple[int, int, int]]:
+    return vw.batch, vw.seq, vw.heads, vw.strides
 
 
 def check_device_result(out) -> None:

@@ -1,9 +1,11 @@
 """The warp-specialised kernel's launch: its walk on the device, tensor maps, workspace.
 
-:class:`WsLaunchData` is what :class:`~stofc.runtime.attention.AttentionOp` holds for a
-``kind="ws"`` config: the :mod:`~stofc.kernels.attention.ws_plan` arrays uploaded
-once, and :meth:`WsLaunchData.bind`, which builds one launch (plus the combine
-kernel's when the plan splits rows) for given q, k, v and out views. The argument
+:class:`WsLaunch` is the family ``attention_ws``'s launch form
+(:mod:`stofc.runtime.launches`); its :class:`WsLaunchData` is what an
+:class:`~stofc.runtime.attention.AttentionOp` of a ``kind="ws"`` config holds: the
+family's launch data (:class:`~stofc.kernels.attention.ws_launch.WsLaunchPlan`, what the
+package writes as the kind-2 ``*.plan.bin``) uploaded once, and :meth:`WsLaunchData.bind`,
+which builds one launch (plus the combine kernel's when the plan splits rows) for given q, k, v and out views. The argument
 lists are the template's signatures (``templates/attention/block_ws.cu.j2``).
 """
 
@@ -13,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stofc.kernels.attention.ws_plan import WS_ROWS, WsPlan
+from stofc.kernels.attention.ws_launch import WsLaunchPlan
+from stofc.kernels.attention.ws_plan import WS_ROWS
+from stofc.runtime.launches import Operands, View, launches
 from stofc.runtime.module import BoundLaunch, LoadedKernel
 from stofc.runtime.tensor_map import TensorMapCache
 
@@ -35,27 +39,18 @@ class TensorView:
 
 
 class WsLaunchData:
-    """The device arrays of one ws plan, and the launches made from them."""
+    """The device arrays of one ws launch plan, and the launches made from them."""
 
-    def __init__(self, plan: WsPlan, cp, dtype: str, head_dim: int, sm_count: int) -> None:
+    def __init__(self, plan: WsLaunchPlan, cp, dtype: str, head_dim: int,
+                 sm_count: int) -> None:
         self.plan, self.dtype, self.head_dim = plan, dtype, head_dim
         self.sm_count = sm_count           # the persistent grid: one block per SM at most
-        heads = plan.num_heads
-
-        def dev(a, dt):
-            return cp.asarray(np.ascontiguousarray(a, dtype=dt).ravel())
-
-        self._keys = dev(plan.entry_key, np.int32)
-        self._parts = dev(plan.entry_part, np.int32)
-        words = np.asarray(plan.bitmaps, np.uint64).ravel()
-        self._bitmaps = dev(words if words.size else np.zeros(2, np.uint64), np.uint64)
-        self._items = dev(plan.items, np.int32)
-        self._orders = dev(plan.orders if plan.orders.size else np.zeros((1, 1)), np.int32)
-        self._combine = dev(plan.combine, np.int32)
-        self._items_stride = plan.items.shape[1] * 4 if heads > 1 else 0
-        self._orders_stride = plan.orders.shape[1] if heads > 1 else 0
-        self._combine_stride = plan.combine.shape[1] * 3 if heads > 1 else 0
-        self._splits = bool((plan.combine[:, :, 0] >= 0).any())
+        self._keys = cp.asarray(plan.entry_key)
+        self._parts = cp.asarray(plan.entry_part)
+        self._bitmaps = cp.asarray(plan.bitmaps)
+        self._items = cp.asarray(plan.items)
+        self._orders = cp.asarray(plan.orders)
+        self._combine = cp.asarray(plan.combine)
         self._maps = TensorMapCache()
         self._cp = cp
 
@@ -81,7 +76,7 @@ class WsLaunchData:
         order = self._orders[offset:]
         n_work = heads * batch * count     # work w: head w % H, batch (w / H) % B, item order
         slots = self.plan.slots
-        if self._splits:
+        if self.plan.splits:
             part_o = cp.empty(batch * heads * slots * WS_ROWS * self.head_dim, dtype=cp.float32)
             part_ml = cp.empty(batch * heads * slots * WS_ROWS * 2, dtype=cp.float32)
         else:
@@ -89,17 +84,40 @@ class WsLaunchData:
         osb, oss, osh = (i64(x) for x in out_strides)
         tail = (i32(batch), i32(heads), i32(seq))
         then = None
-        if self._splits:
-            then = BoundLaunch(combine, heads * batch * self.plan.combine.shape[1],
+        if self.plan.splits:
+            then = BoundLaunch(combine, heads * batch * self.plan.n_split,
                                COMBINE_THREADS,
-                               (out, osb, oss, osh, self._combine, i32(self._combine_stride),
+                               (out, osb, oss, osh, self._combine, i32(self.plan.combine_head_stride),
                                 part_o, part_ml, i32(slots), *tail))
         args = (self._map(q), self._map(k), self._map(v), out, osb, oss, osh,
                 self._keys, self._parts, self._bitmaps, self._items, order,
-                i32(self._items_stride), i32(self._orders_stride),
+                i32(self.plan.items_head_stride), i32(self.plan.order_head_stride),
                 kv_len, key_bits, i32(key_words),
                 bias, *(i64(x) for x in bias_strides),
                 part_o, part_ml, i32(slots), *tail, f32(scale), i32(kv_group), f32(softcap),
                 i32(n_work))
         grid = min(n_work, self.sm_count)
         return BoundLaunch(kernel, grid, WS_THREADS, args, result=out, then=then)
+
+
+@launches("attention_ws")
+class WsLaunch:
+    """The warp-specialised kernel's launch form: its launch data (the family's) on the
+    device, tensor maps per operand, and the combine kernel after the main one when rows
+    split."""
+
+    def __init__(self, op) -> None:
+        self.data = op.family.launch_data(op.fmt, op.config)
+        self.ws = WsLaunchData(self.data, op._cp, op.dtype, op.head_dim, op.profile.sm_count)
+
+    def bind(self, ops: Operands) -> BoundLaunch:
+        def tv(view: View) -> TensorView:
+            return TensorView(int(view.array.data.ptr), view.batch, view.seq, view.heads,
+                              view.strides)
+
+        return self.ws.bind(
+            ops.kernels[0], ops.kernels[1], q=tv(ops.q), k=tv(ops.k), v=tv(ops.v),
+            out=ops.out.array, out_strides=ops.out.strides, kv_len=ops.kv_len,
+            key_words=ops.key_words, key_bits=ops.key_bits, bias=ops.bias,
+            bias_strides=ops.bias_strides, scale=ops.scale, kv_group=ops.kv_group,
+            softcap=ops.softcap, batch=ops.batch, heads=ops.heads, seq=ops.seq)

@@ -17,14 +17,14 @@ Modules, in the order a tuning run uses them:
 * :mod:`~stofc.tune.compile_pool`: candidates compiled in parallel beside it.
 * :mod:`~stofc.tune.engine`: ``tune_chain``: both stages for one layer chain.
 * :mod:`~stofc.tune.progress`: what the user sees (rich, JSON, quiet).
-* :mod:`~stofc.tune.spaces`: the real kernel families' and the attention
-  kernels' segment spaces (problem keys, analytical defaults, plan specs).
+* :mod:`~stofc.tune.spaces`: the segment spaces of the registered kernel families
+  (:mod:`stofc.kernels.catalog`: problem keys, analytical defaults, plan specs).
 * :mod:`~stofc.tune.runners` (:mod:`~stofc.tune.runner_segments`,
   :mod:`~stofc.tune.runner_attention`): the GPU runners and the compile-pool
   entry that time and verify real kernels in the worker.
-* :mod:`~stofc.tune.plan_tuner`: ``tune_plan``: a plan tuned per length bucket.
-* :mod:`~stofc.tune.package`: ``tune_package``: a package rewritten in place.
-* :mod:`~stofc.tune.simulate`: a deterministic simulated cost model (CI).
+* :mod:`~stofc.tune.plan_tuner`: ``tune_plan``: a plan tuned per length bucket;
+  ``tune_stage``: the road's tune stage, a :class:`~stofc.plan.plan.TunedPlan`
+  (``stofc.pipeline`` chains it: ``compile --tune`` and ``tune_package``).
 * :mod:`~stofc.tune.probe`: ``python -m stofc.tune.probe``, a GPU self-check
   of the measurement machinery.
 """

@@ -37,10 +37,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stofc import __version__
 from stofc.cachecheck import warn_once
 from stofc.errors import StofcError
 from stofc.paths import cache_dir
+from stofc.version import __version__
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0

@@ -39,7 +39,11 @@ from typing import Any, cast
 
 from stofc.errors import PlanError
 from stofc.frontend.types import Layer
-from stofc.plan.plan import KernelSpec, LayerPlan, Plan
+from stofc.masks import encode
+from stofc.masks.format import MaskFormat
+from stofc.masks.layers import LayerMasks
+from stofc.plan.build import PREFER_VENDOR_GEMM, default_scheme, plan_layer
+from stofc.plan.plan import KernelSpec, LayerPlan, Plan, TunedPlan
 from stofc.plan.scheme import FusionScheme
 from stofc.targets import GpuProfile
 from stofc.tune.adapters import LayerSchemeSpace
@@ -48,6 +52,7 @@ from stofc.tune.engine import TuneResult, tune_chain
 from stofc.tune.evaluate import Evaluator, EvaluatorStats
 from stofc.tune.interfaces import Config, Measurer, Scheme, SegmentSpace
 from stofc.tune.progress import QuietReporter, Reporter
+from stofc.tune.runners import gpu_measurer
 from stofc.tune.spaces import KernelSegment, SpaceFactory
 
 _NAME_PARAMS = ("weight", "bias", "scale")
@@ -166,13 +171,13 @@ def _qkv_store(layer_plan: LayerPlan) -> str:
 
 
 def _mask_format(mask: Any, plan: Plan, layer: Layer) -> Any:
-    """The layer's mask format: from a per-layer mapping, a format, or a spec (encoded)."""
+    """The layer's mask format: from per-layer masks, a format, or a spec (encoded)."""
+    if isinstance(mask, LayerMasks):
+        mask = mask.formats
     if isinstance(mask, Mapping):
         mask = mask.get(layer.index)
-    if mask is None or (hasattr(mask, "spec_hash") and hasattr(mask, "load_row_ptr")):
+    if mask is None or isinstance(mask, MaskFormat):
         return mask
-    from stofc.masks import encode
-
     return encode(mask, plan.max_seq_len, tile=64, layer=layer.index,
                   num_heads=layer.attention.num_heads)
 
@@ -193,17 +198,11 @@ def _start_scheme(layer: Layer, layer_plan: LayerPlan, tokens: int, plan: Plan,
                   profile: GpuProfile) -> FusionScheme:
     if tokens == plan.tokens:
         return layer_plan.scheme
-    from stofc.plan.build import NORM_ROW_TILE
-    from stofc.plan.moves import initial_scheme
-
-    return initial_scheme(layer, tokens=tokens, norm_fusion_min_tokens=NORM_ROW_TILE
-                          * profile.sm_count)
+    return default_scheme(layer, tokens, profile)
 
 
 def _write_back(layer: Layer, scheme: FusionScheme, specs: list[KernelSpec], *, tokens: int,
                 plan: Plan, profile: GpuProfile, qkv_store: str) -> LayerPlan:
-    from stofc.plan.build import PREFER_VENDOR_GEMM, plan_layer
-
     base = plan_layer(layer, scheme, tokens=tokens, profile=profile, dtype=plan.dtype,
                       max_seq_len=plan.max_seq_len, qkv_store=qkv_store,
                       vendor=PREFER_VENDOR_GEMM)
@@ -246,7 +245,6 @@ def tune_plan_buckets(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfi
     reporter = reporter or QuietReporter()
     own = measurer is None
     if measurer is None:
-        from stofc.tune.runners import gpu_measurer
         measurer = cast(Measurer, gpu_measurer())
     groups: dict[tuple, list[int]] = {}
     for i, layer in enumerate(layers):   # alike chains under the same mask
@@ -345,3 +343,18 @@ def tune_plan(plan: Plan, model_graph: Any, mask: Any, profile: GpuProfile, *, b
                                budget_s=budget_s, db=db, reporter=reporter, measurer=measurer,
                                seed=seed)
     return tuning.plan_for(max(n for n, _ in tuning.plans))
+
+
+def tune_stage(plan: Plan, model_graph: Any, masks: Any, profile: GpuProfile,
+               db: TuningDatabase | None, reporter: Reporter | None, *, budget_s: float | None,
+               batch: int, seq_lens: tuple[int, ...] = (), seed: int = 0,
+               measurer: Measurer | None = None) -> TunedPlan:
+    """The road's tune stage: ``plan`` tuned for every bucket of ``seq_lens`` (default its
+    ``max_seq_len``) on the GPU present, as the :class:`~stofc.plan.plan.TunedPlan` the
+    package is built from: the largest bucket's plan, every bucket's, and the report."""
+    lengths = tuple(sorted(set(seq_lens))) or (plan.max_seq_len,)
+    tuning = tune_plan_buckets(plan, model_graph, masks, profile, batch=batch, seq_lens=lengths,
+                               budget_s=budget_s, db=db, reporter=reporter, measurer=measurer,
+                               seed=seed)
+    return TunedPlan(tuning.plan_for(lengths[-1]),
+                     tuple((n, tuning.plan_for(n)) for n in lengths), tuned=True, report=tuning)

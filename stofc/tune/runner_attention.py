@@ -33,8 +33,17 @@ from typing import Any
 
 import numpy as np
 
+from stofc.kernels import catalog
+from stofc.kernels.attention.config import AttentionConfig, KernelSpec, prune
+from stofc.kernels.attention.reference import dense_from_format, reference_attention
+from stofc.kernels.attention.render import compile_kernel
+from stofc.runtime.attention import AttentionOp
+from stofc.runtime.module import _cupy
+from stofc.runtime.segments import to_host
+from stofc.targets import detect
+from stofc.tune.interfaces import Config
 from stofc.tune.measure import CandidateRejected, MeasureTask, rotation_count, time_with_events
-from stofc.tune.spaces import AttentionPayload, attention_config
+from stofc.tune.spaces import AttentionPayload
 
 TOL = {"float16": 2e-3, "bfloat16": 1e-2}
 KEEP_INPUTS = 2
@@ -45,15 +54,16 @@ _OPS: OrderedDict[tuple, Any] = OrderedDict()
 _DENSE: dict[str, np.ndarray] = {}
 
 
-def _profile() -> Any:
-    from stofc.targets import detect
+def attention_config(params: Any) -> AttentionConfig:
+    """The AttentionConfig of a tuner config (through the family it belongs to)."""
+    return catalog.family_of_params("attention", params).from_params(params)
 
+
+def _profile() -> Any:
     return detect()
 
 
 def _op(p: AttentionPayload, config: Any) -> Any:
-    from stofc.runtime.attention import AttentionOp
-
     key = (p.fmt.spec_hash, config, p.dtype, p.head_dim)
     if key not in _OPS:
         while len(_OPS) >= KEEP_OPS:
@@ -72,8 +82,7 @@ def _random(cupy: Any, rng: Any, shape: tuple[int, ...], dtype: str) -> Any:
 
 def _inputs(task: MeasureTask, p: AttentionPayload) -> list[tuple[Any, Any, Any, Any]]:
     """Input sets ``(q, k, v, out)`` as views of packed projections (module doc)."""
-    import cupy
-
+    cupy = _cupy()
     key = (task.family, task.problem)
     if key in _INPUTS:
         _INPUTS.move_to_end(key)
@@ -103,10 +112,7 @@ def _inputs(task: MeasureTask, p: AttentionPayload) -> list[tuple[Any, Any, Any,
 
 def run(task: MeasureTask) -> float | bool:
     """The runner entry for one attention candidate (see the module doc)."""
-    import cupy
-
-    from stofc.kernels.attention import prune
-
+    cupy = _cupy()
     p: AttentionPayload = task.payload
     config = attention_config(task.params)
     reason = prune(config, p.head_dim, _profile())
@@ -131,8 +137,7 @@ def _key_mask(p: AttentionPayload) -> Any:
     """An all-real-token ``[B, S]`` key mask when the deployed kernel tests key bits."""
     if not getattr(p, "key_bits", False):
         return None
-    import cupy
-
+    cupy = _cupy()
     return cupy.ones((p.batch, p.seq_len), dtype=cupy.int32)
 
 
@@ -142,11 +147,7 @@ def _head(x: Any, layout: str, b: int, h: int) -> Any:
 
 def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> bool:
     """Poisoned output, one launch, the float64 check on sampled (batch, head) pairs."""
-    import cupy
-
-    from stofc.kernels.attention.reference import dense_from_format, reference_attention
-    from stofc.runtime.segments import to_host
-
+    cupy = _cupy()
     q, k, v, out = inputs
     nan = np.float16(np.nan) if p.dtype == "float16" else np.uint16(0x7FC0)
     out.fill(nan)
@@ -179,9 +180,6 @@ def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> b
 
 def compile_attention(payload: AttentionPayload, config_key: str) -> None:
     """Compile a candidate into the NVRTC cache (no GPU), as ``AttentionOp`` will load it."""
-    from stofc.kernels.attention import KernelSpec, compile_kernel
-    from stofc.tune.interfaces import Config
-
     config = attention_config(Config.from_key(config_key))
     compile_kernel(KernelSpec(config, payload.dtype, payload.head_dim, False,
                               bool(getattr(payload, "key_bits", False))), payload.arch)

@@ -7,7 +7,7 @@ runner per layer (random weights rounded to the dtype, uploaded once) and the
 input sets of the last few problems, so candidates of one segment share them.
 
 * ``time``: the candidate's kernel spec replaces the segment's
-  (:func:`~stofc.tune.spaces.spec_of`), is compiled (NVRTC cache: the compile
+  (:meth:`~stofc.tune.spaces.SegmentPayload.candidate_spec`), is compiled (NVRTC cache: the compile
   pool usually did it) and loaded by the runtime's own ``_compile``; one
   eager launch checks it runs; then one CUDA graph per input set is captured
   (so host overhead is not timed: the package runs segments in graphs too)
@@ -17,37 +17,38 @@ input sets of the last few problems, so candidates of one segment share them.
   one layer of a model). If capture fails the launches are timed eagerly.
 * ``verify``: outputs poisoned with NaN, one launch; every stored value must
   be finite in every row and match the float64 reference of the segment's
-  ONNX operators (:mod:`stofc.kernels.reference`) on 256 random rows within
+  ONNX operators (:func:`stofc.plan.reference.reference_ops`) on 256 random rows within
   ``2 r u + sqrt(K) 2^-22`` (``r`` operators, ``u`` the dtype's unit
   roundoff; the bound of ``tests/gpu/downstream_cases.py``).
 
 :func:`compile_segment` renders and compiles a candidate without a GPU, through
-the same ``SegmentRunner._compile`` with module loading replaced by compiling
-only, so the worker later finds the exact cubins in the cache.
+the same ``SegmentRunner._compile`` in ``compile_only`` mode, so the worker later
+finds the exact cubins in the cache.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import numpy as np
 
 from stofc.frontend.types import Layer, OpKind
-from stofc.kernels import reference as ref
-from stofc.plan.dataflow import resolve_dataflow
+from stofc.kernels import catalog
 from stofc.plan.plan import LayerPlan, Segment
+from stofc.plan.reference import reference_ops
 from stofc.plan.scheme import FusionScheme
+from stofc.plan.synthetic import random_weights
+from stofc.runtime.module import _cupy
+from stofc.runtime.segment_cublas import LtRankUnavailable
+from stofc.runtime.segments import SegmentRunner, from_bits, to_bits, to_host
 from stofc.tune.interfaces import Config
-from stofc.tune.measure import MeasureTask, rotation_count, time_with_events
-from stofc.tune.spaces import SegmentPayload, spec_of
+from stofc.tune.measure import CandidateRejected, MeasureTask, rotation_count, time_with_events
+from stofc.tune.spaces import SegmentPayload
 
 UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 CHECK_ROWS = 256
@@ -66,24 +67,15 @@ class _Inputs:
 
 def candidate_segment(payload: SegmentPayload, config: Config) -> Segment:
     """The payload's segment with ``config``'s kernel spec."""
-    seg = payload.segment
-    width = dict(seg.dims).get("n", 0)
-    spec = spec_of(seg.family, config, dtype=payload.dtype, store=payload.store, width=width,
-                   tokens=payload.batch * payload.seq_len)
-    return dataclasses.replace(seg, kernel=spec)
+    return dataclasses.replace(payload.segment, kernel=payload.candidate_spec(config))
 
 
 def _rounded_weights(layer: Layer, dtype: str) -> dict[str, np.ndarray]:
-    from stofc.plan.synthetic import random_weights
-    from stofc.runtime.segments import from_bits, to_bits
-
     raw = random_weights(layer, np.random.default_rng(0))
     return {k: from_bits(to_bits(v, dtype), dtype) for k, v in raw.items()}
 
 
 def _runner(payload: SegmentPayload) -> tuple[Any, dict[str, np.ndarray]]:
-    from stofc.runtime.segments import SegmentRunner
-
     key = (payload.layer, payload.dtype, payload.arch)
     if key not in _RUNNERS:
         _RUNNERS.clear()                   # one layer's weights on the GPU at a time
@@ -99,11 +91,7 @@ def _runner(payload: SegmentPayload) -> tuple[Any, dict[str, np.ndarray]]:
 
 def activation_shapes(seg: Segment, tokens: int) -> dict[str, tuple[int, int]]:
     """The segment's activation inputs (``x``, ``residual``) and their ``[tokens, width]``."""
-    if seg.family == "add_norm":
-        width_x = width_out = seg.dim("n")
-    else:
-        width_x = seg.dim("k0")
-        width_out = seg.dim("n1") if seg.family == "gemm_gemm" else seg.dim("n0")
+    width_x, width_out = catalog.segment_kind(seg.family).widths(seg)
     shapes = {}
     for slot, width in (("x", width_x), ("residual", width_out)):
         name = seg.binding(slot)
@@ -114,8 +102,7 @@ def activation_shapes(seg: Segment, tokens: int) -> dict[str, tuple[int, int]]:
 
 def _output_bytes(seg: Segment, tokens: int) -> int:
     ep = seg.epilogues[-1]
-    width = (seg.dim("n") if seg.family == "add_norm" else
-             seg.dim("n1") if seg.family == "gemm_gemm" else seg.dim("n0"))
+    _, width = catalog.segment_kind(seg.family).widths(seg)
     return 2 * tokens * width * (2 if ep.store_pre_norm else 1)
 
 
@@ -128,8 +115,7 @@ def _random(cupy: Any, rng: Any, shape: tuple[int, int], dtype: str) -> Any:
 
 
 def _inputs(task: MeasureTask, payload: SegmentPayload) -> _Inputs:
-    import cupy
-
+    cupy = _cupy()
     key = (task.family, task.problem)
     if key in _INPUTS:
         _INPUTS.move_to_end(key)
@@ -163,9 +149,6 @@ def run(task: MeasureTask) -> float | bool:
     is rejected (:class:`~stofc.tune.measure.CandidateRejected`): it would only
     repeat the last candidate returned.
     """
-    from stofc.runtime.segment_cublas import LtRankUnavailable
-    from stofc.tune.measure import CandidateRejected
-
     try:
         return _run(task)
     except LtRankUnavailable as err:
@@ -173,8 +156,7 @@ def run(task: MeasureTask) -> float | bool:
 
 
 def _run(task: MeasureTask) -> float | bool:
-    import cupy
-
+    cupy = _cupy()
     runner, seg, inputs, p = _prepare(task)
     if task.mode == "verify":
         return verify(runner, seg, inputs, p)
@@ -211,8 +193,7 @@ def _run(task: MeasureTask) -> float | bool:
 def _capture_stream() -> Any:
     """One non-blocking stream per worker: its memory-pool arena is reused by every candidate
     (a new stream per candidate would strand each one's freed output blocks in its own arena)."""
-    import cupy
-
+    cupy = _cupy()
     if not _STREAM:
         _STREAM.append(cupy.cuda.Stream(non_blocking=True))
     return _STREAM[0]
@@ -228,32 +209,7 @@ def segment_reference(layer: Layer, seg: Segment, values: dict[str, np.ndarray],
                       weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Float64 values of the segment's operators (ONNX semantics) from its inputs."""
     env = {k: np.asarray(v, np.float64) for k, v in values.items()}
-    flows = resolve_dataflow(layer)
-    for i in seg.ops:
-        flow, op = flows[i], layer.chain[i]
-        ins = [env[v] for v in flow.inputs]
-        if op.kind == OpKind.GEMM:
-            out = ins[0] @ ref.weight_kn(layer, i, weights).astype(np.float64)
-        elif op.kind == OpKind.BIAS_ADD:
-            out = ins[0] + weights[op.param("bias")]
-        elif op.kind == OpKind.RESIDUAL_ADD:
-            out = ins[0] + ins[1]
-        elif op.kind == OpKind.GELU:
-            tanh = op.param("approximation") == "tanh" or op.param("form") in ("tanh", "fastgelu")
-            out = ref.gelu(ins[0], "tanh" if tanh else "none")
-        elif op.kind == OpKind.ACTIVATION:
-            out = np.maximum(ins[0], 0.0)
-        elif op.kind == OpKind.LAYERNORM:
-            beta = op.param("bias")
-            out = ref.layernorm(ins[0], weights[op.param("scale")],
-                                weights[beta] if beta is not None else None,
-                                float(op.param("epsilon", 1e-5)))
-        elif op.kind == OpKind.RMSNORM:
-            out = ref.rmsnorm(ins[0], weights[op.param("scale")], float(op.param("epsilon", 1e-6)))
-        else:
-            raise ValueError(f"operator {op.kind.value} has no segment reference")
-        env[flow.output] = out
-    return env
+    return reference_ops(layer, seg.ops, env, weights)
 
 
 def error_bound(layer: Layer, seg: Segment, dtype: str) -> float:
@@ -265,10 +221,7 @@ def error_bound(layer: Layer, seg: Segment, dtype: str) -> float:
 
 def verify(runner: Any, seg: Segment, inputs: _Inputs, p: SegmentPayload) -> bool:
     """Poisoned outputs, one launch, the float64 check on random rows (module doc)."""
-    import cupy
-
-    from stofc.runtime.segments import to_host
-
+    cupy = _cupy()
     _, weights = _runner(p)
     tokens = p.batch * p.seq_len
     values = dict(inputs.sets[0])
@@ -298,26 +251,12 @@ def verify(runner: Any, seg: Segment, inputs: _Inputs, p: SegmentPayload) -> boo
     return True
 
 
-@contextlib.contextmanager
-def _compile_only(arch: str) -> Iterator[None]:
-    """Inside: ``SegmentRunner._compile`` compiles (to the cache) but loads nothing."""
-    from stofc.compile import compile_source
-
-    def load(source: Any, target: str, smem: int) -> tuple[None, None]:
-        compile_source(source, target)
-        return None, None
-
-    with mock.patch("stofc.runtime.segments._load", load), \
-            mock.patch("stofc.runtime.segments.lt_handle", lambda: object()):
-        yield
-
-
 def compile_segment(payload: SegmentPayload, config_key: str) -> None:
-    """Compile a candidate's kernels into the on-disk cache (no GPU needed)."""
-    from stofc.runtime.segments import SegmentRunner
-
+    """Compile a candidate's kernels into the on-disk cache (no GPU needed): the runner's
+    own compile path with nothing loaded (``compile_only``), so the worker later finds
+    the exact cubins in the cache."""
     seg = candidate_segment(payload, Config.from_key(config_key))
-    bare = SegmentRunner.__new__(SegmentRunner)
-    bare.dtype, bare.arch, bare.use_lt, bare._modules = payload.dtype, payload.arch, True, []
-    with _compile_only(payload.arch):
-        bare._compile(seg)
+    layer = payload.layer
+    empty = LayerPlan(layer.index, layer.norm_order, FusionScheme.unfused(len(layer.chain)), ())
+    SegmentRunner(layer, empty, {}, dtype=payload.dtype, arch=payload.arch,
+                  compile_only=True)._compile(seg)

@@ -30,11 +30,11 @@ import math
 import numpy as np
 
 from stofc.frontend.types import OpKind
-from stofc.kernels.reference import reference_chain
 from stofc.plan.build import kernel_spec, plan_layer
 from stofc.plan.dataflow import resolve_dataflow
 from stofc.plan.families import match_segments
 from stofc.plan.plan import LayerPlan
+from stofc.plan.reference import reference_chain
 from stofc.plan.synthetic import random_weights
 from stofc.runtime.segments import SegmentRunner, from_bits, to_bits, to_device, to_host
 from stofc.targets import get_profile

@@ -31,20 +31,18 @@ if "CUDAExecutionProvider" not in ort.get_available_providers():
 
 from stofc.compile import compile_source  # noqa: E402
 from stofc.kernels.attention import AttentionConfig, KernelSpec, compile_kernel  # noqa: E402
-from stofc.masks import encode  # noqa: E402
-from stofc.package.cuda_launch import (  # noqa: E402
+from stofc.kernels.attention.config import attention_family  # noqa: E402
+from stofc.kernels.attention.launch import launch_data  # noqa: E402
+from stofc.kernels.render import render_kernel  # noqa: E402
+from stofc.kernels.vendor_gemm import split_fused_gemm  # noqa: E402
+from stofc.lower.twins import (  # noqa: E402
     KERNEL_ABI,
-    attention_launch_numbers,
-    epilogue_source,
+    epilogue_kernel,
     launch_attributes,
     norm_epilogue,
-    split_fused_gemm,
 )
-from stofc.package.maskbin import (  # noqa: E402
-    attention_launch_data,
-    write_attention_plan,
-    write_mask_binary,
-)
+from stofc.masks import encode  # noqa: E402
+from stofc.package.maskbin import write_attention_plan, write_mask_binary  # noqa: E402
 from stofc.package.ortlib import build_library  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,12 +105,14 @@ def attention_model(pkg: Path, arch: str, spec: str, L: int, config: AttentionCo
                     **override) -> onnx.ModelProto:
     fmt = encode(spec, L)
     write_mask_binary(fmt, pkg / "mask.bin")
-    write_attention_plan(attention_launch_data(fmt, config), pkg / "attn.plan.bin")
+    write_attention_plan(launch_data(fmt, config), pkg / "attn.plan.bin")
     kspec = KernelSpec(config, "float16", D, has_bias=bias, has_key_bits=kpm)
     (pkg / "kernels").mkdir(exist_ok=True)
     rel = f"kernels/{kspec.name}.{arch}.cubin"
     (pkg / rel).write_bytes(compile_kernel(kspec, arch).binary)   # ws / wgmma: built for sm_90a
-    threads, per_row, smem = attention_launch_numbers(config, D)
+    launch = dict(attention_family(config.kind).launch(config, D))
+    threads, per_row, smem = (launch[k] for k in ("block_threads", "blocks_per_tile_row",
+                                                  "smem_bytes"))
     attrs = dict(num_heads=H, head_dim=D, mask_file="mask.bin", kernel=f"{rel}:{kspec.name}",
                  kernel_abi=KERNEL_ABI, launch_plan="attn.plan.bin", block_threads=threads,
                  blocks_per_tile_row=per_row, smem_bytes=smem)
@@ -289,8 +289,9 @@ def test_fused_gemm_cuda_matches_cpu_twin(tmp_path, lib, arch, act, has_bias, ha
     split = split_fused_gemm(has_bias, act, has_res, bool(after))
     attrs: dict = {"kernel_abi": KERNEL_ABI, "epilogue_kernel": ""}
     if not split.rest.is_identity:
-        src, cfg = epilogue_source(split.rest, N, "float16")
-        attrs = launch_attributes(src, cfg, split.rest, write_kernel(tmp_path, src, arch))
+        kern = epilogue_kernel(split.rest, N, "float16")
+        src = render_kernel(kern, (arch,)).source
+        attrs = launch_attributes(kern, split.rest, write_kernel(tmp_path, src, arch))
     inits = [numpy_helper.from_array(fp16(rng, K, N, scale=K ** -0.5), "w")]
     names = ["x", "w", "b" if has_bias else "", "r" if has_res else ""]
     if has_bias:
@@ -319,8 +320,9 @@ def test_add_layer_norm_cuda_matches_cpu_twin(tmp_path, lib, arch, has_res, rms,
                                               has_sum):
     rng = np.random.default_rng(3)
     ep = norm_epilogue(has_residual=has_res, rms=rms, has_beta=has_beta, has_sum=has_sum)
-    src, cfg = epilogue_source(ep, N, "float16")
-    attrs = launch_attributes(src, cfg, ep, write_kernel(tmp_path, src, arch))
+    kern = epilogue_kernel(ep, N, "float16")
+    src = render_kernel(kern, (arch,)).source
+    attrs = launch_attributes(kern, ep, write_kernel(tmp_path, src, arch))
     inits = [numpy_helper.from_array(fp16(rng, N), "g")]
     names = ["x", "r" if has_res else "", "g"]
     if has_beta:

@@ -11,11 +11,12 @@ import onnx
 import onnxruntime as ort
 
 from stofc.frontend.types import ModelGraph
+from stofc.lower.rewrite import AttentionBinding, rewrite_model
 from stofc.masks import parse_mask
 from stofc.masks.format import MaskFormat
 from stofc.package.maskbin import write_mask_binary
-from stofc.package.rewrite import AttentionBinding, attention_inputs, rewrite_model
 from stofc.pipeline import encode_masks, with_causal
+from stofc.plan.attention import attention_inputs
 from stofc.plan.build import build_plan
 from stofc.plan.plan import Plan
 from stofc.targets import get_profile
@@ -31,12 +32,13 @@ def rewrite_graph(graph: ModelGraph, mask: str, tmp_path: Path, *, max_seq_len: 
     spec = parse_mask(mask)
     if causal_from_graph and any(layer.attention.causal_in_graph for layer in graph.layers):
         spec = with_causal(spec)
-    plan = build_plan(graph, spec, get_profile("h100"), dtype=dtype, max_seq_len=max_seq_len)
-    formats = encode_masks(graph, spec, max_seq_len, tile)
+    # no attention kernels: the fixtures' head_dim 16 has none, and the CPU twins need none
+    plan = build_plan(graph, None, get_profile("h100"), dtype=dtype, max_seq_len=max_seq_len)
+    formats = dict(encode_masks(graph, spec, max_seq_len, tile).formats)
     bindings = {}
     for layer in graph.layers:
         mask_bin = write_mask_binary(formats[layer.index], tmp_path / f"m{layer.index}.bin")
-        kpm, bias = attention_inputs(layer.attention, graph)
+        kpm, bias = attention_inputs(layer.attention, graph.inputs)
         # package files are relative to the package directory (the library refuses others)
         bindings[layer.index] = AttentionBinding(layer.index, mask_bin.name, "", kpm, bias)
     model, emitted = rewrite_model(graph, plan, {}, bindings, pack_qkv=pack_qkv)

@@ -16,11 +16,12 @@ import onnx
 import pytest
 from onnx import helper
 
-from stofc.kernels.attention import AttentionConfig, select_kernel
-from stofc.kernels.attention.select import _blocks_per_sm, block_config, split_limit
+from stofc.kernels.attention import AttentionConfig, AttentionProblem, select_kernel
+from stofc.kernels.attention.block import block_config, blocks_per_sm, split_limit
+from stofc.lower.attention import attention_kernel
 from stofc.masks import encode, parse_mask
-from stofc.package.kernels import attention_kernel
-from stofc.pipeline import Instruments, _planned_attention, compile_model, record_attention
+from stofc.package.load import read_plan
+from stofc.pipeline import Instruments, compile_model, recompile_package
 from stofc.plan.plan import KernelSpec
 from stofc.targets import get_profile
 
@@ -39,7 +40,7 @@ def _fmt(spec: str = BIGBIRD, length: int = 2048):
 def test_split_limit_is_the_selectors_wave_rule(profile):
     fmt = _fmt()
     whole = AttentionConfig("block", 64, 16, 4, 2, 1)
-    slots = profile.sm_count * _blocks_per_sm(whole, 64, profile)
+    slots = profile.sm_count * blocks_per_sm(whole, 64, profile)
     limit = split_limit(fmt, profile, heads=12, head_dim=64)
     assert limit == math.ceil(slots / 12) - 1 > 0
     # the limit is exactly where "batch * heads * rows < slots" stops holding
@@ -50,32 +51,34 @@ def test_split_limit_is_the_selectors_wave_rule(profile):
         assert block_config(fmt, profile, batch=batch, heads=12, head_dim=64).q_split == expect
 
 
+def _problem(fmt, heads: int, batch: int = 1, *, key_bits: bool = False,
+             seq_len: int = 2048) -> AttentionProblem:
+    return AttentionProblem(fmt, batch, heads, 64, seq_len, "float16", has_key_bits=key_bits)
+
+
 def test_block_choice_gets_an_unsplit_base_and_a_split_variant():
     """The query-split variant of block-wise choices (on Hopper the warp-specialised kernel
     is picked instead: it balances short grids by splitting rows into work items)."""
     fmt = _fmt()
-    ak = attention_kernel(0, fmt, A100, num_heads=4, head_dim=64, dtype="float16", batch=1,
-                          seq_len=2048, has_bias=False, has_key_bits=True)
+    ak = attention_kernel(_problem(fmt, 4, key_bits=True), A100, max_seq_len=2048)
     assert select_kernel(fmt, A100, batch=1, heads=4, seq_len=2048, head_dim=64).config.q_split == 2
     assert ak.choice.config.q_split == 1 and ak.choice.config.warps == 4
     (var,) = ak.variants
     assert var.choice.config.q_split == 2 and var.max_seq_len == 0
     assert var.max_batch_rows == split_limit(fmt, A100, heads=4, head_dim=64)
-    assert var.spec.has_key_bits and not var.spec.has_bias
-    assert ak.sources == (ak.source, var.source) and var.source.name != ak.source.name
+    base, split = ak.instances()
+    assert split.name == ak.instance(var.choice).name != base.name
+    assert "_k1" in split.name and "_b0" in split.name      # key bits tested, no bias
     assert ak.choice.config.describe() in ak.choice.explanation
     assert "at run time" in ak.choice.explanation
     # the compile batch no longer changes the package: a big batch gives the same kernels
-    big = attention_kernel(0, fmt, A100, num_heads=4, head_dim=64, dtype="float16", batch=64,
-                           seq_len=2048, has_bias=False, has_key_bits=True)
-    assert big.source.name == ak.source.name
-    assert [v.source.name for v in big.variants] == [var.source.name]
+    big = attention_kernel(_problem(fmt, 4, 64, key_bits=True), A100, max_seq_len=2048)
+    assert [k.name for k in big.instances()] == [base.name, split.name]
 
 
 def test_row_wise_choice_has_no_variants():
     fmt = encode(parse_mask("dilated:window=256,dilation=8"), 1024, tile=16, num_heads=4)
-    ak = attention_kernel(0, fmt, H200, num_heads=4, head_dim=64, dtype="float16", batch=1,
-                          seq_len=1024, has_bias=False, has_key_bits=False)
+    ak = attention_kernel(_problem(fmt, 4, seq_len=1024), H200, max_seq_len=1024)
     assert ak.choice.kernel == "row" and ak.variants == ()
 
 
@@ -141,33 +144,33 @@ def _plan_with(plan, layer_cfg: dict[int, AttentionConfig]):
 
 
 def test_tuned_buckets_become_length_variants(package):
-    from stofc.package.kernels import attention_kernel as ak_of
-    from stofc.package.load import read_plan
-
-    plan = read_plan(package)
     fmt = encode(parse_mask("bigbird:block=64,window=3,global=1,random=1,seed=0"), 256, tile=64,
                  num_heads=2)
-    ak = ak_of(0, fmt, H200, num_heads=2, head_dim=64, dtype="float16", batch=1, seq_len=256,
-               has_bias=False, has_key_bits=True)
+    problem = AttentionProblem(fmt, 1, 2, 64, 256, "float16", has_key_bits=True)
     c_small = AttentionConfig("block", 64, 16, 2, 2, 2)
     c_mid = AttentionConfig("block", 64, 16, 4, 3, 1)
     c_big = AttentionConfig("block", 64, 16, 4, 2, 1)
-    p_small = _plan_with(plan, {0: c_small, 1: c_small})
-    p_mid = _plan_with(plan, {0: c_mid, 1: c_big})
-    p_big = _plan_with(plan, {0: c_big, 1: c_big})
-    buckets = ((64, p_small), (128, p_mid), (256, p_big))
-    out = _planned_attention(p_big, ak, buckets)
+    out = attention_kernel(problem, H200, max_seq_len=256, planned=c_big,
+                           buckets=((64, c_small), (128, c_mid), (256, c_big)))
     assert out.choice.config == c_big
     assert [(v.max_seq_len, v.max_batch_rows, v.choice.config) for v in out.variants] == [
         (64, 0, c_small), (128, 0, c_mid)]
     # layer 1: the 128 bucket equals the base, so only the 64 bucket is a variant
-    ak1 = replace(ak, layer=1)
-    out1 = _planned_attention(p_big, ak1, buckets)
+    out1 = attention_kernel(problem, H200, layer=1, max_seq_len=256, planned=c_big,
+                            buckets=((64, c_small), (128, c_big), (256, c_big)))
     assert [(v.max_seq_len, v.choice.config) for v in out1.variants] == [(64, c_small)]
     # the tuned plan replaces the analytical split variant
     assert all(v.reason.startswith("tuned") for v in out.variants + out1.variants)
-    # record_attention stores the base config in the plan
-    rec = record_attention(p_big, {0: out, 1: out1})
-    seg = next(s for s in rec.layers[0].segments if s.family == "attention")
+    assert len(out.instances()) == 3 and len({k.name for k in out.instances()}) == 3
+    # through the package: the plan keeps the base config, the buckets become variants
+    plan = read_plan(package)
+    p_small = _plan_with(plan, {0: c_small, 1: c_small})
+    p_mid = _plan_with(plan, {0: c_mid, 1: c_big})
+    p_big = _plan_with(plan, {0: c_big, 1: c_big})
+    recompile_package(package, p_big, instruments=Instruments(progress=False),
+                      buckets=((64, p_small), (128, p_mid), (256, p_big)))
+    doc = json.loads((package / "plan.json").read_text())
+    seg = next(s for s in read_plan(package).layers[0].segments if s.family == "attention")
     assert seg.kernel.param("q_split") == 1 and seg.kernel.param("warps") == 4
-    assert len(out.sources) == 3 and len({s.name for s in out.sources}) == 3
+    assert [v["max_seq_len"] for v in doc["attention"][0]["variants"]] == [64, 128]
+    assert [v["max_seq_len"] for v in doc["attention"][1]["variants"]] == [64]

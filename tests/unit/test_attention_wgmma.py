@@ -12,9 +12,9 @@ import onnx
 import pytest
 
 from stofc.kernels.attention import AttentionConfig, KernelSpec, render_kernel, search_space
-from stofc.kernels.attention.config import kernel_target, prune, smem_bytes, template_name
+from stofc.kernels.attention.block import block_config, kernel_target
+from stofc.kernels.attention.config import prune, smem_bytes, template_name
 from stofc.kernels.attention.render import compile_kernel
-from stofc.kernels.attention.select import block_config
 from stofc.masks import encode
 from stofc.targets import get_profile
 

@@ -172,16 +172,13 @@ def test_launch_arguments_match_the_template(monkeypatch):
     fake = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: fake)
     monkeypatch.setattr(rt, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(rt, "BoundLaunch", _Recorder)
     import stofc.runtime.attention_ws as rws
     monkeypatch.setattr(rws, "BoundLaunch", _Recorder)
     monkeypatch.setattr(tensor_map.TensorMapCache, "get",
                         lambda self, *a: tensor_map.TensorMap(bytes(128)))
     fmt = encode("longformer:window=64,global=16", 1024)
     op = rt.AttentionOp(fmt, ws(split=8), "float16", 64, profile=H100)
-    op._kernel = lambda *a: "kernel"
-    op._combines = {k: "combine" for k in
-                    [(b, kk, c) for b in (False, True) for kk in (False, True) for c in (False, True)]}
+    op._kernel = lambda *a: ("kernel", "combine")     # the main kernel, then the combine
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 900, 2, 64)).astype(np.float16) for _ in range(3))
     launch = op.bind(q, k, v)
@@ -190,13 +187,13 @@ def test_launch_arguments_match_the_template(monkeypatch):
     assert kinds == ["map" if n.startswith("tma_") else t for n, t in main]
     args = dict(zip([n for n, _ in main], launch.args, strict=True))
     assert launch.block == 384
-    _, count = op._ws.plan.launch_items(900)
+    _, count = op._launch.ws.plan.launch_items(900)
     assert launch.grid == min(2 * 2 * count, H100.sm_count)     # persistent
     assert int(args["n_work"]) == 2 * 2 * count
-    assert int(args["kv_group"]) == 1 and int(args["slots"]) == op._ws.plan.slots
+    assert int(args["kv_group"]) == 1 and int(args["slots"]) == op._launch.ws.plan.slots
     combine = launch.then
     text = (ROOT / "templates" / "attention" / "block_ws.cu.j2").read_text()
     sig = text[text.index("{{ kernel_name }}_combine(") + len("{{ kernel_name }}_combine("):]
     sig = sig[:sig.index(") {")]
     assert len(combine.args) == len([p for p in sig.split(",") if p.strip()])
-    assert combine.block == 256 and combine.grid == 2 * 2 * op._ws.plan.combine.shape[1]
+    assert combine.block == 256 and combine.grid == 2 * 2 * op._launch.ws.plan.n_split

@@ -15,8 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from stofc.package.cuda_launch import KERNEL_ABI, epilogue_source, launch_attributes, norm_epilogue
-from stofc.package.emit import to_tensor
+from stofc.lower.emit import to_tensor
+from stofc.lower.twins import KERNEL_ABI, epilogue_kernel, launch_attributes, norm_epilogue
 from tests.unit.test_ortlib_fake_gpu import fake, run  # noqa: F401  (the fake-driver fixture)
 
 BF16, F32 = TensorProto.BFLOAT16, TensorProto.FLOAT
@@ -75,7 +75,7 @@ def test_float_output_gemm_refuses_a_residual(fake, tmp_path):  # noqa: F811
     assert code == 3 and "float bias makes y float" in out and "takes no residual" in out, out
 
 
-def norm_model(src, cfg, ep, *, x_float: bool) -> onnx.ModelProto:
+def norm_model(src, ep, *, x_float: bool) -> onnx.ModelProto:
     """AddLayerNorm(x float or bf16, residual bf16, gamma/beta float32) -> bf16 y (Cast out)."""
     nodes = [helper.make_node("Cast", ["r"], ["rb"], to=BF16)]
     x = "x"
@@ -83,7 +83,7 @@ def norm_model(src, cfg, ep, *, x_float: bool) -> onnx.ModelProto:
         nodes.append(helper.make_node("Cast", ["x"], ["xb"], to=BF16))
         x = "xb"
     nodes += [helper.make_node("AddLayerNorm", [x, "rb", "g", "be"], ["yb"], domain="ai.stofc",
-                               epsilon=1e-5, **launch_attributes(src, cfg, ep, "n.cubin")),
+                               epsilon=1e-5, **launch_attributes(src, ep, "n.cubin")),
               helper.make_node("Cast", ["yb"], ["y"], to=F32)]
     inits = [numpy_helper.from_array(np.ones(N, np.float32), "g"),
              numpy_helper.from_array(np.zeros(N, np.float32), "be")]
@@ -94,14 +94,14 @@ def norm_model(src, cfg, ep, *, x_float: bool) -> onnx.ModelProto:
 @pytest.mark.parametrize("x_float", [True, False])
 def test_add_layer_norm_launches_the_kernel_for_its_types(fake, tmp_path, x_float):  # noqa: F811
     ep = norm_epilogue(has_residual=True, rms=False, has_beta=True, has_sum=False)
-    src, cfg = epilogue_source(ep, N, "bfloat16", input_fp32=x_float, params_fp32=True)
+    src = epilogue_kernel(ep, N, "bfloat16", input_fp32=x_float, params_fp32=True)
     (tmp_path / "n.cubin").write_bytes(b"fake\0")
     feeds = [{"x": np.ones((9, N), np.float32), "r": np.ones((9, N), np.float32)}]
-    code, out, records = run(fake, tmp_path, norm_model(src, cfg, ep, x_float=x_float), feeds)
+    code, out, records = run(fake, tmp_path, norm_model(src, ep, x_float=x_float), feeds)
     assert code == 0, out
     (launch,) = [r for r in records if r["call"] == "launch"]
     prefix = "stofc_add_norm_bfloat16_" + ("f32in_" if x_float else "") + "f32p_r_ln_"
-    assert launch["fn"] == src.entry_points[0] and launch["fn"].startswith(prefix)
+    assert launch["fn"] == src.name and launch["fn"].startswith(prefix)
     a = launch["args"]
     assert (a["M"], a["N"]) == (9, N) and a["residual"] != a["x"] and a["beta"] != a["x"]
 
@@ -115,9 +115,9 @@ def test_add_layer_norm_launches_the_kernel_for_its_types(fake, tmp_path, x_floa
 def test_norm_kernel_for_other_types_fails_the_run(fake, tmp_path, x_float, kernel_x_fp32,  # noqa: F811
                                                    kernel_params_fp32, says):
     ep = norm_epilogue(has_residual=True, rms=False, has_beta=True, has_sum=False)
-    src, cfg = epilogue_source(ep, N, "bfloat16", input_fp32=kernel_x_fp32,
+    src = epilogue_kernel(ep, N, "bfloat16", input_fp32=kernel_x_fp32,
                                params_fp32=kernel_params_fp32)
     (tmp_path / "n.cubin").write_bytes(b"fake\0")
     feeds = [{"x": np.ones((2, N), np.float32), "r": np.ones((2, N), np.float32)}]
-    code, out, _ = run(fake, tmp_path, norm_model(src, cfg, ep, x_float=x_float), feeds)
+    code, out, _ = run(fake, tmp_path, norm_model(src, ep, x_float=x_float), feeds)
     assert code == 3 and says in out, out

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from stofc.frontend import load_model
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.norm import NormConfig, NormProblem, kernel_name, render_norm
-from stofc.package.load import read_plan
+from stofc.package.load import read_plan, read_plan_document
 from stofc.package.ortlib import build_library
 from stofc.package.verify import verify_package
 from stofc.pipeline import Instruments, compile_model, recompile_package
@@ -188,8 +188,10 @@ def test_other_fusion_schemes_keep_the_pre_ln_sum_fp32(tmp_path, segments):
     pkg = compile_model(example, "sliding:window=16", dtype="bf16", max_seq_len=64,
                         out_dir=tmp_path / "pkg", instruments=quiet)
     scheme = FusionScheme.from_segments(segments)
+    masks = read_plan_document(pkg).masks()
     layers = tuple(plan_layer(layer, scheme, tokens=64, profile=get_profile("h100"),
-                              dtype="bfloat16", max_seq_len=64, vendor=False)
+                              dtype="bfloat16", fmt=masks[layer.index], max_seq_len=64,
+                              vendor=False)
                    for layer in load_model(example, pack_projections=True).layers)
     recompile_package(pkg, replace(read_plan(pkg), layers=layers), instruments=quiet)
     assert check_cuda_attributes(pkg)["AddLayerNorm"] == 4

@@ -23,10 +23,9 @@ from onnx import helper, numpy_helper
 from stofc.frontend import OpKind, load_model
 from stofc.frontend.load import canonicalize
 from stofc.frontend.pack import pack_projections
-from stofc.masks import parse_mask
+from stofc.lower.rewrite import DOMAIN
 from stofc.package.load import read_plan
 from stofc.package.ortlib import build_library
-from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import make_inputs
 from stofc.pipeline import Instruments, compile_model, recompile_package
 from stofc.plan.build import build_plan
@@ -135,8 +134,7 @@ def test_plan_has_one_qkv_segment_of_three_hidden_per_layer(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(build_model(), str(path))
     graph = load_model(path, pack_projections=True)
-    plan = build_plan(graph, parse_mask(MASK), get_profile("h100"), dtype="float16",
-                      max_seq_len=L_MAX)
+    plan = build_plan(graph, None, get_profile("h100"), dtype="float16", max_seq_len=L_MAX)
     for lp in plan.layers:
         qkv = [s for s in lp.segments if set(s.roles) & {"qkv", "q", "k", "v"}]
         assert len(qkv) == 1 and qkv[0].roles == ("qkv",)

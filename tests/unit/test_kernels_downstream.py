@@ -15,16 +15,10 @@ import pytest
 from stofc.compile import compile_source
 from stofc.kernels import gemm, gemm_gemm, norm
 from stofc.kernels.epilogue import Epilogue
-from stofc.kernels.reference import (
-    apply_epilogue,
-    attention_dense,
-    gelu,
-    layernorm,
-    reference_chain,
-    rmsnorm,
-)
+from stofc.kernels.reference import apply_epilogue, attention_dense, gelu, layernorm, rmsnorm
 from stofc.kernels.space import Space, check
 from stofc.plan.build import build_plan
+from stofc.plan.reference import reference_chain
 from stofc.plan.synthetic import bert_layer, gpt2_layer, random_weights, t5_layer
 from stofc.targets import get_profile
 

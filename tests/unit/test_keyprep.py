@@ -23,8 +23,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from stofc.lower.rewrite import DOMAIN
 from stofc.package.ortlib import build_library
-from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import verify_package
 from stofc.pipeline import Instruments, compile_model
 from tests.unit.test_ortlib_abi import CASES, cpu_runtime  # noqa: F401

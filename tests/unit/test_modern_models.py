@@ -22,7 +22,6 @@ import pytest
 
 from stofc.errors import ModelError
 from stofc.frontend import load_model
-from stofc.masks import load as load_format
 from stofc.masks import to_dense
 from stofc.package.load import CPU_EP, load, read_plan_document
 from stofc.package.verify import compare, make_inputs, verify_package
@@ -68,9 +67,7 @@ def test_compiles_with_its_own_mask_and_matches_the_original(name, tmp_path):
 
 
 def _format(package: Path, layer: int):
-    doc = read_plan_document(package)
-    entry = next(e for e in doc["mask"]["formats"] if layer in e["layers"])
-    return load_format(package / entry["npz"])
+    return read_plan_document(package).masks()[layer]
 
 
 def test_gptneo_local_window_survives_a_user_mask(tmp_path):

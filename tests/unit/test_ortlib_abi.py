@@ -18,9 +18,10 @@ import pytest
 
 import stofc.runtime.attention as rt
 from stofc.kernels.attention import AttentionConfig
+from stofc.kernels.attention.launch import launch_data
+from stofc.lower.twins import KERNEL_ABI
 from stofc.masks import encode
-from stofc.package.cuda_launch import KERNEL_ABI
-from stofc.package.maskbin import attention_launch_data, read_attention_plan, write_attention_plan
+from stofc.package.maskbin import read_attention_plan, write_attention_plan
 from stofc.targets import get_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ class _Recorder:
 def cpu_runtime(monkeypatch):
     monkeypatch.setattr(rt, "_cupy", lambda: FAKE_CUPY)
     monkeypatch.setattr(rt, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(rt, "BoundLaunch", _Recorder)
+    monkeypatch.setattr("stofc.runtime.launches.BoundLaunch", _Recorder)
 
 
 def _kind(a) -> str:
@@ -136,8 +137,8 @@ def test_runtime_launch_matches_abi_and_launch_plan(cpu_runtime, tmp_path, spec,
     fmt = encode(spec, L)
     heads, batch, head_dim, seq = 2, 2, 64, L - 37
     op = rt.AttentionOp(fmt, config, "float16", head_dim, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: (
-        "kernel", has_bias, has_key_bits, has_softcap)
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: ((
+        "kernel", has_bias, has_key_bits, has_softcap),)
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float16)
                for _ in range(3))
@@ -146,7 +147,7 @@ def test_runtime_launch_matches_abi_and_launch_plan(cpu_runtime, tmp_path, spec,
     bias = rng.standard_normal((1, heads, seq, seq)).astype(np.float16)
     table = abi_table()
     names = [n for n, _ in table]
-    data = read_attention_plan(write_attention_plan(attention_launch_data(fmt, config),
+    data = read_attention_plan(write_attention_plan(launch_data(fmt, config),
                                                     tmp_path / "x.plan.bin"))
     for kw in ({}, {"key_mask": key_mask}, {"key_mask": key_mask, "bias": bias}):
         launch = op.bind(q, k, v, **kw)
@@ -180,7 +181,7 @@ def test_runtime_launch_matches_abi_and_launch_plan(cpu_runtime, tmp_path, spec,
 
 def test_launch_plan_roundtrip_and_permutation(tmp_path):
     fmt = encode("dilated:window=256,dilation=2", 1000)
-    data = attention_launch_data(fmt, AttentionConfig("block", 64, 16, 4, 2, 1, permute=True))
+    data = launch_data(fmt, AttentionConfig("block", 64, 16, 4, 2, 1, permute=True))
     back = read_attention_plan(write_attention_plan(data, tmp_path / "p.plan.bin"))
     assert back.permuted and back.kind == "block" and back.tile_rows == fmt.tile_rows
     assert sorted(back.q_perm[:1000].tolist()) == list(range(1000))
@@ -195,7 +196,7 @@ def test_grouped_query_and_softcap_launch_arguments(cpu_runtime):
     fmt = encode("causal", 256)
     op = rt.AttentionOp(fmt, AttentionConfig("block", 64, 16, 4, 2, 1), "float16", 64,
                         profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: ("kernel", has_softcap)
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (("kernel", has_softcap),)
     batch, seq, heads, kv_heads = 2, 200, 8, 2
     rng = np.random.default_rng(1)
     q = rng.standard_normal((batch, seq, heads, 64)).astype(np.float16)

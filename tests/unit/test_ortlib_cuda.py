@@ -4,7 +4,7 @@
 ``cuda_attrs.cc`` and ``launch_plan.cc`` (the code the CUDA twins run at session
 creation); it links neither ONNX Runtime nor CUDA. Every defect must be a one-line
 AttrError naming the attribute, which the twins turn into a session-creation error.
-The Python side of the FusedGemm / AddLayerNorm split (``stofc.package.cuda_launch``)
+The Python side of the FusedGemm / AddLayerNorm split (``stofc.lower.twins``)
 must equal the C++ side for every input combination.
 """
 
@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 
 from stofc.kernels.attention import AttentionConfig
+from stofc.kernels.attention.launch import launch_data
 from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.vendor_gemm import split_fused_gemm
+from stofc.lower.twins import KERNEL_ABI, norm_epilogue
 from stofc.masks import encode
-from stofc.package.cuda_launch import KERNEL_ABI, norm_epilogue, split_fused_gemm
-from stofc.package.maskbin import PLAN_HEADER_BYTES, attention_launch_data, encode_attention_plan
+from stofc.package.maskbin import PLAN_HEADER_BYTES, encode_attention_plan
 from stofc.package.ort_headers import find_ort_headers
 from stofc.package.ortlib import cuda_include_dir, sources_dir
 
@@ -170,7 +172,7 @@ def test_add_layer_norm_epilogue_equals_python(driver):
 
 def test_launch_plan_reader_accepts_plans_and_rejects_damage(driver, tmp_path):
     fmt = encode("dilated:window=256,dilation=2", 1000)
-    data = attention_launch_data(fmt, AttentionConfig("block", 64, 16, 4, 2, 1, permute=True))
+    data = launch_data(fmt, AttentionConfig("block", 64, 16, 4, 2, 1, permute=True))
     good = encode_attention_plan(data)
     files = {"good": good, "truncated": good[:-8], "magic": b"X" + good[1:]}
     damaged = bytearray(good)
@@ -204,10 +206,10 @@ def test_cuda_launch_scalars_equal_attention_op_bind(driver, cpu_runtime, tmp_pa
     from stofc.targets import get_profile
 
     fmt = encode(spec, L)
-    path = write_attention_plan(attention_launch_data(fmt, config), tmp_path / "a.plan.bin")
+    path = write_attention_plan(launch_data(fmt, config), tmp_path / "a.plan.bin")
     heads, head_dim = 3, 64
     op = rt.AttentionOp(fmt, config, "float16", head_dim, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (None,)
     per_row = config.q_split if config.kind == "block" else config.tile // config.rows_per_block
     rng = np.random.default_rng(1)
     names = [n for n, _ in abi_table()]
@@ -232,7 +234,7 @@ def test_cuda_launch_scalars_equal_attention_op_bind(driver, cpu_runtime, tmp_pa
         rows = int(got["rows"])
         assert int(got["grid"]) == launch.grid
         start = int(got["order_offset"])
-        data = attention_launch_data(fmt, config)
+        data = launch_data(fmt, config)
         assert np.array_equal(data.row_orders[start:start + rows], np.asarray(want["row_order"]))
         for name in ("q_sb", "q_ss", "q_sh", "k_sb", "k_ss", "k_sh", "v_sb", "o_sh", "permuted",
                      "fmt_head_stride", "key_words", "bias_sb", "bias_sh", "bias_sq", "B", "H",
@@ -262,7 +264,7 @@ def test_key_prep_equals_attention_op_bind(key_prep, cpu_runtime, kpm_type):  # 
     fmt = encode("sliding:window=96", 300)
     op = rt.AttentionOp(fmt, AttentionConfig("row", 64, 2, 4), "float16", 64,
                         profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (None,)
     rng = np.random.default_rng(kpm_type)
     names = [n for n, _ in abi_table()]
     for batch, seq in ((1, 1), (3, 64), (4, 130), (2, 300)):

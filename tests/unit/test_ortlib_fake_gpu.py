@@ -26,17 +26,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from stofc.kernels.attention import KernelSpec, smem_bytes
+from stofc.kernels.attention.launch import launch_data
 from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.vendor_gemm import GemmSplit, split_fused_gemm
+from stofc.lower.twins import KERNEL_ABI, epilogue_kernel, launch_attributes, norm_epilogue
 from stofc.masks import encode
-from stofc.package.cuda_launch import (
-    KERNEL_ABI,
-    GemmSplit,
-    epilogue_source,
-    launch_attributes,
-    norm_epilogue,
-    split_fused_gemm,
-)
-from stofc.package.maskbin import attention_launch_data, write_attention_plan, write_mask_binary
+from stofc.package.maskbin import write_attention_plan, write_mask_binary
 from stofc.package.ortlib import build_test_library, cuda_include_dir, sources_dir
 from tests.unit.test_ortlib_abi import CASES, abi_table, cpu_runtime  # noqa: F401
 
@@ -110,7 +105,7 @@ def attention_package(pkg: Path, spec: str, L: int, config, *, kpm: bool, bias: 
                       **override):
     fmt = encode(spec, L)
     write_mask_binary(fmt, pkg / "mask.bin")
-    write_attention_plan(attention_launch_data(fmt, config), pkg / "a.plan.bin")
+    write_attention_plan(launch_data(fmt, config), pkg / "a.plan.bin")
     kspec = KernelSpec(config, "float16", D, has_bias=bias, has_key_bits=kpm)
     (pkg / "k.cubin").write_bytes(b"not a real cubin: the fake driver only records\0")
     per_row = config.q_split if config.kind == "block" else config.tile // config.rows_per_block
@@ -172,7 +167,7 @@ def test_attention_launch_equals_attention_op(fake, cpu_runtime, tmp_path, spec,
     assert [r["call"] for r in first].count("mem_alloc") == 1          # the plan, once
     assert not [r for r in second if r["call"] in ("mem_alloc", "htod", "module_load")]
     op = rt.AttentionOp(fmt, config, "float16", D, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (None,)
     names = dict(abi_table())
     for (B, S), f, recs in zip(shapes, feeds, (first, second), strict=True):
         prep, attn = [r for r in recs if r["call"] == "launch"]
@@ -231,7 +226,7 @@ def test_bad_cuda_attributes_fail_at_session_creation(fake, tmp_path, override, 
 def test_plan_for_another_mask_fails_at_session_creation(fake, tmp_path):
     spec, L, config = CASES[0]
     _, model = attention_package(tmp_path, spec, L, config, kpm=False, bias=False)
-    write_attention_plan(attention_launch_data(encode("causal", L), config), tmp_path / "a.plan.bin")
+    write_attention_plan(launch_data(encode("causal", L), config), tmp_path / "a.plan.bin")
     code, out, _ = run(fake, tmp_path, model, [])
     assert code == 3 and "was not built for mask file" in out, out
 
@@ -282,9 +277,9 @@ def test_fused_gemm_drives_cublaslt_like_the_vendor_path(fake, tmp_path, act, ha
     split = split_fused_gemm(has_bias, act, has_res, bool(after))
     attrs: dict = {"kernel_abi": KERNEL_ABI, "epilogue_kernel": ""}
     if not split.rest.is_identity:
-        src, cfg = epilogue_source(split.rest, N, "float16")
+        src = epilogue_kernel(split.rest, N, "float16")
         (tmp_path / "e.cubin").write_bytes(b"fake\0")
-        attrs = launch_attributes(src, cfg, split.rest, "e.cubin")
+        attrs = launch_attributes(src, split.rest, "e.cubin")
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float16), "w")]
     names = ["x", "w", "b" if has_bias else "", "r" if has_res else ""]
@@ -338,9 +333,9 @@ def test_fused_gemm_drives_cublaslt_like_the_vendor_path(fake, tmp_path, act, ha
     c for c in itertools.product((False, True), repeat=4) if not (c[1] and c[2])])
 def test_add_layer_norm_launch(fake, tmp_path, has_res, rms, has_beta, has_sum):
     ep = norm_epilogue(has_residual=has_res, rms=rms, has_beta=has_beta, has_sum=has_sum)
-    src, cfg = epilogue_source(ep, N, "float16")
+    src = epilogue_kernel(ep, N, "float16")
     (tmp_path / "n.cubin").write_bytes(b"fake\0")
-    attrs = launch_attributes(src, cfg, ep, "n.cubin")
+    attrs = launch_attributes(src, ep, "n.cubin")
     inits = [numpy_helper.from_array(np.ones(N, np.float16), "g")]
     names = ["x", "r" if has_res else "", "g"]
     if has_beta:
@@ -360,9 +355,9 @@ def test_add_layer_norm_launch(fake, tmp_path, has_res, rms, has_beta, has_sum):
     assert code == 0, out
     (launch,) = [r for r in records if r["call"] == "launch"]
     a = launch["args"]
-    assert launch["fn"] == src.entry_points[0] and (a["M"], a["N"]) == (9, N)
+    assert launch["fn"] == src.name and (a["M"], a["N"]) == (9, N)
     assert a["eps"] == pytest.approx(1e-5)
-    assert launch["grid"] == [-(-9 // cfg.rows), 1, 1] and launch["block"] == [cfg.tpr * cfg.rows,
+    assert launch["grid"] == [-(-9 // src.config.rows), 1, 1] and launch["block"] == [src.config.tpr * src.config.rows,
                                                                                  1, 1]
     assert (a["residual"] != a["x"]) == has_res and (a["beta"] != a["x"]) == has_beta
     assert (a["pre_norm"] != a["out"]) == has_sum and a["gamma"] != a["x"]
@@ -370,10 +365,10 @@ def test_add_layer_norm_launch(fake, tmp_path, has_res, rms, has_beta, has_sum):
 
 def test_norm_kernel_for_another_epilogue_fails_the_run(fake, tmp_path):
     ep = norm_epilogue(has_residual=False, rms=False, has_beta=True, has_sum=False)
-    src, cfg = epilogue_source(ep, N, "float16")
+    src = epilogue_kernel(ep, N, "float16")
     (tmp_path / "n.cubin").write_bytes(b"fake\0")
     node = helper.make_node("AddLayerNorm", ["x", "r", "g", "be"], ["y"], domain="ai.stofc",
-                            **launch_attributes(src, cfg, ep, "n.cubin"))
+                            **launch_attributes(src, ep, "n.cubin"))
     inits = [numpy_helper.from_array(np.ones(N, np.float16), n) for n in ("g", "be")]
     model = make_model(node, [helper.make_tensor_value_info(n, F16, ["M", N]) for n in "xr"],
                        [helper.make_tensor_value_info("y", F16, ["M", N])], inits)

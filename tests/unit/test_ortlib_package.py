@@ -4,7 +4,7 @@ Every ai.stofc node of a compiled package must carry what its CUDA twin launches
 SparseAttention a ``*.plan.bin`` equal to what ``AttentionOp`` would upload for the
 plan's config (row-wise, block-wise, gathered, residue-permuted); FusedGemm and
 AddLayerNorm an Add+Norm kernel compiled for exactly the epilogue the twin leaves
-to it (:func:`stofc.package.cuda_launch.split_fused_gemm`, ``norm_epilogue``), in
+to it (:func:`stofc.lower.twins.split_fused_gemm`, ``norm_epilogue``), in
 the package with its PTX and source, hashed in the manifest and listed in plan.json.
 The CPU EP still runs the package to the masked reference.
 """
@@ -22,20 +22,16 @@ import pytest
 from onnx import helper
 
 from stofc.kernels.attention import AttentionConfig
+from stofc.kernels.attention.config import attention_family
+from stofc.kernels.attention.launch import launch_data
+from stofc.kernels.vendor_gemm import split_fused_gemm
+from stofc.lower.twins import KERNEL_ABI, norm_epilogue
 from stofc.masks import load as load_format
-from stofc.package.cuda_launch import (
-    KERNEL_ABI,
-    attention_launch_numbers,
-    attention_plan_name,
-    norm_epilogue,
-    split_fused_gemm,
-)
-from stofc.package.load import read_plan
+from stofc.package.layout import launch_plan_file
+from stofc.package.load import read_plan, read_plan_document
 from stofc.package.manifest import read_manifest
-from stofc.package.maskbin import _PLAN_ARRAYS as PLAN_ARRAYS
-from stofc.package.maskbin import attention_launch_data, read_attention_plan
+from stofc.package.maskbin import read_attention_plan
 from stofc.package.verify import verify_package
-from stofc.package.ws_launch import WS_ARRAYS
 from stofc.pipeline import Instruments, compile_model, recompile_package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,17 +109,16 @@ def check_cuda_attributes(pkg: Path) -> dict[str, int]:
             cfg = AttentionConfig(**entry["config"])
             fmt = load_format(pkg / masks[entry["mask"]]["npz"])
             plan = read_attention_plan(pkg / a["launch_plan"])
-            want = attention_launch_data(fmt, cfg)
-            fields = WS_ARRAYS if cfg.kind == "ws" else PLAN_ARRAYS
-            for field, _ in fields:
+            want = launch_data(fmt, cfg)
+            for field, _ in want.ARRAYS:
                 assert np.array_equal(getattr(plan, field), getattr(want, field)), field
-            assert plan.kind == cfg.kind and a["launch_plan"] == attention_plan_name(entry["mask"], cfg)
+            family = attention_family(cfg.kind)
+            assert plan.kind == cfg.kind
+            assert a["launch_plan"] == launch_plan_file(fmt, family.launch_key(cfg))
             if cfg.kind != "ws":
                 assert plan.permuted == cfg.permute
             assert {k: a[k] for k in entry["launch"]} == entry["launch"]
-            assert dict(zip(("block_threads", "blocks_per_tile_row", "smem_bytes"),
-                            attention_launch_numbers(cfg, fmt_head_dim(model, node)),
-                            strict=True)) == entry["launch"]
+            assert dict(family.launch(cfg, fmt_head_dim(model, node))) == entry["launch"]
             assert a["launch_plan"] in hashed
             continue
         if node.op_type == "FusedGemm":
@@ -192,10 +187,11 @@ def test_other_fusion_schemes_carry_cuda_attributes(example, tmp_path, segments)
 
     pkg = compile_model(example, "sliding:window=16", max_seq_len=64, out_dir=tmp_path / "pkg",
                         instruments=QUIET)
-    plan = read_plan(pkg)
+    plan, masks = read_plan(pkg), read_plan_document(pkg).masks()
     scheme = FusionScheme.from_segments(segments)
     layers = tuple(plan_layer(layer, scheme, tokens=64, profile=get_profile("h100"),
-                              dtype="float16", max_seq_len=64, vendor=False)
+                              dtype="float16", fmt=masks[layer.index], max_seq_len=64,
+                              vendor=False)
                    for layer in load_model(example, pack_projections=True).layers)
     recompile_package(pkg, replace(plan, layers=layers), instruments=QUIET)
     counts = check_cuda_attributes(pkg)

@@ -26,9 +26,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
+from stofc.kernels.attention.launch import launch_data
+from stofc.lower.twins import KERNEL_ABI
 from stofc.masks import encode
-from stofc.package.cuda_launch import KERNEL_ABI
-from stofc.package.maskbin import attention_launch_data, write_attention_plan, write_mask_binary
+from stofc.package.maskbin import write_attention_plan, write_mask_binary
 from tests.unit.test_ortlib import (  # noqa: F401
     F16,
     F32,
@@ -311,7 +312,7 @@ def variant_package(pkg, *, kpm: bool, variants=VARIANTS, **override):
     fmt = encode(SPEC, L_MAX)
     refs, plans = [], []
     for i, (config, plan, _, _) in enumerate(variants):
-        write_attention_plan(attention_launch_data(fmt, config), pkg / plan)
+        write_attention_plan(launch_data(fmt, config), pkg / plan)
         (pkg / f"v{i}.cubin").write_bytes(b"fake variant cubin\0")
         refs.append(f"v{i}.cubin:{KernelSpec(config, 'float16', FAKE_D, has_key_bits=kpm).name}")
         plans.append(plan)
@@ -337,7 +338,7 @@ def check_launch(records, attn, fmt, config, q, k, v, kpm):
     from stofc.targets import get_profile
 
     op = rt.AttentionOp(fmt, config, "float16", FAKE_D, profile=get_profile("h100"))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: None
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (None,)
     kw = {"scale": 0.125, **({"key_mask": kpm} if kpm is not None else {})}
     want = op.bind(q, k, v, **kw)
     names = dict(abi_table())
@@ -463,7 +464,7 @@ FAKE_BAD = [
 
 @pytest.mark.parametrize("override,message", FAKE_BAD, ids=[m[:40] for _, m in FAKE_BAD])
 def test_bad_variants_fail_session_creation(fake, tmp_path, override, message):  # noqa: F811
-    write_attention_plan(attention_launch_data(encode("causal", L_MAX), VARIANTS[1][0]),
+    write_attention_plan(launch_data(encode("causal", L_MAX), VARIANTS[1][0]),
                          tmp_path / "causal.plan.bin")
     _, model = variant_package(tmp_path, kpm=False, **override)
     line = fake_error(fake, tmp_path, model)

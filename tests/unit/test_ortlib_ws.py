@@ -4,7 +4,8 @@
 ``STOFC_ATTENTION_WS_COMBINE_ABI``; they must equal the two entry points' signatures in
 ``templates/attention/block_ws.cu.j2``, the argument tuples ``WsLaunchData.bind`` builds
 (run on the CPU with numpy standing in for CuPy) and the tables in OPS.md. A package's
-kind-2 ``*.plan.bin`` must hold exactly what ``WsLaunchData`` uploads; the C++ reader
+kind-2 ``*.plan.bin`` holds the family's launch data, which ``WsLaunchData`` uploads too
+(and which is :func:`plan_ws`'s walk); the C++ reader
 (``launch_plan.cc``, through ``tests/attrs_test.cc``) must accept it, reject every damaged
 index with one line, and derive the same grids, head strides, tensor-map shapes and
 workspace sizes as ``WsLaunchData.bind``.
@@ -22,20 +23,24 @@ import pytest
 
 import stofc.runtime.attention as rt
 import stofc.runtime.attention_ws as rws
+from stofc.compile.batch import compile_kernels
 from stofc.kernels.attention import AttentionConfig, smem_bytes
+from stofc.kernels.attention.config import attention_family
+from stofc.kernels.attention.family import AttentionProblem
+from stofc.kernels.attention.launch import launch_data
 from stofc.kernels.attention.reference import format_from_dense
+from stofc.kernels.attention.ws_launch import WsLaunchPlan
 from stofc.kernels.attention.ws_plan import plan_ws
+from stofc.kernels.render import render_kernel
 from stofc.masks import encode
-from stofc.package.cuda_launch import attention_launch_numbers, attention_plan_name
+from stofc.package.layout import launch_plan_file
 from stofc.package.maskbin import (
     PLAN_BIN_VERSION,
     PLAN_HEADER_BYTES,
-    attention_launch_data,
     encode_attention_plan,
     read_attention_plan,
     write_attention_plan,
 )
-from stofc.package.ws_launch import WsLaunchPlan
 from stofc.runtime import tensor_map
 from stofc.targets import get_profile
 from tests.unit.test_ortlib_abi import FAKE_CUPY, OPS, _kind, _Recorder, abi_table, template_params
@@ -49,6 +54,12 @@ TEMPLATE = "block_ws.cu.j2"
 def ws(split=0, stages=2, kstep=1, pingpong=True) -> AttentionConfig:
     return AttentionConfig("ws", 64, 16, 12, stages, 1, mma="wgmma", split=split,
                            pingpong=pingpong, kstep=kstep)
+
+
+def launch_numbers(config: AttentionConfig, head_dim: int) -> tuple[int, int, int]:
+    """SparseAttention's (block_threads, blocks_per_tile_row, smem_bytes) for ``config``."""
+    launch = dict(attention_family(config.kind).launch(config, head_dim))
+    return launch["block_threads"], launch["blocks_per_tile_row"], launch["smem_bytes"]
 
 
 def per_head_format(L: int, heads: int = 2):
@@ -107,7 +118,7 @@ def ws_runtime(monkeypatch):
     fake = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: fake)
     monkeypatch.setattr(rt, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(rt, "BoundLaunch", _Recorder)
+    monkeypatch.setattr("stofc.runtime.launches.BoundLaunch", _Recorder)
     monkeypatch.setattr(rws, "BoundLaunch", _Recorder)
     maps: list[tuple] = []
 
@@ -121,10 +132,9 @@ def ws_runtime(monkeypatch):
 
 def ws_op(fmt, config, head_dim=64, dtype="float16", sm_count=H100.sm_count):
     op = rt.AttentionOp(fmt, config, dtype, head_dim, profile=replace(H100, sm_count=sm_count))
-    op._kernel = lambda has_bias, has_key_bits, has_softcap: ("main", has_bias, has_key_bits,
-                                                               has_softcap)
-    op._combines = {(b, k, c): "combine" for b in (False, True) for k in (False, True)
-                    for c in (False, True)}
+    # the loaded kernels of one variant: the main one (named by its flags), the combine
+    op._kernel = lambda has_bias, has_key_bits, has_softcap: (
+        ("main", has_bias, has_key_bits, has_softcap), "combine")
     return op
 
 
@@ -150,7 +160,7 @@ PLANS = [("causal", 1000, 0), ("longformer:window=128,global=32", 2048, 8),
 
 
 def _uploaded(op) -> dict[str, np.ndarray]:
-    d = op._ws
+    d = op._launch.ws
     return {"entry_key": d._keys, "entry_part": d._parts, "bitmaps": d._bitmaps,
             "items": d._items, "orders": d._orders, "combine": d._combine}
 
@@ -159,20 +169,19 @@ def _uploaded(op) -> dict[str, np.ndarray]:
 def test_plan_file_holds_what_ws_launch_data_uploads(ws_runtime, tmp_path, spec, L, split):
     fmt = encode(spec, L)
     config = ws(split=split)
-    data = attention_launch_data(fmt, config)
+    data = launch_data(fmt, config)
     assert isinstance(data, WsLaunchPlan)
     back = read_attention_plan(write_attention_plan(data, tmp_path / "w.plan.bin"))
     op = ws_op(fmt, config)
     for name, arr in _uploaded(op).items():
         assert np.array_equal(getattr(back, name), np.asarray(arr)), name
         assert getattr(back, name).dtype == np.asarray(arr).dtype, name
-    plan = op._ws.plan
+    plan = plan_ws(fmt, split_tiles=split)
     assert np.array_equal(back.order_ptr, plan.order_ptr)
     assert np.array_equal(back.items_upto, plan.items_upto)
     assert (back.pairs, back.slots, back.split, back.num_heads) == (plan.pairs, plan.slots, split, 1)
-    assert back.splits == op._ws._splits
-    assert (back.items_head_stride, back.order_head_stride, back.combine_head_stride) == \
-        (op._ws._items_stride, op._ws._orders_stride, op._ws._combine_stride)
+    assert back.splits == bool((plan.combine[:, :, 0] >= 0).any())
+    assert (back.items_head_stride, back.order_head_stride, back.combine_head_stride) == (0, 0, 0)
     for seq in (1, 127, 128, 129, L):
         assert back.launch_items(seq) == plan.launch_items(seq)
     assert (back.tile, back.tile_rows, back.seq_len, back.spec_hash) == \
@@ -181,38 +190,44 @@ def test_plan_file_holds_what_ws_launch_data_uploads(ws_runtime, tmp_path, spec,
 
 def test_per_head_plan_and_its_strides(ws_runtime, tmp_path):
     fmt = per_head_format(700)
-    data = attention_launch_data(fmt, ws(split=8))
+    data = launch_data(fmt, ws(split=8))
     back = read_attention_plan(write_attention_plan(data, tmp_path / "w.plan.bin"))
     op = ws_op(fmt, ws(split=8))
+    plan = plan_ws(fmt, split_tiles=8)
     assert back.num_heads == 2 and back.splits
-    assert back.items_head_stride == op._ws._items_stride == back.n_items * 4 > 0
-    assert back.order_head_stride == op._ws._orders_stride > 0
-    assert back.combine_head_stride == op._ws._combine_stride == back.n_split * 3
+    assert back.items_head_stride == plan.items.shape[1] * 4 == back.n_items * 4 > 0
+    assert back.order_head_stride == plan.orders.shape[1] > 0
+    assert back.combine_head_stride == plan.combine.shape[1] * 3 == back.n_split * 3
     for name, arr in _uploaded(op).items():
         assert np.array_equal(getattr(back, name), np.asarray(arr)), name
 
 
 def test_plan_header_and_names():
     fmt = encode("causal", 256)
-    blob = encode_attention_plan(attention_launch_data(fmt, ws()))
+    blob = encode_attention_plan(launch_data(fmt, ws()))
     assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 2
     assert int.from_bytes(blob[12:16], "little") == PLAN_HEADER_BYTES == 256
     assert int.from_bytes(blob[16:20], "little") == 2                      # kind ws
     assert int.from_bytes(blob[36:40], "little") == 8                      # arrays
     assert len(blob) % 8 == 0
-    assert attention_plan_name("m", ws()) == "masks/m.ws.plan.bin"
-    assert attention_plan_name("m", ws(split=16, stages=3)) == "masks/m.ws-split16.plan.bin"
-    assert attention_plan_name("m", AttentionConfig("block", 64, 16, 4, 2, 1, gather=True)) == \
-        "masks/m.block-gather.plan.bin"
+    mid = f"mask-{fmt.spec_hash[:16]}"
+
+    def name(config):
+        return launch_plan_file(fmt, attention_family(config.kind).launch_key(config))
+
+    assert name(ws()) == f"masks/{mid}.ws.plan.bin"
+    assert name(ws(split=16, stages=3)) == f"masks/{mid}.ws-split16.plan.bin"
+    assert name(AttentionConfig("block", 64, 16, 4, 2, 1, gather=True)) == \
+        f"masks/{mid}.block-gather.plan.bin"
     # ws: 384 threads, its dynamic shared memory, 1 for blocks_per_tile_row (unused)
-    assert attention_launch_numbers(ws(stages=3), 128) == (384, 1, smem_bytes(ws(stages=3), 128))
-    assert attention_launch_numbers(AttentionConfig("row", 64, 2, 4), 64) == (128, 8, 0)
+    assert launch_numbers(ws(stages=3), 128) == (384, 1, smem_bytes(ws(stages=3), 128))
+    assert launch_numbers(AttentionConfig("row", 64, 2, 4), 64) == (128, 8, 0)
 
 
 def test_cpp_reader_accepts_ws_plans(driver, tmp_path):  # noqa: F811
     for i, (fmt, split) in enumerate([(encode("longformer:window=128,global=32", 2048), 8),
                                       (per_head_format(700), 8), (encode("causal", 1000), 0)]):
-        data = attention_launch_data(fmt, ws(split=split))
+        data = launch_data(fmt, ws(split=split))
         path = write_attention_plan(data, tmp_path / f"{i}.plan.bin")
         (line,) = ask(driver, ("plan", {"path": str(path)}))
         assert line == (f"OK kind=ws tile=64 rows={fmt.tile_rows} heads={data.num_heads} "
@@ -222,14 +237,12 @@ def test_cpp_reader_accepts_ws_plans(driver, tmp_path):  # noqa: F811
 
 
 def _damaged(data: WsLaunchPlan, **arrays) -> bytes:
-    fields = {f: getattr(data, f) for f in data.__dataclass_fields__}
-    fields.update(arrays)
-    return encode_attention_plan(WsLaunchPlan(**fields))
+    return encode_attention_plan(replace(data, **arrays))
 
 
 def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):  # noqa: F811
     fmt = encode("longformer:window=128,global=32", 2048)
-    d = attention_launch_data(fmt, ws(split=8))
+    d = launch_data(fmt, ws(split=8))
     assert isinstance(d, WsLaunchPlan) and d.splits
 
     def edit(name, index, value):
@@ -265,7 +278,7 @@ def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):  # noqa: F811
 
 
 def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):  # noqa: F811
-    blob = bytearray(encode_attention_plan(attention_launch_data(encode("causal", 256), ws())))
+    blob = bytearray(encode_attention_plan(launch_data(encode("causal", 256), ws())))
     blob[8:12] = (1).to_bytes(4, "little")
     (tmp_path / "old.plan.bin").write_bytes(bytes(blob))
     (line,) = ask(driver, ("plan", {"path": str(tmp_path / "old.plan.bin")}))
@@ -300,7 +313,7 @@ def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, 
                                                   B, S, H, Hkv, D, packed, sms):
     fmt = per_head_format(700) if spec == "per-head" else encode(spec, 2048 if split else 1000)
     config = ws(split=split)
-    path = write_attention_plan(attention_launch_data(fmt, config), tmp_path / "w.plan.bin")
+    path = write_attention_plan(launch_data(fmt, config), tmp_path / "w.plan.bin")
     op = ws_op(fmt, config, head_dim=D, sm_count=sms)
     rng = np.random.default_rng(2)
     q, k, v = _views(B, S, H, Hkv, D, packed, rng)
@@ -317,7 +330,7 @@ def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, 
         assert int(got[name]) == int(want[name]), name
     for name in ("o_sb", "o_ss", "o_sh"):
         assert int(got[name]) == int(want[name]), name
-    offset, count = op._ws.plan.launch_items(S)
+    offset, count = plan_ws(fmt, split_tiles=split).launch_items(S)
     assert (int(got["order_offset"]), int(got["items"])) == (offset, count)
     # the tensor maps WsLaunchData encodes: q, k, v in that order
     maps = ws_runtime[-3:]
@@ -341,7 +354,7 @@ def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, 
 def test_ws_plan_matches_plan_ws_directly():
     """The package's plan is plan_ws's own walk (no copy drift)."""
     fmt = encode("bigbird:block=64,window=3,global=2,random=3,seed=0", 1500)
-    plan, data = plan_ws(fmt, split_tiles=16), attention_launch_data(fmt, ws(split=16))
+    plan, data = plan_ws(fmt, split_tiles=16), launch_data(fmt, ws(split=16))
     assert np.array_equal(data.entry_key, plan.entry_key)
     assert np.array_equal(data.items.reshape(plan.items.shape), plan.items)
 
@@ -368,17 +381,16 @@ def test_package_compiles_every_ws_variant_for_sm_90a():
     """What a package ships for an H100 (targets sm_90 + compute_90): every ws source shape
     builds with NVRTC for the arch-specific sm_90a / compute_90a (setmaxnreg, wgmma and the
     TMA need it), both entry points in the cubin and the PTX."""
-    from stofc.kernels.attention import render_kernel
-    from stofc.package.kernels import compile_all, source_target
-
     specs = _every_ws_variant()
     assert len(specs) == 18 and len({(s.dtype, s.has_bias, s.has_key_bits, s.has_softcap)
                                      for s in specs}) == 16
-    sources = [render_kernel(s) for s in specs]
-    assert {source_target(src, t) for src in sources for t in ("sm_90", "compute_90")} == \
-        {"sm_90a", "compute_90a"}
-    compiled = compile_all(sources, ("sm_90", "compute_90"))
-    for src in sources:
+    family, fmt, targets = attention_family("ws"), encode("causal", 256), ("sm_90", "compute_90")
+    rendered = [render_kernel(family.kernels(AttentionProblem(
+        fmt, 1, 1, s.head_dim, 256, s.dtype, has_bias=s.has_bias, has_key_bits=s.has_key_bits,
+        has_softcap=s.has_softcap), s.config)[0], targets) for s in specs]
+    assert {r.nvrtc_target(t) for r in rendered for t in targets} == {"sm_90a", "compute_90a"}
+    compiled = compile_kernels(rendered, targets)
+    for src in (r.source for r in rendered):
         cubin, ptx = compiled[(src.name, "sm_90")], compiled[(src.name, "compute_90")]
         assert (cubin.target, ptx.target) == ("sm_90a", "compute_90a")
         for entry in src.entry_points:

@@ -27,14 +27,15 @@ from onnx import TensorProto, helper
 import stofc.runtime.attention as rt
 import stofc.runtime.attention_ws as rws
 from stofc.kernels.attention import AttentionConfig, KernelSpec
+from stofc.kernels.attention.launch import launch_data
+from stofc.lower.twins import KERNEL_ABI
 from stofc.masks import encode
-from stofc.package.cuda_launch import KERNEL_ABI, attention_launch_numbers
-from stofc.package.maskbin import attention_launch_data, write_attention_plan, write_mask_binary
+from stofc.package.maskbin import write_attention_plan, write_mask_binary
 from stofc.runtime import tensor_map
 from stofc.targets import get_profile
 from tests.unit.test_ortlib_abi import FAKE_CUPY, _Recorder, abi_table
 from tests.unit.test_ortlib_fake_gpu import device_array, fake, make_model, run  # noqa: F401
-from tests.unit.test_ortlib_ws import per_head_format, ws
+from tests.unit.test_ortlib_ws import launch_numbers, per_head_format, ws
 
 F16 = TensorProto.FLOAT16
 D = 64
@@ -67,7 +68,7 @@ def ws_runtime(monkeypatch, fake):  # noqa: F811
     cupy = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: cupy)
     monkeypatch.setattr(rt, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(rt, "BoundLaunch", _Recorder)
+    monkeypatch.setattr("stofc.runtime.launches.BoundLaunch", _Recorder)
     monkeypatch.setattr(rws, "BoundLaunch", _Recorder)
     monkeypatch.setattr(tensor_map, "_LIBCUDA", ctypes.CDLL(str(fake["fake"])))
 
@@ -78,10 +79,10 @@ def ws_package(pkg, fmt, config, *, H=2, Hkv=None, kpm=False, bias=False, packed
     placeholder cubin named for ``config``'s kernel, and the node's CUDA attributes."""
     Hkv = Hkv or H
     write_mask_binary(fmt, pkg / "mask.bin")
-    write_attention_plan(attention_launch_data(fmt, plan_config or config), pkg / "a.plan.bin")
+    write_attention_plan(launch_data(fmt, plan_config or config), pkg / "a.plan.bin")
     kspec = KernelSpec(config, "float16", D, has_bias=bias, has_key_bits=kpm)
     (pkg / "k.cubin").write_bytes(b"not a real cubin: the fake driver only records\0")
-    threads, per_row, smem = attention_launch_numbers(config, D)
+    threads, per_row, smem = launch_numbers(config, D)
     attrs = dict(num_heads=H, head_dim=D, scale=0.125, mask_file="mask.bin",
                  kernel=f"k.cubin:{kspec.name}", kernel_abi=KERNEL_ABI, launch_plan="a.plan.bin",
                  block_threads=threads, blocks_per_tile_row=per_row, smem_bytes=smem)
@@ -138,8 +139,7 @@ def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed, sm
     ``sm_count`` SMs (the fake driver's $STOFC_FAKE_SM_COUNT)."""
     profile = replace(get_profile("h100"), sm_count=sm_count)
     op = rt.AttentionOp(fmt, config, "float16", D, profile=profile)
-    op._kernel = lambda *flags: "main"
-    op._combines = {k: "combine" for k in itertools.product((False, True), repeat=3)}
+    op._kernel = lambda *flags: ("main", "combine")      # the main kernel, then the combine
     q, k, v = views(f, B, S, H, Hkv, packed)
     kw = {"scale": 0.125}
     if "kpm" in f:
@@ -155,7 +155,7 @@ def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed, sm
     assert main["fn"] == spec.name
     assert main["grid"] == [want.grid, 1, 1] and main["block"] == [384, 1, 1] == [want.block, 1, 1]
     assert want.grid == min(int(w["n_work"]), sm_count)      # persistent: <= one block per SM
-    assert main["smem"] == attention_launch_numbers(config, D)[2]
+    assert main["smem"] == launch_numbers(config, D)[2]
     a = main["args"]
     for name, kind in WS_NAMES.items():
         if kind in ("i32", "i64", "f32"):
@@ -242,7 +242,7 @@ def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_
         assert not [r for r in recs if r["call"] in ("mem_alloc", "htod", "module_load")]
     for recs in runs:                                                   # at most q, k, v per run
         assert len([r for r in recs if r["call"] == "tensor_map"]) <= 3
-    plan = attention_launch_data(fmt, config)
+    plan = launch_data(fmt, config)
     assert any(len([r for r in recs if r["call"] == "launch"]) == 3 for recs in runs) == plan.splits
     assert [r["value"] for r in records if r["call"] == "device_attr"] == [sms]   # asked once
     for (B, S), f, recs in zip(shapes, feeds, runs, strict=True):
@@ -273,9 +273,9 @@ def test_ws_variant_next_to_a_block_base(fake, ws_runtime, tmp_path):  # noqa: F
 
     fmt = encode("longformer:window=64,global=16", 512)
     base, var = AttentionConfig("block", 64, 16, 4, 2, 1), ws(split=8)
-    write_attention_plan(attention_launch_data(fmt, var), tmp_path / "w.plan.bin")
+    write_attention_plan(launch_data(fmt, var), tmp_path / "w.plan.bin")
     (tmp_path / "v.cubin").write_bytes(b"fake ws cubin\0")
-    threads, per_row, smem = attention_launch_numbers(var, D)
+    threads, per_row, smem = launch_numbers(var, D)
     model = ws_package(
         tmp_path, fmt, base, kpm=True,
         variant_kernels=f"v.cubin:{KernelSpec(var, 'float16', D, has_key_bits=True).name}",
@@ -333,13 +333,13 @@ def test_bad_ws_nodes_fail_session_creation(fake, tmp_path, kernel, plan, overri
 
 def test_ws_variant_with_a_block_plan_names_the_variant(fake, tmp_path):  # noqa: F811
     fmt = encode("causal", 256)
-    write_attention_plan(attention_launch_data(fmt, BLOCK), tmp_path / "b.plan.bin")
+    write_attention_plan(launch_data(fmt, BLOCK), tmp_path / "b.plan.bin")
     (tmp_path / "v.cubin").write_bytes(b"fake\0")
     model = ws_package(
         tmp_path, fmt, BLOCK,
         variant_kernels=f"v.cubin:{KernelSpec(ws(), 'float16', D).name}",
         variant_launch_plans="b.plan.bin", variant_block_threads=[384],
-        variant_blocks_per_tile_row=[1], variant_smem_bytes=[attention_launch_numbers(ws(), D)[2]],
+        variant_blocks_per_tile_row=[1], variant_smem_bytes=[launch_numbers(ws(), D)[2]],
         variant_max_seq_len=[128], variant_max_batch_rows=[0])
     line = fake_error(fake, tmp_path, model)
     assert "attribute 'variant_launch_plans[0]': launch plan" in line and \

@@ -13,11 +13,11 @@ import pytest
 
 import stofc
 from stofc.frontend import load_model
+from stofc.lower.rewrite import DOMAIN
 from stofc.masks import load as load_format
 from stofc.package.manifest import read_manifest, sha256_file
 from stofc.package.ortlib import LIBRARY_NAME, build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import compare, make_inputs, verify_package
 from stofc.pipeline import Instruments, compile_model
 from tests.unit.rewrite_helpers import cpu_session, rewrite_graph

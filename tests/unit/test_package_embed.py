@@ -1,4 +1,4 @@
-"""The embedding in the package dtype (:mod:`stofc.package.embed`).
+"""The embedding in the package dtype (:mod:`stofc.lower.embed`).
 
 Checked here on the exporter fixtures (head_dim 16: rewrite only, CPU twins): HF
 BERT and GPT-2 (TorchScript and dynamo) and T5 gather from float16 tables and
@@ -25,10 +25,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from stofc.frontend import load_model
-from stofc.package.cuda_launch import KERNEL_ABI
+from stofc.lower.rewrite import DOMAIN
+from stofc.lower.twins import KERNEL_ABI
 from stofc.package.ortlib import build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import END_TO_END_BOUND, compare, make_inputs, verify_package
 from stofc.pipeline import Instruments, compile_model
 from tests.unit.rewrite_helpers import cpu_session, rewrite_graph

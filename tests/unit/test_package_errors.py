@@ -113,7 +113,7 @@ def test_failure_mid_write_leaves_nothing(example, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise StofcError("simulated failure while building the library")
 
-    monkeypatch.setattr("stofc.package.ortlib.build_library", broken)
+    monkeypatch.setattr("stofc.package.writer.build_library", broken)
     out = tmp_path / "new.stofc"
     with pytest.raises(StofcError, match="simulated"):
         compile_model(example, MASK, max_seq_len=64, out_dir=out,

@@ -31,7 +31,7 @@ import pytest
 
 from stofc.frontend import load_model
 from stofc.kernels.attention import AttentionConfig
-from stofc.package.load import read_plan
+from stofc.package.load import read_plan, read_plan_document
 from stofc.pipeline import Instruments, compile_model, recompile_package
 from stofc.plan.build import plan_layer
 from stofc.plan.scheme import FusionScheme
@@ -153,11 +153,13 @@ def test_other_fusion_schemes(case, tmp_path):
     model = _model(tmp_path, layers=2)
     pkg = compile_model(model, "sliding:window=16", max_seq_len=64, out_dir=tmp_path / "pkg",
                         instruments=QUIET)
-    plan = read_plan(pkg)
+    doc = read_plan_document(pkg)
+    plan, masks = doc.plan, doc.masks()
     graph = load_model(model, pack_projections=True)
     scheme = FusionScheme.from_segments(SCHEMES[case])
     layers = tuple(plan_layer(layer, scheme, tokens=64, profile=get_profile("h100"),
-                              dtype="float16", max_seq_len=64, vendor=False)
+                              dtype="float16", fmt=masks[layer.index], max_seq_len=64,
+                              vendor=False)
                    for layer in graph.layers)
     recompile_package(pkg, replace(plan, layers=layers), instruments=QUIET)
     _check(case, fingerprint(pkg))

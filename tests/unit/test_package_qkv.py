@@ -25,11 +25,11 @@ import pytest
 from onnx import helper
 
 from stofc.frontend import load_model
-from stofc.package.cuda_launch import KERNEL_ABI
-from stofc.package.emit import tensor_bits
+from stofc.lower.emit import tensor_bits
+from stofc.lower.rewrite import DOMAIN
+from stofc.lower.twins import KERNEL_ABI
 from stofc.package.ortlib import build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN
 from stofc.package.verify import compare, make_inputs, verify_package
 from stofc.pipeline import Instruments, compile_model
 from tests.unit.rewrite_helpers import cpu_session, rewrite_graph

@@ -18,10 +18,11 @@ import pytest
 
 from stofc.errors import PlanError
 from stofc.frontend import load_model
+from stofc.lower.rewrite import DOMAIN
 from stofc.package.ortlib import build_library
 from stofc.package.reference import inject_mask
-from stofc.package.rewrite import DOMAIN, attention_inputs
 from stofc.package.verify import compare, make_inputs
+from stofc.plan.attention import attention_inputs
 from tests.unit.rewrite_helpers import cpu_session, rewrite_graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,4 +113,4 @@ def test_unsupported_mask_form_is_a_plan_error(tmp_path):
         type(v)(v.name, v.dtype, (*v.shape, 1)) if v.name == block.mask_source else v
         for v in graph.inputs)})
     with pytest.raises(PlanError, match="padding input"):
-        attention_inputs(block, fake)
+        attention_inputs(block, fake.inputs)

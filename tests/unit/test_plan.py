@@ -8,6 +8,10 @@ import pytest
 
 from stofc.errors import PlanError
 from stofc.frontend.types import OpKind
+from stofc.kernels import catalog
+from stofc.kernels.attention import choose_attention
+from stofc.kernels.attention.family import NO_ATTENTION_KERNEL
+from stofc.masks import encode, parse_mask
 from stofc.plan.build import build_plan
 from stofc.plan.families import SchemeRejected, match_segments, reject_reason
 from stofc.plan.moves import compete, expand, initial_scheme, is_executable, neighbours, seize
@@ -176,7 +180,8 @@ def test_seize_and_compete():
 
 def test_build_plan_post_pre_rms_and_json_roundtrip():
     layers = [bert_layer(index=0), gpt2_layer(index=1), t5_layer(index=2)]
-    plan = build_plan(layers, "bigbird", H100, dtype="float16", max_seq_len=512, batch=8)
+    fmt = encode(parse_mask("bigbird:block=64,window=3,global=1,random=1"), 512, tile=64)
+    plan = build_plan(layers, fmt, H100, dtype="float16", max_seq_len=512, batch=8)
     assert plan.arch == "sm_90" and plan.tokens == 4096 and plan.schema == SCHEMA_VERSION
     assert len(plan.layers) == 3
     for lp in plan.layers:
@@ -186,8 +191,7 @@ def test_build_plan_post_pre_rms_and_json_roundtrip():
                 assert seg.kernel.template == "vendor/cublas"  # the measured default
             elif seg.family != "attention":
                 assert seg.kernel.template.endswith(".cu.j2")
-            if seg.family != "attention":
-                assert seg.kernel.param("dtype") == "float16"
+            assert seg.kernel.param("dtype") == "float16"
     text = plan.to_json()
     assert Plan.from_json(text) == plan
     assert len(plan.summary()) == 3 and "gemm_norm" in plan.summary()[0]
@@ -237,17 +241,19 @@ def test_a100_configs_fit_its_shared_memory():
 
 
 def test_attention_segment_uses_the_selector_with_an_encoded_mask():
-    from stofc.masks import encode, parse_mask
-
     fmt = encode(parse_mask("sliding:window=128"), 512, tile=64)
     plan = build_plan([bert_layer()], fmt, H100, dtype="float16", max_seq_len=512, batch=8)
     att = plan.layers[0].segments[1]
-    assert att.family == "attention" and att.kernel.param("selected") is True
-    assert att.kernel.template in ("attention/block.cu.j2", "attention/block_wgmma.cu.j2",
-                                   "attention/row.cu.j2")
-    assert att.kernel.param("kind") in ("block", "row") and att.kernel.param("explanation")
+    choice, _ = choose_attention(fmt, H100, batch=8, heads=12, seq_len=512, head_dim=64)
+    assert att.family == "attention" and att.kernel.template == f"attention/{choice.kernel}.cu.j2"
+    config = catalog.family_of(att.kernel).config_of(att.kernel, None)
+    assert config == choice.config                     # the selector's base kernel
+    assert att.kernel.param("has_bias") is False and att.kernel.param("has_key_bits") is False
     assert plan.mask == fmt.spec_hash
     assert Plan.from_json(plan.to_json()) == plan
-    pending = build_plan([bert_layer()], "sliding:window=128", H100, dtype="float16",
-                         max_seq_len=512).layers[0].segments[1]
-    assert pending.kernel.param("selected") is False
+    # without masks no attention kernel is chosen, and no family renders the plan's record
+    bare = build_plan([bert_layer()], None, H100, dtype="float16",
+                      max_seq_len=512).layers[0].segments[1]
+    assert bare.kernel == NO_ATTENTION_KERNEL
+    with pytest.raises(PlanError, match="no kernel family"):
+        catalog.family_of(bare.kernel)

@@ -23,10 +23,10 @@ from onnx import numpy_helper
 
 from stofc.frontend import load_model
 from stofc.frontend.types import OpKind
-from stofc.kernels.reference import reference_chain, reference_segment
 from stofc.plan.dataflow import resolve_dataflow
 from stofc.plan.families import match_segments
 from stofc.plan.moves import initial_scheme
+from stofc.plan.reference import reference_chain, reference_segment
 from stofc.plan.scheme import FusionScheme
 
 ort = pytest.importorskip("onnxruntime")

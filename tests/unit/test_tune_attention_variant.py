@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stofc.masks import encode, parse_mask
+from stofc.plan.attention import attention_reads
 from stofc.plan.families import match_segments
 from stofc.plan.scheme import FusionScheme
 from stofc.plan.synthetic import bert_layer
 from stofc.targets import get_profile
-from stofc.tune.spaces import SpaceFactory, has_key_padding
+from stofc.tune.runner_attention import compile_attention
+from stofc.tune.spaces import SpaceFactory
 
 H200 = get_profile("h200")
 
@@ -32,17 +34,16 @@ def test_padding_mask_layers_measure_the_key_bit_kernel(monkeypatch):
     padded = replace(layer, attention=replace(block, mask_form="additive",
                                               mask_source="attention_mask"))
     bare = replace(layer, attention=replace(block, mask_form="none", mask_source=None))
-    assert has_key_padding(padded.attention) and not has_key_padding(bare.attention)
+    assert attention_reads(padded.attention)[0] and not attention_reads(bare.attention)[0]
     # the model's own constant causal mask is not a padding input
     causal = replace(block, mask_form="additive", mask_source=None, causal_in_graph=True)
-    assert not has_key_padding(causal)
+    assert not attention_reads(causal)[0]
     sp, sb = _attention_space(padded, fmt), _attention_space(bare, fmt)
     assert sp.payload.key_bits and not sb.payload.key_bits
     assert sp.problem != sb.problem            # separate database records
     compiled = []
-    monkeypatch.setattr("stofc.kernels.attention.compile_kernel",
+    monkeypatch.setattr("stofc.tune.runner_attention.compile_kernel",
                         lambda spec, arch: compiled.append(spec))
-    from stofc.tune.runner_attention import compile_attention
     compile_attention(sp.payload, sp.default_config().key)
     compile_attention(sb.payload, sb.default_config().key)
     assert [s.has_key_bits for s in compiled] == [True, False]

@@ -100,5 +100,5 @@ def test_passing_checks_reach_the_package_tuner_which_reads_plan_json(package, t
     db = tmp_path / "t.sqlite"
     line = one_error_line(*run(str(package), "--gpu", "auto", "--db", str(db), "--quiet",
                                "--seq-len", "512", "--seq-len", "128"))
-    assert "no manifest.json" in line   # stofc.tune.package checks the manifest before plan.json
+    assert "no manifest.json" in line   # tune_package checks the manifest before plan.json
     assert db.is_file()  # the database was opened (and created) before the package step

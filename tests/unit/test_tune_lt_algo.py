@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import re
 import types
@@ -25,6 +26,9 @@ import numpy as np
 import pytest
 
 from stofc.errors import PlanError
+from stofc.kernels import catalog
+from stofc.kernels.registry import PlanContext
+from stofc.kernels.vendor_gemm import LT_ALGO, LT_M
 from stofc.masks import encode
 from stofc.plan.build import build_plan
 from stofc.plan.families import match_segments
@@ -46,7 +50,7 @@ from stofc.tune.simulate import (
     bert_like_chain,
     lt_returned,
 )
-from stofc.tune.spaces import LT_ALGO, LT_M, SpaceFactory, config_of_spec, spec_of
+from stofc.tune.spaces import SpaceFactory, config_of_spec
 from stofc.tune.stage2 import neighbours, search_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,8 +114,10 @@ def test_a_tuned_rank_is_carried_with_its_m_and_read_back(bert):
     assert config_of_spec(spec, tokens) == config
     assert config_of_spec(spec, 1024)[LT_ALGO] == 0      # tuned for another M: rank 0
     assert Plan.from_json(plan.to_json()) == plan
+    vendor = catalog.family("vendor_gemm")
+    problem = dict(space.payload.problems)["vendor_gemm"]
     with pytest.raises(PlanError, match="needs the M"):
-        spec_of("gemm", config, dtype="float16")
+        vendor.spec(dataclasses.replace(problem, m=0), vendor.from_params(config))
     plain = next(c for c in space.configs() if c.get("impl") == "cublas" and not c["lt"])
     assert LT_ALGO not in plain and LT_ALGO not in dict(space.kernel_spec(plain).params)
     # a plan spec with rank 2 at this M is that segment's default here
@@ -125,7 +131,7 @@ def test_gemm_problem_keys_carry_the_cublaslt_version(bert, monkeypatch):
     matches = match_segments(layer, plan.layers[0].scheme)
 
     def keys(version):
-        monkeypatch.setattr(sc, "lt_version", lambda: version)
+        monkeypatch.setattr("stofc.kernels.vendor_gemm.lt_version", lambda: version)
         factory = SpaceFactory(layer, 16, 2048, "float16", H200, fmt, "row")
         return {m.ordinal: (factory(m).family, segment_key(factory(m))) for m in matches}
 
@@ -418,16 +424,20 @@ def test_runner_passes_kn_weights_and_applies_a_rank_at_its_m_only(monkeypatch):
                       profile=get_profile("h100"), dtype="float16", vendor=True)
     seg = plan.segments[0]
     assert seg.kernel.template == "vendor/cublas" and seg.epilogues[-1].act == "none"
-    tuned = spec_of(seg.family, config_of_spec(seg.kernel).replace(**{LT_ALGO: 3}),
-                    dtype="float16", store="row", tokens=256)
+    vendor = catalog.family_of(seg.kernel)
+    problem = vendor.problem(seg, PlanContext(256, "float16", get_profile("h100")))
+    tuned = vendor.spec(problem, dataclasses.replace(vendor.config_of(seg.kernel, problem),
+                                                     lt_algo=3))
     seg = type(seg)(**{**seg.__dict__, "kernel": tuned})
     shim = types.SimpleNamespace(
         empty=np.empty, zeros=np.zeros, full=np.full, ascontiguousarray=np.ascontiguousarray,
         cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0)))
     recorder = _LtRecorder()
     monkeypatch.setattr(rs, "_cupy", lambda: shim)
+    monkeypatch.setattr("stofc.runtime.executors._cupy", lambda: shim)
     monkeypatch.setattr(rs, "lt_handle", lambda: recorder)
     runner = object.__new__(rs.SegmentRunner)
+    runner.compile_only, runner._kn = False, {}
     runner.layer, runner.plan, runner.dtype, runner.arch = layer, plan, "float16", "sm_90"
     runner.storage = np.dtype(np.float16)
     rng = np.random.default_rng(0)

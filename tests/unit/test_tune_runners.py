@@ -74,7 +74,8 @@ def test_bert_base_spaces_are_pruned_nonempty_and_hold_the_plans_defaults(bert):
             assert all(c["mma"] == "wgmma" for c in configs if c["kind"] == "ws")
             assert fmt.spec_hash in space.problem and 16 in space.problem
             spec = space.kernel_spec(space.default_config())
-            assert spec.template.startswith("attention/") and spec.param("head_dim") == 64
+            assert spec.template.startswith("attention/") and spec.param("dtype") == "float16"
+            assert spec.param("has_key_bits") is False   # bert_layer: no padding input
         else:
             assert space.prune_reasons(), f"{space.label}: nothing pruned (no constraint ran)"
             assert sum(space.prune_reasons().values()) > 0
@@ -286,8 +287,7 @@ def test_tune_package_rewrites_the_package_with_the_tuned_plan(tmp_path, monkeyp
     from stofc.package.load import read_plan
     from stofc.package.manifest import check_manifest
     from stofc.package.verify import verify_package
-    from stofc.pipeline import Instruments, compile_model
-    from stofc.tune.package import tune_package
+    from stofc.pipeline import Instruments, compile_model, tune_package
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     from build_model import build_model
@@ -297,7 +297,7 @@ def test_tune_package_rewrites_the_package_with_the_tuned_plan(tmp_path, monkeyp
     pkg = compile_model(model, "longformer:window=8,global=2", max_seq_len=128,
                         out_dir=tmp_path / "pkg", instruments=Instruments(progress=False))
     before = read_plan(pkg)
-    monkeypatch.setattr("stofc.tune.runners.gpu_measurer", lambda **kw: TableMeasurer())
+    monkeypatch.setattr("stofc.tune.plan_tuner.gpu_measurer", lambda **kw: TableMeasurer())
     profile = get_profile(before.gpu)
     with TuningDatabase.open(tmp_path / "t.sqlite") as db:
         tune_package(pkg, profile, db, RecordingReporter(), budget_s=None, batch=2,

@@ -6,16 +6,29 @@ and two consumer warpgroups that take 232 each (``setmaxnreg``), own 64 query ro
 each and walk the pair rows of :mod:`.ws_plan`. Shared memory holds Q for 128 rows,
 ``stages`` K and V tiles of 64 keys (128-byte swizzled panels), two part-tile
 bitmaps per stage and the ring's mbarriers. One block per SM.
+
+Registered as the family ``attention_ws`` (:class:`AttentionWs`). Its launch data is
+the pair-row walk of :mod:`.ws_plan` (:class:`~.ws_launch.WsLaunchPlan`): the CuPy
+runtime (:mod:`stofc.runtime.attention_ws`) uploads it and a package writes it as a
+kind-2 ``*.plan.bin`` for the CUDA twin. The selector compares its estimate
+(:mod:`.ws_cost`) with the block-/row-wise pick and takes it where it is lower
+(``refines``); the tuner searches its configs beside theirs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import itertools
+from typing import Any
 
+from stofc.kernels.attention.config import DTYPES, AttentionConfig, KernelSpec, prune
+from stofc.kernels.attention.family import AttentionFamily
+from stofc.kernels.attention.launch import LaunchData
+from stofc.kernels.attention.render import FLAG
+from stofc.kernels.attention.ws_cost import ws_config, ws_estimate
+from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
+from stofc.kernels.registry import register
+from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
-
-if TYPE_CHECKING:  # annotations only: config imports this module
-    from stofc.kernels.attention.config import AttentionConfig
 
 WS_CC = (9, 0)                 # setmaxnreg, wgmma and the TMA path: sm_90a only
 WS_HEAD_DIMS = (64, 128, 256)  # whole 128-byte swizzle panels
@@ -92,3 +105,107 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
     if regs > cap:
         return f"needs about {regs} registers per consumer thread (> {cap})"
     return None
+
+
+@register
+class AttentionWs(AttentionFamily):
+    """The warp-specialised Hopper kernel (see the module doc)."""
+
+    name = "attention_ws"
+    kind = "ws"
+    label = "warp-specialised"
+    stof_class = "block"
+    plan_code = 2
+    # the plan's record (``attention/<kind>.cu.j2``, what plan.json has always stored for
+    # attention), then the template file that renders it
+    templates = ("attention/ws.cu.j2", "attention/block_ws.cu.j2")
+    preference = 20
+    space_order = 20
+    tuner_tag = (("kind", "ws"),)
+    refines = True           # compared with the block/row pick (:mod:`.select`)
+    launch_data_type = WsLaunchPlan
+
+    def template_of(self, config: AttentionConfig) -> str:
+        return self.templates[1]
+
+    def target_for(self, config: AttentionConfig, target: str) -> str:
+        if target in ("sm_90", "compute_90"):      # setmaxnreg, wgmma, TMA: sm_90a only
+            return f"{target}a"
+        return target
+
+    def name_tag(self, config: AttentionConfig) -> str:
+        return f"{'_pp' if config.pingpong else ''}{'_k2' if config.kstep == 2 else ''}"
+
+    def rows_per_block(self, config: AttentionConfig) -> int:
+        return 2 * config.tile
+
+    def describe(self, config: AttentionConfig) -> str:
+        c = config
+        return (f"warp-specialised T={c.tile} rows/block=128 stages={c.stages}"
+                f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
+                f"{f' split={c.split}' if c.split else ''}")
+
+    def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
+        return ws_smem_bytes(config.stages, head_dim)
+
+    def registers(self, config: AttentionConfig, head_dim: int) -> int:
+        return ws_registers(head_dim)
+
+    def prune(self, config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | None:
+        return ws_prune(config, head_dim, profile)
+
+    def search_space(self, head_dim: int, profile: GpuProfile, *, tile: int, gatherable: bool,
+                     permutable: bool) -> list[AttentionConfig]:
+        out: list[AttentionConfig] = []
+        if tile != WS_TILE:
+            return out
+        for stages, pingpong, split, kstep in itertools.product(WS_STAGES, (True, False),
+                                                                SPLITS, KSTEPS):
+            cfg = AttentionConfig("ws", WS_TILE, 16, WS_WARPS, stages, 1, mma="wgmma",
+                                  split=split, pingpong=pingpong, kstep=kstep)
+            if prune(cfg, head_dim, profile) is None:
+                out.append(cfg)
+        return out
+
+    def entry_points(self, spec: KernelSpec) -> tuple[str, ...]:
+        return (spec.name, f"{spec.name}_combine")
+
+    def template_values(self, spec: KernelSpec) -> dict[str, Any]:
+        """Every value ``block_ws.cu.j2`` substitutes."""
+        c = spec.config
+        producer, consumer = ws_reg_split(c.kstep)
+        return dict(kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
+                    stages=c.stages, pingpong=FLAG[c.pingpong], kstep=c.kstep,
+                    producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
+                    has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
+                    has_softcap=FLAG[spec.has_softcap],
+                    q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep)])
+
+    # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
+    def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
+                        seq_len: int, head_dim: int) -> AttentionConfig | None:
+        return ws_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim)
+
+    def unavailable(self, fmt: MaskFormat, head_dim: int) -> str:
+        return "warp-specialised needs a Hopper GPU, T=64 and head_dim 64, 128 or 256"
+
+    def estimate_us(self, fmt: MaskFormat, profile: GpuProfile, config: AttentionConfig, *,
+                    batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+        return ws_estimate(fmt, profile, config, batch=batch, heads=heads, seq_len=seq_len,
+                           head_dim=head_dim)
+
+    def advantage(self, fmt: MaskFormat) -> str:
+        return "TMA-fed warpgroup MMA on the contiguous 64x64 tiles of the walk"
+
+    # -- launch: 384 threads, one block per work item (the plan's), the ws walk --------
+    def blocks_per_tile_row(self, config: AttentionConfig) -> int:
+        """1: the attribute's fixed value for ws, whose grid is set by the plan's work
+        items (``H * B * items_upto[P]``, at most one block per SM), not by tile rows."""
+        return 1
+
+    def launch_data(self, fmt: MaskFormat, config: AttentionConfig) -> LaunchData:
+        return ws_launch_data(fmt, config)
+
+    def launch_key(self, config: AttentionConfig) -> str:
+        """One plan file per split: the only config field the walk uses."""
+        return f"ws{f'-split{config.split}' if config.split else ''}"

@@ -35,8 +35,8 @@ last node):
 * the Gather results are summed by ONNX ``Add`` in the dtype, in the model's
   order (less the one the norm takes as its residual, below);
 * the LayerNormalization becomes ONE ai.stofc ``AddLayerNorm`` (OPS.md;
-  epsilon copied; gamma / beta as :func:`~stofc.package.emit.norm_param` stores
-  them: float32 in bfloat16 packages, :mod:`stofc.package.prenorm`). Its
+  epsilon copied; gamma / beta as :func:`~stofc.lower.emit.norm_param` stores
+  them: float32 in bfloat16 packages, :mod:`stofc.lower.prenorm`). Its
   ``residual`` takes one summand when that can be proven to have x's shape, as
   AddLayerNorm requires (no broadcasting): the last Gather result whose
   inferred shape equals the sum's, when another one has that shape as well (so
@@ -61,7 +61,7 @@ remains: a lone Gather (T5's token embedding), optionally under the norm, or
 the norm of two summands folded as above. HF BERT's and GPT-2's embeddings keep
 their float32 form in bfloat16 packages. (Feeding a float32 sum to
 AddLayerNorm's float ``x`` would run on both EPs, but
-:func:`~stofc.package.cuda_launch.annotate_cuda` knows a float ``x`` only from
+:func:`~stofc.lower.twins.annotate_cuda` knows a float ``x`` only from
 a FusedGemm's float output and would compile the kernel for a bfloat16 x.)
 
 The new nodes belong to no plan segment; the first emitted segment reading the
@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 import onnx
 from onnx import TensorProto
 
-from stofc.package.emit import DOMAIN, EmittedSegment, Emitter, norm_param
+from stofc.lower.emit import DOMAIN, EmittedSegment, Emitter, norm_param
 
 NOTE = "embedding in {dtype}: {ops} ({nodes}) write {value} from {dtype} tables ({gone} removed)"
 

@@ -39,8 +39,8 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
 * bfloat16 packages keep LayerNorm's gamma / beta float32 and never round the
   sum a LayerNorm normalises: a FusedGemm read only by an AddLayerNorm writes
   ``x@W + b`` in float32 and the norm adds the residual
-  (:mod:`stofc.package.prenorm`). float16 packages are unchanged.
-* The embedding runs in the dtype (:mod:`stofc.package.embed`): where a value
+  (:mod:`stofc.lower.prenorm`). float16 packages are unchanged.
+* The embedding runs in the dtype (:mod:`stofc.lower.embed`): where a value
   entering a fused op through a Cast is the sum of Gathers from float32 tables
   (optionally under a last-axis LayerNormalization) and nothing else reads it,
   the tables are stored in the dtype, the sum is ONNX Adds in the dtype, the
@@ -63,9 +63,9 @@ from onnx import TensorProto, helper
 
 from stofc.errors import PlanError
 from stofc.frontend.graph import GraphIndex
-from stofc.frontend.types import AttentionBlock, ModelGraph
-from stofc.package.embed import embed_in_dtype
-from stofc.package.emit import (
+from stofc.frontend.types import ModelGraph
+from stofc.lower.embed import embed_in_dtype
+from stofc.lower.emit import (
     DOMAIN,
     DOMAIN_VERSION,
     AttentionBinding,
@@ -75,39 +75,10 @@ from stofc.package.emit import (
     emit_segment,
     tensor_bits,
 )
-from stofc.package.prenorm import keep_pre_norm_fp32
+from stofc.lower.prenorm import keep_pre_norm_fp32
 from stofc.plan.plan import Plan
 
-__all__ = ["DOMAIN", "AttentionBinding", "EmittedSegment", "attention_inputs", "float_type",
-           "rewrite_model"]
-
-
-def attention_inputs(block: AttentionBlock, graph: ModelGraph) -> tuple[str | None, str | None]:
-    """``(key_padding_mask, bias)`` for a block, or a PlanError saying why it cannot run."""
-    kpm = bias = None
-    inputs = {v.name: v for v in graph.inputs}
-    for form in block.mask_form.split("+"):
-        if form == "none":
-            continue
-        if form in ("additive", "boolean_where", "boolean"):
-            if block.mask_source is None:
-                continue  # a constant mask (causal, window, buffer): in the model's own mask
-            src = inputs.get(block.mask_source or "")
-            if src is None or len(src.shape) != 2:
-                raise PlanError(
-                    f"layer {block.layer}: the attention mask ({form}) does not come from a "
-                    f"[batch, sequence] padding input, so SparseAttention cannot take it",
-                    hint="export the model with a 2-D attention_mask input")
-            kpm = src.name
-        elif form in ("relative_bias", "bias"):
-            if not block.bias_input:
-                raise PlanError(f"layer {block.layer}: an additive score bias without a value",
-                                hint="this is a stofc bug; report it")
-            bias = block.bias_input
-        else:
-            raise PlanError(f"layer {block.layer}: attention mask form {form!r} is not supported "
-                            "by the package writer", hint="report the model to stofc")
-    return kpm, bias
+__all__ = ["DOMAIN", "AttentionBinding", "EmittedSegment", "float_type", "rewrite_model"]
 
 
 def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], str],
@@ -133,11 +104,11 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
                                 f"produces {len(op.outputs)} values read elsewhere "
                                 f"({', '.join(op.outputs)}); the fusion plan cannot represent it",
                                 hint="report the model to stofc (e.g. a clamp inside a norm)")
-        in_ort = {i for seg in layer_plan.segments if seg.family == "ort" for i in seg.ops}
-        removed |= {n for op in layer.chain if op.index not in in_ort for n in op.nodes}
+        removed |= {n for op in layer.chain for n in op.nodes}
         for seg in layer_plan.segments:
             emitted.append(emit_segment(em, graph, seg, kernels.get((seg.layer, seg.ordinal), ""),
                                         attention.get(seg.layer), packed_q=pack_qkv))
+    removed -= em.kept                      # segments the model's own nodes run (ONNX Runtime)
     removed = _restore_needed(list(model.graph.node), removed, set(em.fused),
                               set(idx.graph_outputs))
     kept = [n for n in model.graph.node if n.name not in removed]

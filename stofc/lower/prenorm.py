@@ -4,7 +4,7 @@ Why: a bf16 package used to write the pre-LN sum ``h = x@W + b + residual`` in
 bf16 (FusedGemm, residual as cuBLASLt's C) and normalise that. Rounding ``h`` at
 the residual stream's magnitude just before the norm cost 3.8 to 4.3e-3 of the
 example's 1e-2 bound per site (bench/results/bf16-error-budget-cpu-2026-11-22.md);
-with LayerNorm's gamma/beta also kept float32 (:func:`stofc.package.emit.norm_param`)
+with LayerNorm's gamma/beta also kept float32 (:func:`stofc.lower.emit.norm_param`)
 the emulated end-to-end error falls from 1.09e-2 to 8.2e-3.
 
 Contract of :func:`keep_pre_norm_fp32` (a pass over the emitted ai.stofc nodes,
@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from stofc.package.emit import DOMAIN, EmittedSegment, Emitter
+from stofc.lower.emit import DOMAIN, EmittedSegment, Emitter
 
 NOTE = ("pre-LN sum kept float32: {gemm} writes x@W+b in float32 (float32 bias, no residual) "
         "and {norm} adds the residual in float32 (bf16 package)")

@@ -2,13 +2,15 @@
 
 :class:`Emitter` holds the nodes being built, the converted weights and the
 name maps (an unfused value's dtype twin made by a ``Cast``; a fused result's
-twin). :func:`emit_segment` maps a segment's family to ops (see
-:mod:`stofc.package.rewrite` for the table) and returns what it emitted.
+twin). :func:`emit_segment` writes a segment through the emitter registered for its
+kind with :func:`emits` (see :mod:`stofc.lower.rewrite` for the table) and returns
+what it emitted.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,8 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from stofc.errors import PlanError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import ModelGraph
-from stofc.package.attention_io import attention_attributes, flat_input, reshaped_ops
-from stofc.package.cuda_launch import KERNEL_ABI as CUDA_KERNEL_ABI
+from stofc.lower.attention_io import attention_attributes, flat_input, reshaped_ops
 from stofc.plan.plan import Segment
 
 DOMAIN = "ai.stofc"
@@ -27,9 +28,9 @@ DOMAIN_VERSION = 1
 ELEM = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 _TAG = {"float16": "f16", "bfloat16": "bf16"}
 _OPS_FOR_ACT = ("none", "gelu_erf", "gelu_tanh")
-# SparseAttention's ``kernel_abi`` attribute: the frozen argument list the CUDA twins
-# launch (cuda/ort/attention_abi.h; stofc.package.cuda_launch.KERNEL_ABI).
-KERNEL_ABI: int | None = CUDA_KERNEL_ABI
+# ``kernel_abi``: the frozen argument lists the CUDA twins launch (cuda/ort/attention_abi.h
+# kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi).
+KERNEL_ABI: int | None = 3
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Emitter:
         self.fused: dict[str, str] = {}    # original value -> its dtype twin, made by a fused op
         self.casts: dict[str, str] = {}    # unfused value -> its dtype twin (Cast)
         self.key_states: dict[str, str] = {}   # key_padding_mask -> its KeyPrep's key_state
+        self.kept: set[str] = set()          # the model's own nodes that run a segment
         self.count = 0
 
     def name(self, stem: str) -> str:
@@ -282,73 +284,121 @@ def _need(seg: Segment, slot: str) -> str:
     return value
 
 
+Written = tuple[list[str], str, tuple[str, ...] | None]   # ops, note, the model's own nodes
+Emitter_ = Callable[["Emitter", ModelGraph, Segment, str, "AttentionBinding | None", bool],
+                    Written]
+_EMITTERS: dict[str, Emitter_] = {}
+
+
+class RegistryError(ValueError):
+    """Two emitters for one segment kind."""
+
+
+def emits(*kinds: str) -> Callable[[Emitter_], Emitter_]:
+    """Decorator: the function writing segments of ``kinds`` as ai.stofc nodes (loud on a
+    second one for a kind). It returns the ops it emitted, a note, and the model's own
+    nodes that run the segment when it emits none (else None: the nodes it emitted)."""
+    def wrap(fn: Emitter_) -> Emitter_:
+        for kind in kinds:
+            if kind in _EMITTERS:
+                raise RegistryError(f"segment kind {kind!r} has two emitters "
+                                    f"({_EMITTERS[kind].__name__} and {fn.__name__})")
+            _EMITTERS[kind] = fn
+        return fn
+    return wrap
+
+
 def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
                  attention: AttentionBinding | None, *, packed_q: bool = False
                  ) -> EmittedSegment:
-    """Append the nodes of one segment to ``em`` (see the module contract).
+    """Append the nodes of one segment to ``em`` (see the module contract): the emitter
+    registered for its kind writes them.
 
     ``packed_q``: a block whose Q, K, V are one packed ``[B, S, 3*H*D]`` value
     (``AttentionBlock.packed_qkv``, laid out Q | K | V) feeds it to
     SparseAttention's ``q`` with ``k`` and ``v`` omitted (OPS.md, packed QKV)
     instead of splitting it first.
     """
+    emitter = _EMITTERS.get(seg.family)
+    if emitter is None:
+        raise PlanError(f"segment family {seg.family!r} cannot be written",
+                        hint="this is a stofc bug; report it")
     first = len(em.nodes)
+    ops, note, own = emitter(em, graph, seg, kernel, attention, packed_q)
+    nodes = own if own is not None else tuple(n.name for n in em.nodes[first:])
+    return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops), nodes, note)
+
+
+@emits("ort")
+def _emit_ort(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+              attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """Nothing new: the model's own nodes stay, ONNX Runtime runs them."""
+    chain = graph.layers[seg.layer].chain
+    nodes = tuple(n for i in seg.ops for n in chain[i].nodes)
+    types = {em.idx.by_name[n].op_type for n in nodes if n in em.idx.by_name}
+    em.kept.update(nodes)
+    return ([f"onnx:{t}" for t in sorted(types)],
+            "no template implements it: the model's own nodes, run by ONNX Runtime", nodes)
+
+
+@emits("attention")
+def _emit_attention(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+                    attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """SparseAttention (+ a Split of a packed projection, + one KeyPrep per mask value)."""
     ops: list[str] = []
     note = ""
-    if seg.family == "ort":  # the model's own nodes stay; ONNX Runtime runs them
-        chain = graph.layers[seg.layer].chain
-        nodes = tuple(n for i in seg.ops for n in chain[i].nodes)
-        types = {em.idx.by_name[n].op_type for n in nodes if n in em.idx.by_name}
-        return EmittedSegment(seg.layer, seg.ordinal, seg.family,
-                              tuple(f"onnx:{t}" for t in sorted(types)), nodes,
-                              "no template implements it: the model's own nodes, run by ONNX "
-                              "Runtime")
-    if seg.family == "attention":
-        if attention is None:
-            raise PlanError(f"layer {seg.layer} has no attention binding",
-                            hint="this is a stofc bug; report it")
-        block = graph.layers[seg.layer].attention
-        if block.packed_qkv and packed_q:
-            q, k, v = em.half(block.q_input), "", ""
-            note = "packed QKV read as SparseAttention's q (k, v omitted; [Q | K | V] of H*D each)"
-        elif block.packed_qkv:
-            packed = em.half(block.q_input)
-            q, k, v = (em.name(n) for n in ("q", "k", "v"))
-            if em.opset >= 13:
-                split = em.name("split")
-                em.inits[split] = numpy_helper.from_array(
-                    np.array([block.hidden_size] * 3, np.int64), split)
-                em.node("Split", [packed, split], [q, k, v], axis=-1)
-            else:
-                em.node("Split", [packed], [q, k, v], axis=-1, split=[block.hidden_size] * 3)
-            ops.append("onnx:Split")
-            note = "packed QKV split into Q, K, V (layout [3, H, D] on the last axis)"
+    if attention is None:
+        raise PlanError(f"layer {seg.layer} has no attention binding",
+                        hint="this is a stofc bug; report it")
+    block = graph.layers[seg.layer].attention
+    if block.packed_qkv and packed_q:
+        q, k, v = em.half(block.q_input), "", ""
+        note = "packed QKV read as SparseAttention's q (k, v omitted; [Q | K | V] of H*D each)"
+    elif block.packed_qkv:
+        packed = em.half(block.q_input)
+        q, k, v = (em.name(n) for n in ("q", "k", "v"))
+        if em.opset >= 13:
+            split = em.name("split")
+            em.inits[split] = numpy_helper.from_array(
+                np.array([block.hidden_size] * 3, np.int64), split)
+            em.node("Split", [packed, split], [q, k, v], axis=-1)
         else:
-            q, k, v = (flat_input(em, x, lay) for x, lay in (
-                (block.q_input, block.q_layout), (block.k_input, block.k_layout),
-                (block.v_input, block.v_layout)))
-            ops.extend(reshaped_ops(block))
-        key_state = ""
-        if attention.key_padding_mask:
-            key_state, prep = em.key_state(attention.key_padding_mask)
-            if prep is not None:
-                ops.append("ai.stofc:KeyPrep")
-                note = "; ".join(filter(None, [note, (
-                    f"{prep.name}: KeyPrep of key_padding_mask {attention.key_padding_mask!r}, "
-                    "its key_state read by every SparseAttention on that mask (OPS.md)")]))
-        inputs = [q, k, v, attention.key_padding_mask or "",
-                  em.half(attention.bias) if attention.bias else "", key_state]
-        while inputs[-1] == "" and len(inputs) > 3:
-            inputs.pop()
-        em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
-                stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,
-                scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel,
-                **attention_attributes(block), **dict(attention.launch),
-                **({"kernel_abi": KERNEL_ABI} if KERNEL_ABI is not None else {}))
-        ops.append("ai.stofc:SparseAttention")
-        return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),
-                              tuple(n.name for n in em.nodes[first:]), note)
+            em.node("Split", [packed], [q, k, v], axis=-1, split=[block.hidden_size] * 3)
+        ops.append("onnx:Split")
+        note = "packed QKV split into Q, K, V (layout [3, H, D] on the last axis)"
+    else:
+        q, k, v = (flat_input(em, x, lay) for x, lay in (
+            (block.q_input, block.q_layout), (block.k_input, block.k_layout),
+            (block.v_input, block.v_layout)))
+        ops.extend(reshaped_ops(block))
+    key_state = ""
+    if attention.key_padding_mask:
+        key_state, prep = em.key_state(attention.key_padding_mask)
+        if prep is not None:
+            ops.append("ai.stofc:KeyPrep")
+            note = "; ".join(filter(None, [note, (
+                f"{prep.name}: KeyPrep of key_padding_mask {attention.key_padding_mask!r}, "
+                "its key_state read by every SparseAttention on that mask (OPS.md)")]))
+    inputs = [q, k, v, attention.key_padding_mask or "",
+              em.half(attention.bias) if attention.bias else "", key_state]
+    while inputs[-1] == "" and len(inputs) > 3:
+        inputs.pop()
+    em.node("SparseAttention", inputs, [em.output(seg.outputs[-1])], domain=DOMAIN,
+            stem="SparseAttention", num_heads=block.num_heads, head_dim=block.head_dim,
+            scale=float(block.scale), mask_file=attention.mask_file, kernel=attention.kernel,
+            **attention_attributes(block), **dict(attention.launch),
+            **({"kernel_abi": KERNEL_ABI} if KERNEL_ABI is not None else {}))
+    ops.append("ai.stofc:SparseAttention")
+    return ops, note, None
 
+
+@emits("gemm", "gemm_norm", "gemm_gemm")
+def _emit_gemm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+               attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """FusedGemm (a GEMM+GEMM segment's first GEMM as one more), + AddLayerNorm with a
+    norm; activations without a FusedGemm form as float32 ONNX ops."""
+    ops: list[str] = []
+    note = ""
     layouts = _layouts(graph, seg.layer)
     ep = seg.epilogues[-1]
     out = em.output(_need(seg, "out"))
@@ -356,23 +406,20 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
     pre = em.output(pre_name) if pre_name else None
     x = em.half(_need(seg, "x"))
     residual = seg.binding("residual")
-    if seg.family == "gemm_gemm":
+    w, b = _need(seg, "w0"), seg.binding("b0")
+    if seg.binding("w1") is not None:           # GEMM+GEMM: the first GEMM and its epilogue
         e1 = seg.epilogues[0]
         hidden = em.name("ffn_hidden")
-        w0 = _need(seg, "w0")
         if e1.act in _OPS_FOR_ACT:
-            ops.append(_gemm_node(em, x, w0, seg.binding("b0"), None, e1.act, hidden, kernel,
-                                  layouts.get(w0, "KN")))
+            ops.append(_gemm_node(em, x, w, b, None, e1.act, hidden, kernel,
+                                  layouts.get(w, "KN")))
         else:
             raw = em.name("ffn_raw")
-            ops.append(_gemm_node(em, x, w0, None, None, "none", raw, kernel,
-                                  layouts.get(w0, "KN")))
-            ops += _emit_fp32_tail(em, raw, hidden, bias=seg.binding("b0"), act=e1.act,
-                                   residual=None)
+            ops.append(_gemm_node(em, x, w, None, None, "none", raw, kernel,
+                                  layouts.get(w, "KN")))
+            ops += _emit_fp32_tail(em, raw, hidden, bias=b, act=e1.act, residual=None)
         x, w, b = hidden, _need(seg, "w1"), seg.binding("b1")
-    elif seg.family != "add_norm":
-        w, b = _need(seg, "w0"), seg.binding("b0")
-    if seg.family in ("gemm", "gemm_gemm") and ep.norm == "none":
+    if ep.norm == "none":
         if ep.act in _OPS_FOR_ACT:
             ops.append(_gemm_node(em, x, w, b, residual if ep.residual else None, ep.act, out,
                                   kernel, layouts.get(w, "KN")))
@@ -382,7 +429,7 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             ops += _emit_fp32_tail(em, raw, out, bias=b, act=ep.act,
                                    residual=residual if ep.residual else None)
             note = f"activation {ep.act} has no FusedGemm form: float32 ONNX ops after the GEMM"
-    elif seg.family in ("gemm", "gemm_norm", "gemm_gemm"):
+    else:
         y = em.name("gemm_out")
         ops.append(_gemm_node(em, x, w, b, None, ep.act if ep.act in _OPS_FOR_ACT else "none",
                               y, kernel, layouts.get(w, "KN")))
@@ -392,22 +439,33 @@ def emit_segment(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             y = y2
         ops.append(_norm_node(em, y, residual if ep.residual else None, seg, ep.norm,
                               ep.norm_shift, out, pre, kernel))
-    elif seg.family == "add_norm":
-        if ep.bias or ep.act != "none":
-            y = em.name("tail_out") if ep.norm != "none" else out
-            ops += _emit_fp32_tail(em, x, y, bias=seg.binding("bias") if ep.bias else None,
-                                   act=ep.act, residual=None if ep.norm != "none" or not
-                                   ep.residual else residual)
-            note = "bias/activation without a GEMM: float32 ONNX ops"
-            x = y
-        if ep.norm != "none":
-            ops.append(_norm_node(em, x, residual if ep.residual else None, seg, ep.norm,
-                                  ep.norm_shift, out, pre, kernel))
-        elif ep.residual and not (ep.bias or ep.act != "none"):
-            ops += _emit_fp32_tail(em, x, out, bias=None, act="none", residual=residual)
-            note = "residual add without a norm: a float32 ONNX Add"
-    else:
-        raise PlanError(f"segment family {seg.family!r} cannot be written",
-                        hint="this is a stofc bug; report it")
-    return EmittedSegment(seg.layer, seg.ordinal, seg.family, tuple(ops),
-                          tuple(n.name for n in em.nodes[first:]), note)
+    return ops, note, None
+
+
+@emits("add_norm")
+def _emit_add_norm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+                   attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """AddLayerNorm; a bias or activation before it, or a residual add without a norm, as
+    float32 ONNX ops."""
+    ops: list[str] = []
+    note = ""
+    ep = seg.epilogues[-1]
+    out = em.output(_need(seg, "out"))
+    pre_name = seg.binding("pre_norm_out")
+    pre = em.output(pre_name) if pre_name else None
+    x = em.half(_need(seg, "x"))
+    residual = seg.binding("residual")
+    if ep.bias or ep.act != "none":
+        y = em.name("tail_out") if ep.norm != "none" else out
+        ops += _emit_fp32_tail(em, x, y, bias=seg.binding("bias") if ep.bias else None,
+                               act=ep.act, residual=None if ep.norm != "none" or not
+                               ep.residual else residual)
+        note = "bias/activation without a GEMM: float32 ONNX ops"
+        x = y
+    if ep.norm != "none":
+        ops.append(_norm_node(em, x, residual if ep.residual else None, seg, ep.norm,
+                              ep.norm_shift, out, pre, kernel))
+    elif ep.residual and not (ep.bias or ep.act != "none"):
+        ops += _emit_fp32_tail(em, x, out, bias=None, act="none", residual=residual)
+        note = "residual add without a norm: a float32 ONNX Add"
+    return ops, note, None

@@ -1,43 +1,48 @@
-"""The warp-specialised kernel's launch plan (``*.plan.bin`` kind 2), computed without a GPU.
+"""The warp-specialised kernel's launch data (``*.plan.bin`` kind 2), computed without a GPU.
 
-:func:`ws_launch_data` gives exactly the arrays and scalars that
-:class:`stofc.runtime.attention_ws.WsLaunchData` uploads and derives for a
-``kind="ws"`` config (:func:`stofc.kernels.attention.ws_plan.plan_ws` with the
-config's ``split``): the merged pair-row walk (``entry_key`` + sentinel 0,
+:func:`ws_launch_data` (the family's :meth:`~.ws.AttentionWs.launch_data`) gives the
+arrays and scalars that :class:`stofc.runtime.attention_ws.WsLaunchData` uploads and
+the package writes for the CUDA twin, one computation for both, for a ``kind="ws"``
+config (:func:`stofc.kernels.attention.ws_plan.plan_ws` with the config's ``split``):
+the merged pair-row walk (``entry_key`` + sentinel 0,
 ``entry_part`` two per entry + two sentinels -2), the part-tile bitmaps (at least
 two words), the work items ``(pair row, begin, end, slot)``, the longest-first item
 orders of every run length with their offsets (``order_ptr``) and counts
 (``items_upto``), and the combine table ``(pair row, first slot, chunks)``. The C++
 CUDA twin uploads the first six arrays and reads the two per-run-length tables on the
-host; ``tests/unit/test_ortlib_abi.py`` checks every array against ``WsLaunchData``.
+host.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
+from stofc.kernels.attention.config import AttentionConfig
+from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.ws_plan import WS_ROWS, plan_ws
 from stofc.masks.format import MaskFormat
 
-# the arrays of a kind-2 plan file, in file order (the first six are uploaded)
-WS_ARRAYS: tuple[tuple[str, str], ...] = (
-    ("entry_key", "<i4"), ("entry_part", "<i4"), ("bitmaps", "<u8"), ("items", "<i4"),
-    ("orders", "<i4"), ("combine", "<i4"), ("order_ptr", "<i4"), ("items_upto", "<i4"))
-# the kind scalars of a kind-2 plan file, in header order
-WS_SCALARS: tuple[str, ...] = ("pairs", "slots", "n_items", "n_split", "split",
-                               "orders_per_head")
-
 
 @dataclass(frozen=True, eq=False)
-class WsLaunchPlan:
+class WsLaunchPlan(LaunchData):
     """The uploaded arrays and the scalars of one ws kernel's launches (module docstring).
 
     ``num_heads`` is the mask format's (1 = shared by every head): per format head
     ``f``, items ``[f * n_items, (f + 1) * n_items)`` (4 ints each), orders
     ``[f * orders_per_head, ...)`` and combine rows ``[f * n_split, ...)`` (3 ints each).
     """
+
+    # the arrays of a kind-2 plan file, in file order (the first six are uploaded), and
+    # the kind scalars, in header order
+    ARRAYS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("entry_key", "<i4"), ("entry_part", "<i4"), ("bitmaps", "<u8"), ("items", "<i4"),
+        ("orders", "<i4"), ("combine", "<i4"), ("order_ptr", "<i4"), ("items_upto", "<i4"))
+    SCALARS: ClassVar[tuple[str, ...]] = ("pairs", "slots", "n_items", "n_split", "split",
+                                          "orders_per_head")
 
     kind: str                # always "ws"
     tile: int
@@ -83,16 +88,20 @@ class WsLaunchPlan:
         """Whether some pair row is split: the run needs the workspace and the combine kernel."""
         return bool((self.combine.reshape(-1, 3)[:, 0] >= 0).any())
 
-    def scalars(self) -> tuple[int, ...]:
-        return tuple(int(getattr(self, name)) for name in WS_SCALARS)
+    @property
+    def heads(self) -> int:
+        return self.num_heads
+
+    @classmethod
+    def from_plan_file(cls, common: Mapping[str, Any], heads: int,
+                       scalars: Mapping[str, int]) -> WsLaunchPlan:
+        return cls(num_heads=heads, **scalars, **common)
 
 
-def ws_launch_data(fmt: MaskFormat, config) -> WsLaunchPlan:
-    """What ``WsLaunchData(plan_ws(fmt, split_tiles=config.split), ...)`` uploads, on the host.
-
-    Mirrors ``WsLaunchData.__init__`` line for line (empty bitmaps become two zero
-    words, empty orders one zero), so the C++ twin launches what the Python runtime does.
-    """
+def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
+    """What a ws kernel of ``config`` on ``fmt`` is launched with: :func:`plan_ws` with the
+    config's ``split``, flattened for upload (empty bitmaps become two zero words, empty
+    orders one zero), for the CuPy runtime and the CUDA twin alike."""
     plan = plan_ws(fmt, split_tiles=config.split)
 
     def flat(a, dtype) -> np.ndarray:

@@ -1,0 +1,229 @@
+"""The CUDA launch attributes of a package's ai.stofc nodes (``cuda/ort/OPS.md``, kernel_abi 2).
+
+The lowering's last pass over the rewritten model (:func:`annotate_cuda`), before
+anything is rendered: it chooses the CUDA twins' epilogue kernels and names every
+file the twins load. The CUDA twins of ``libstofc_ort.so`` launch exactly what these
+attributes name:
+
+* ``SparseAttention``: ``launch_plan`` names a ``*.plan.bin``
+  (:func:`stofc.kernels.attention.launch.launch_data`: the walk list, gathered
+  keys, residue permutation and tile-row orders that ``AttentionOp`` uploads),
+  ``kernel_abi`` = :data:`KERNEL_ABI`; ``variant_launch_plans`` the same for each
+  run-time variant. (``kernel``, ``block_threads``, ``blocks_per_tile_row``,
+  ``smem_bytes`` and the other ``variant_*`` attributes are the writer's.)
+* ``FusedGemm``: cuBLASLt with the epilogue it can fold (bias; tanh-GELU without a
+  residual; the residual as C when nothing follows it), then the stofc Add+Norm kernel for the rest
+  (:func:`stofc.kernels.vendor_gemm.split_fused_gemm`, the C++ twin's
+  ``split_fused_gemm``);
+  ``epilogue_kernel`` ``FILE:ENTRY`` (``""`` when nothing is left),
+  ``epilogue`` (its :class:`~stofc.kernels.epilogue.Epilogue` tag),
+  ``epilogue_threads``, ``epilogue_rows``; and, when the tuner chose a cuBLASLt
+  heuristic rank for the node's GEMM, ``lt_algo_m`` / ``lt_algo_rank``
+  (:func:`lt_algo_attributes`).
+* ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
+  for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output; in a bf16
+  package a float32 ``x`` and float32 gamma/beta, entry ``..._f32in_f32p_...``).
+  A bf16 package's FusedGemm with a float32 bias writes float32 directly
+  (cuBLASLt D in fp32, no epilogue kernel) and gets no ``lt_algo_*``: the
+  tuner's rank was measured for a bf16 output. An
+  RMSNorm with a shift has no CUDA kernel (the template shifts LayerNorm only):
+  such a node gets no ``kernel_abi`` and fails on the CUDA EP with that reason.
+
+The Add+Norm kernels take the segment's tuned ``tpr``/``rows`` when its family has
+them (:meth:`~stofc.kernels.registry.KernelFamily.twin_epilogue_config`: the vendor
+and Add+Norm families), else the family default; :func:`annotate_cuda` returns the
+ones the package does not build already, to be rendered and compiled with the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+from stofc.errors import PlanError
+from stofc.kernels import catalog
+from stofc.kernels import norm as norm_family
+from stofc.kernels.epilogue import Epilogue
+from stofc.kernels.registry import KernelInstance
+from stofc.kernels.vendor_gemm import split_fused_gemm
+from stofc.lower.emit import KERNEL_ABI, EmittedSegment
+from stofc.package.layout import kernel_file
+from stofc.plan.plan import Plan, Segment
+
+__all__ = ["KERNEL_ABI", "TwinLaunches", "annotate_cuda", "epilogue_kernel", "launch_attributes",
+           "lt_algo_attributes", "norm_epilogue"]
+TOKENS_HINT = 4096
+
+
+def norm_epilogue(*, has_residual: bool, rms: bool, has_beta: bool, has_sum: bool) -> Epilogue | None:
+    """The Add+Norm Epilogue of an AddLayerNorm node; None when no kernel implements it."""
+    if rms and has_beta:
+        return None
+    return Epilogue(residual=has_residual, norm="rmsnorm" if rms else "layernorm",
+                    norm_shift=rms or has_beta, store_pre_norm=has_sum)
+
+
+def _set(node: onnx.NodeProto, **attrs: Any) -> None:
+    keep = [a for a in node.attribute if a.name not in attrs]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _config(seg: Segment | None) -> norm_family.NormConfig | None:
+    """The segment's tuned Add+Norm config (the family's, when it has one), else None."""
+    if seg is None:
+        return None
+    try:
+        fam = catalog.family_of(seg.kernel)
+    except PlanError:
+        return None
+    return fam.twin_epilogue_config(seg.kernel)
+
+
+def epilogue_kernel(ep: Epilogue, width: int, dtype: str,
+                    config: norm_family.NormConfig | None = None, *, input_fp32: bool = False,
+                    params_fp32: bool = False) -> KernelInstance:
+    """The Add+Norm kernel applying ``ep`` to rows of ``width`` (default config).
+
+    ``input_fp32``: x is float32 (a bf16 package's pre-LN GEMM result);
+    ``params_fp32``: gamma / beta are float32 (a bf16 package's LayerNorm).
+    """
+    problem = norm_family.NormProblem(TOKENS_HINT, width, dtype, ep, input_fp32=input_fp32,
+                                      params_fp32=params_fp32)
+    cfg = config or norm_family.default_config(problem)
+    return KernelInstance(norm_family.FAMILY, problem, cfg, norm_family.kernel_name(problem, cfg),
+                          role="epilogue")
+
+
+def launch_attributes(kernel: KernelInstance, ep: Epilogue, kernel_path: str) -> dict[str, Any]:
+    """The FusedGemm / AddLayerNorm CUDA attributes for an Add+Norm kernel at ``kernel_path``."""
+    config = kernel.config
+    return {"kernel_abi": KERNEL_ABI, "epilogue_kernel": f"{kernel_path}:{kernel.name}",
+            "epilogue": ep.tag, "epilogue_threads": config.tpr * config.rows,
+            "epilogue_rows": config.rows}
+
+
+def lt_algo_attributes(seg: Segment | None, width: int, plans: tuple[Plan, ...]
+                       ) -> dict[str, Any]:
+    """FusedGemm's ``lt_algo_m`` / ``lt_algo_rank`` (OPS.md) from the tuned vendor segments.
+
+    The tuner records a cuBLASLt heuristic rank (valid for one M) with the M it was
+    measured at on the segment's KernelSpec
+    (:meth:`~stofc.kernels.registry.KernelFamily.twin_lt_rank`); the package's plan
+    and every tuned bucket's plan (``plans``) contribute one (M, rank) pair when the
+    node runs that segment's GEMM (same width: a packed Q|K|V node computes 3N where
+    the segment tuned N, and gets none). ``{}`` when nothing was tuned.
+    """
+    pairs: dict[int, int] = {}
+    if seg is None:
+        return {}
+    for plan in plans:
+        twin = next((s for lp in plan.layers if lp.index == seg.layer for s in lp.segments
+                     if s.ordinal == seg.ordinal and s.ops == seg.ops), None)
+        if twin is None:
+            continue
+        try:
+            tuned = catalog.family_of(twin.kernel).twin_lt_rank(twin.kernel)
+        except PlanError:
+            continue
+        if tuned is None or twin.dim("n0") != width:
+            continue
+        pairs.setdefault(*tuned)
+    if not pairs:
+        return {}
+    ms = sorted(pairs)
+    return {"lt_algo_m": ms, "lt_algo_rank": [pairs[m] for m in ms]}
+
+
+@dataclass(frozen=True)
+class TwinLaunches:
+    """What :func:`annotate_cuda` decided besides the attributes: the CUDA twins' epilogue
+    kernels the package must also build (not among its other kernels; node order), and
+    each attention launch plan file with the (layer, choice) whose launch data it holds."""
+
+    epilogues: tuple[KernelInstance, ...]
+    launch_plans: tuple[tuple[str, Any], ...]
+
+
+def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], plan: Plan,
+                  buckets: tuple[tuple[int, Plan], ...], attention: dict[int, Any],
+                  arch: str, built: set[str]) -> TwinLaunches:
+    """Add the CUDA launch attributes to ``model``'s ai.stofc nodes (module doc).
+
+    ``emitted``: the rewrite's EmittedSegments; ``attention``: each layer's
+    :class:`~stofc.lower.attention.AttentionKernel`; ``arch``: the package's cubin
+    target; ``built``: the names of the kernels the package builds anyway.
+    """
+    dtype = plan.dtype
+    segs = {(s.layer, s.ordinal): s for lp in plan.layers for s in lp.segments}
+    seg_of = {name: segs.get((e.layer, e.ordinal)) for e in emitted for name in e.nodes}
+    layer_of = {name: e.layer for e in emitted for name in e.nodes}
+    widths = {t.name: list(t.dims) for t in model.graph.initializer}
+    fp32_inits = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
+    # bf16 packages (stofc.lower.prenorm): a FusedGemm with a float32 bias writes float32
+    fp32_values = {node.output[0] for node in model.graph.node
+                   if node.domain == "ai.stofc" and node.op_type == "FusedGemm"
+                   and len(node.input) > 2 and node.input[2] in fp32_inits}
+    all_plans = (plan, *(p for _, p in buckets))
+    pending: list[tuple[onnx.NodeProto, KernelInstance, Epilogue]] = []
+    launch_plans: dict[str, Any] = {}
+    for node in model.graph.node:
+        if node.domain != "ai.stofc":
+            continue
+        seg = seg_of.get(node.name)
+        if node.op_type == "SparseAttention":
+            ak = attention[layer_of[node.name]]
+            files = []
+            for choice in (ak.choice, *(v.choice for v in ak.variants)):
+                rel = ak.launch_plan_file(choice)
+                launch_plans.setdefault(rel, (ak, choice))
+                files.append(rel)
+            extra = {"variant_launch_plans": ";".join(files[1:])} if ak.variants else {}
+            _set(node, launch_plan=files[0], kernel_abi=KERNEL_ABI, **extra)
+            continue
+        inputs = list(node.input) + [""] * 4
+        x_fp32 = params_fp32 = False
+        if node.op_type == "FusedGemm":
+            width = widths.get(inputs[1], [0, 0])[-1]
+            split = split_fused_gemm(bool(inputs[2]), _text(_attr(node, "activation", "none")),
+                                     bool(inputs[3]), bool(_attr(node, "residual_after_activation", 1)))
+            ep: Epilogue | None = split.rest
+        elif node.op_type == "AddLayerNorm":
+            width = widths.get(inputs[2], [0])[-1]
+            ep = norm_epilogue(has_residual=bool(inputs[1]), rms=bool(_attr(node, "rms", 0)),
+                               has_beta=bool(inputs[3]),
+                               has_sum=len(node.output) > 1 and bool(node.output[1]))
+            x_fp32, params_fp32 = inputs[0] in fp32_values, inputs[2] in fp32_inits
+        else:
+            continue
+        if node.op_type == "FusedGemm" and node.output[0] not in fp32_values:
+            # (a float32-output GEMM keeps cuBLASLt's best: the tuned rank is for the bf16 D)
+            _set(node, **lt_algo_attributes(seg, width, all_plans))
+        if ep is None or not width:
+            continue                      # no CUDA kernel: the twin says so at session creation
+        if ep.is_identity:
+            _set(node, kernel_abi=KERNEL_ABI, epilogue_kernel="")
+            continue
+        kernel = epilogue_kernel(ep, width, dtype, _config(seg), input_fp32=x_fp32,
+                                 params_fp32=params_fp32)
+        pending.append((node, kernel, ep))
+    kernels = {k.name: k for _, k, _ in pending}
+    for node, kernel, ep in pending:
+        _set(node, **launch_attributes(kernel, ep, kernel_file(kernel.name, arch)))
+    fresh = tuple(k for name, k in kernels.items() if name not in built)
+    return TwinLaunches(fresh, tuple(launch_plans.items()))
