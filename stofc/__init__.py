@@ -3,14 +3,11 @@
 The pipeline (see README.md and ``stofc.pipeline``) reads an ONNX model and a
 mask spec, builds a fusion plan, renders and compiles CUDA kernels, tunes them
 on the target GPU and writes a deployable ONNX Runtime package.
+``stofc.load(DIR)`` checks a package and returns an ONNX Runtime session
+(:func:`stofc.package.load.load`).
 """
 
-__version__ = "0.1.0"
+from stofc.package.load import load
+from stofc.version import __version__
 
-
-def load(path, providers=None):
-    """Check the package in ``path`` and return an ``onnxruntime.InferenceSession`` (see
-    :func:`stofc.package.load.load`)."""
-    from stofc.package.load import load as _load
-
-    return _load(path, providers)
+__all__ = ["__version__", "load"]

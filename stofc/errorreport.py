@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -36,6 +37,8 @@ from contextlib import contextmanager
 import click
 
 from stofc.errors import StofcError
+from stofc.fsutil import os_error
+from stofc.version import __version__
 
 BUG_EXIT = 1
 REPORT_TO = "the stofc maintainers (an issue in the stofc repository)"
@@ -57,8 +60,6 @@ def _raise_terminated(signum, frame) -> None:
 @contextmanager
 def signals_as_exceptions() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` (main thread only)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -86,7 +87,6 @@ def _crash_file(exc: BaseException) -> str | None:
                                     suffix=".txt")
         with os.fdopen(fd, "w") as f:
             f.write(f"stofc command: {' '.join(sys.argv)}\n")
-            from stofc import __version__
             f.write(f"stofc {__version__}, Python {sys.version.split()[0]}\n\n")
             f.write("".join(traceback.format_exception(exc)))
         return path
@@ -99,8 +99,6 @@ def report(exc: BaseException) -> int:
 
     ``SystemExit`` is re-raised (a command chose its exit code).
     """
-    from stofc.fsutil import os_error
-
     if isinstance(exc, SystemExit):
         raise exc
     debug = bool(os.environ.get("STOFC_DEBUG"))

@@ -76,3 +76,9 @@ class LimitError(StofcError):
 
 class CheckError(StofcError):
     """The package just written does not compute the model (``stofc compile``'s check)."""
+
+
+class RegistryError(ValueError):
+    """Two registered units claiming one key (a kernel family's name or (segment,
+    template) pair, a segment kind's emitter or runtime executor, an attention family's
+    launch form): raised at import time, so two modules never silently replace each other."""

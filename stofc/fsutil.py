@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stofc.errors import FileSystemError
+from stofc.paths import cache_dir
 
 _FIXES = {
     errno.EROFS: "the file system is read-only; choose a writable location",
@@ -64,8 +65,6 @@ LOCK_UNSUPPORTED = (errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.EOPNOTSUPP)
 def _in_cache(path: str | None) -> bool:
     if not path:
         return False
-    from stofc.paths import cache_dir
-
     try:
         Path(path).absolute().relative_to(cache_dir().absolute())
     except ValueError:

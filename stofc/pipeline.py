@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,15 +141,6 @@ def normalize_dtype(dtype: str) -> str:
         return DTYPE_NAMES[dtype.strip().lower()]
     except KeyError:
         raise PlanError(f"dtype {dtype!r} is not supported", hint="use fp16 or bf16") from None
-
-
-def with_causal(spec: MaskSpec) -> MaskSpec:
-    """``spec`` with ``causal=true`` on the default and every override."""
-    def causal(o: Any) -> Any:
-        return replace(o, node=replace(o.node, causal=True))
-    return replace(spec, default=replace(spec.default, causal=True),
-                   layers=tuple(causal(o) for o in spec.layers),
-                   heads=tuple(causal(o) for o in spec.heads))
 
 
 def encode_masks(graph: ModelGraph, spec: MaskSpec | dict[int, MaskSpec], max_seq_len: int,

@@ -94,7 +94,7 @@ def profile_for_device_name(device_name: str) -> GpuProfile | None:
 def detect() -> GpuProfile:
     """The profile of CUDA device 0. Raises :class:`DeviceError` without a GPU."""
     try:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
         props = cupy.cuda.runtime.getDeviceProperties(0)
     except Exception as err:
         raise DeviceError(f"no CUDA GPU found for --gpu auto ({type(err).__name__})",

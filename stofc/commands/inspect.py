@@ -6,9 +6,15 @@ import json
 from collections import Counter
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from stofc.errors import StofcError
+from stofc.frontend import load_model
+from stofc.frontend.model_mask import model_masks
 from stofc.frontend.types import ModelGraph
+from stofc.kernels.attention import select_kernel
+from stofc.masks import encode, parse_mask
 from stofc.plan import build_plan
 from stofc.plan.plan import Segment
 from stofc.targets import GpuProfile, get_profile
@@ -30,8 +36,6 @@ def _mask_report(spec_text: str | None, graph: ModelGraph, profile: GpuProfile, 
     """The --mask spec: its density at ``seq`` and the attention kernel the selector picks."""
     if spec_text is None:
         return None
-    from stofc.kernels.attention import select_kernel
-    from stofc.masks import encode, parse_mask
 
     report: dict = {"spec": spec_text, "seq_len": seq, "density": None, "kernel": None,
                     "why": None}
@@ -76,7 +80,6 @@ def _segments(graph: ModelGraph, profile: GpuProfile, *, batch: int, seq: int) -
 
 def _model_masks(graph: ModelGraph) -> list[dict]:
     """Each layer's own mask (:func:`stofc.frontend.model_mask.model_masks`), or the error."""
-    from stofc.frontend.model_mask import model_masks
 
     try:
         return [m.as_dict() for m in model_masks(graph).layers]
@@ -110,8 +113,6 @@ def report(graph: ModelGraph, mask: dict | None = None, segments: list[dict] | N
 
 
 def _print_tables(data: dict, graph: ModelGraph) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     ins = ", ".join(f"{v['name']} {v['dtype']}{v['shape']}" for v in data["inputs"])
@@ -240,7 +241,6 @@ def inspect(model: str, mask_spec: str | None, gpu: str, batch: int, seq_len: in
                                    evaluating it at the probe lengths; kind
                                    "error" says why it cannot be read
     """
-    from stofc.frontend import load_model
 
     profile = get_profile(gpu)
     graph = load_model(model)

@@ -10,7 +10,12 @@ import numpy as np
 
 from stofc.errors import MaskSpecError
 from stofc.fsutil import atomic_write
+from stofc.kernels.attention import select_kernel
+from stofc.masks import encode, parse_mask, save, stats
+from stofc.masks.decode import DENSE_LIMIT, to_dense_all
 from stofc.masks.limits import check_dense
+from stofc.masks.picture import render
+from stofc.targets import get_profile
 
 
 def _spec_options(fn):
@@ -27,7 +32,6 @@ def _spec_options(fn):
 
 
 def _encode(spec_text: str, seq_len: int, tile: int, layer: int, num_heads: int | None):
-    from stofc.masks import encode, parse_mask
 
     if layer < 0:
         raise MaskSpecError(f"--layer {layer} is negative", hint="accepted: an integer >= 0")
@@ -41,18 +45,9 @@ def _encode(spec_text: str, seq_len: int, tile: int, layer: int, num_heads: int 
     return encode(spec, seq_len, tile=tile, layer=layer, num_heads=num_heads)
 
 
-def select_for(fmt, gpu: str, *, batch: int, heads: int, head_dim: int) -> dict | None:
-    """The attention kernel the selector would choose, or None if it is not importable.
-
-    Calls ``stofc.kernels.attention.select_kernel(fmt, profile, batch=, heads=,
-    seq_len=, head_dim=)`` (owned by the attention-kernel work) with ``seq_len = L_max``.
-    """
-    try:
-        from stofc.kernels.attention import select_kernel
-    except ImportError:
-        return None
-    from stofc.targets import get_profile
-
+def select_for(fmt, gpu: str, *, batch: int, heads: int, head_dim: int) -> dict:
+    """The attention kernel the selector chooses for ``fmt`` on ``gpu`` at ``seq_len =
+    L_max`` (:func:`stofc.kernels.attention.select_kernel`), with its explanation."""
     choice = select_kernel(fmt, get_profile(gpu), batch=batch, heads=heads,
                            seq_len=fmt.seq_len, head_dim=head_dim)
     return {"gpu": gpu, "batch": batch, "heads": heads, "head_dim": head_dim,
@@ -84,7 +79,6 @@ def mask() -> None:
 def show(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None, head: int,
          output: str) -> None:
     """Draw SPEC: every element for L <= 1024, else a map of full/part/empty tiles."""
-    from stofc.masks.picture import render
 
     suffix = Path(output).suffix.lower()
     if suffix not in (".png", ".svg", ".pdf"):
@@ -112,7 +106,6 @@ def show(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None, 
 def stats_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None, gpu: str,
               batch: int, head_dim: int, as_json: bool) -> None:
     """Density, tiles full/part/empty, bitmap and format bytes, kernel choice."""
-    from stofc.masks import stats
 
     if batch < 1 or head_dim < 1:
         raise MaskSpecError(f"--batch {batch} / --head-dim {head_dim} must be >= 1",
@@ -163,7 +156,6 @@ def stats_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | N
 def export(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None,
            output: str) -> None:
     """Write the dense bool mask [L, L] (or [H, L, L] per head) to a .npy file."""
-    from stofc.masks.decode import DENSE_LIMIT, to_dense_all
 
     if seq_len > DENSE_LIMIT:
         raise MaskSpecError(f"--seq-len {seq_len} is too large to export densely",
@@ -185,7 +177,6 @@ def export(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None
 def encode_cmd(spec: str, seq_len: int, tile: int, layer: int, num_heads: int | None,
                output: str) -> None:
     """Write the unified tile format (.npz, with the canonical spec and its hash)."""
-    from stofc.masks import save
 
     if not output.endswith(".npz"):
         raise MaskSpecError(f"cannot write the format to '{output}'",

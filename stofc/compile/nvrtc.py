@@ -53,7 +53,7 @@ class CompiledKernel:
 
 def _nvrtc():
     try:
-        from cupy_backends.cuda.libs import nvrtc
+        from cupy_backends.cuda.libs import nvrtc  # optional: CuPy's NVRTC, the GPU extras
     except ImportError as err:  # pragma: no cover - depends on the install
         raise StofcError(
             f"NVRTC is not available ({err})",

@@ -12,7 +12,9 @@ import warnings
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 from google.protobuf.message import DecodeError
+from onnxscript import optimizer
 
 from stofc.errors import ModelError
 
@@ -80,11 +82,6 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
-    try:
-        import onnx_ir as ir
-        from onnxscript import optimizer
-    except ImportError:  # pragma: no cover - both are dependencies
-        return model
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx.reference import ReferenceEvaluator
 
 from stofc.frontend.graph import GraphIndex
 
@@ -164,7 +165,6 @@ def _probe(idx: GraphIndex, value: str) -> np.ndarray | None:
     model = onnx.helper.make_model(sub, opset_imports=list(idx.model.opset_import),
                                    ir_version=idx.model.ir_version)
     try:
-        from onnx.reference import ReferenceEvaluator
 
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")

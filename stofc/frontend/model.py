@@ -13,6 +13,7 @@ from stofc.frontend.chain import build_chain
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.load import canonicalize, opset_of, read_model
 from stofc.frontend.ops import Piece
+from stofc.frontend.pack import pack_projections as pack
 from stofc.frontend.types import ChainOp, Layer, ModelGraph, OpKind, Unsupported, ValueInfo
 
 _SHAPE_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
@@ -36,7 +37,6 @@ def load_model(path: str | os.PathLike, *, pack_projections: bool = False) -> Mo
     model = canonicalize(read_model(path))
     try:
         if pack_projections:
-            from stofc.frontend.pack import pack_projections as pack
             model = pack(model).model
         return _understand(path, model)
     except ModelError:

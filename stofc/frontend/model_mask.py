@@ -40,7 +40,8 @@ import onnx
 from stofc.errors import ModelError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import AttentionBlock, ModelGraph
-from stofc.masks.parse import make_family
+from stofc.masks.build import build_predicate
+from stofc.masks.cli_form import make_family
 from stofc.masks.spec import ArrayRef, Family, Node
 
 BASE_PROBES = (8, 40)
@@ -252,7 +253,6 @@ def _array(arr: np.ndarray) -> ArrayRef:
 
 
 def _dense_of(node: Node, n: int) -> np.ndarray:
-    from stofc.masks.build import build_predicate
 
     q = np.arange(n, dtype=np.int64)
     return np.broadcast_to(build_predicate(node, n, 64).allowed(q[:, None], q[None, :]),
@@ -262,7 +262,7 @@ def _dense_of(node: Node, n: int) -> np.ndarray:
 def _evaluate(idx: GraphIndex, graph: ModelGraph, values: list[str],
               s: int) -> dict[str, np.ndarray] | None:
     """Every mask value for batch 1, length ``s``, all-ones padding (ORT CPU)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime
 
     nodes = {n.name: n for v in values for n in idx.ancestors(v, through_shape=True,
                                                                limit=1 << 20)}

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from stofc.codegen import Source
-from stofc.errors import PlanError
+from stofc.errors import PlanError, RegistryError
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.space import Space
 from stofc.kernels.spec import KernelSpec
@@ -51,9 +51,6 @@ from stofc.targets import GpuProfile
 P = TypeVar("P")
 C = TypeVar("C")
 ParamValue = int | float | str | bool
-
-class RegistryError(ValueError):
-    """A family registered twice, or two families claiming one (segment, template)."""
 
 
 class SegmentView(Protocol):
@@ -285,13 +282,6 @@ def register(cls: F) -> F:
     return cls
 
 
-def unregister(name: str) -> None:
-    """Remove a family (tests that register a throw-away family clean up with it)."""
-    _FAMILIES.pop(name, None)
-    for pair in [p for p, owner in _BY_TEMPLATE.items() if owner == name]:
-        del _BY_TEMPLATE[pair]
-
-
 def family(name: str) -> KernelFamily[Any, Any]:
     """The family registered as ``name``."""
     try:
@@ -352,9 +342,3 @@ def default_kernel(seg: SegmentView, ctx: PlanContext, *, vendor: bool = True) -
     raise PlanError(f"no kernel family runs segment {getattr(seg, 'ordinal', '?')} "
                     f"({seg.family}) ({'; '.join(reasons) or 'none registered'})",
                     hint="choose another fusion scheme")
-
-
-def instance_of(spec: KernelSpec, problem: Any) -> tuple[KernelFamily[Any, Any], Any]:
-    """The family of ``spec`` and the config it names for ``problem``."""
-    fam = family_of(spec)
-    return fam, fam.config_of(spec, problem)

@@ -72,9 +72,9 @@ from stofc.lower.emit import (
     EmittedSegment,
     Emitter,
     bits_tensor,
-    emit_segment,
     tensor_bits,
 )
+from stofc.lower.emitters import emit_segment
 from stofc.lower.prenorm import keep_pre_norm_fp32
 from stofc.plan.plan import Plan
 

@@ -11,10 +11,11 @@ Public API::
 """
 
 from stofc.masks.build import bigbird_random_blocks, build_predicate, predicate
+from stofc.masks.cli_form import FAMILIES
 from stofc.masks.decode import MaskStats, load, save, stats, tile_classes, to_dense, to_dense_all
 from stofc.masks.encoder import TILES, encode
 from stofc.masks.format import MaskFormat
-from stofc.masks.parse import FAMILIES, parse_mask
+from stofc.masks.parse import parse_mask
 from stofc.masks.spec import Combine, Family, HeadMasks, MaskSpec, Override
 
 __all__ = [

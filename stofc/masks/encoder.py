@@ -18,9 +18,10 @@ import numpy as np
 
 from stofc.errors import MaskSpecError
 from stofc.masks.build import build_predicate
+from stofc.masks.cli_form import one_line
 from stofc.masks.format import MaskFormat, format_hash, popcount
 from stofc.masks.limits import MaskBudget, check_heads, check_seq_len
-from stofc.masks.parse import one_line, parse_mask
+from stofc.masks.parse import parse_mask
 from stofc.masks.predicates import FULL, MAYBE, ONES, pack_tiles
 from stofc.masks.spec import MaskSpec, Node
 

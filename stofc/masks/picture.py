@@ -37,12 +37,12 @@ def _summary(fmt: MaskFormat, head: int) -> tuple[str, dict[str, int], float]:
 def render(fmt: MaskFormat, path: str | Path, *, head: int = 0, title: str = "",
            element_limit: int = ELEMENT_LIMIT) -> str:
     """Draw ``fmt`` (one head) to ``path`` (PNG, or any matplotlib format); returns the mode."""
-    import matplotlib
+    import matplotlib  # optional: matplotlib, only for pictures
 
     matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib import pyplot as plt  # optional: matplotlib, only for pictures
+    from matplotlib.colors import ListedColormap  # optional: matplotlib, only for pictures
+    from matplotlib.patches import Patch, Rectangle  # optional: matplotlib, only for pictures
 
     L, T = fmt.seq_len, fmt.tile
     info, counts, _ = _summary(fmt, head)

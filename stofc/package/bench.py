@@ -84,7 +84,7 @@ class BenchResult:
 def require_cuda() -> None:
     """Raise DeviceError unless onnxruntime has the CUDA provider and a GPU is present."""
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: ONNX Runtime
     except ImportError:
         raise DeviceError("onnxruntime is not installed",
                           hint="pip install onnxruntime-gpu on a GPU machine") from None
@@ -99,7 +99,7 @@ def require_cuda() -> None:
 
 def optimized_baseline(graph: ModelGraph, source: Path, work: Path) -> Path:
     """The original optimised by ORT's transformer optimizer, float16, IO types kept."""
-    from onnxruntime.transformers.optimizer import optimize_model
+    from onnxruntime.transformers.optimizer import optimize_model  # optional: ONNX Runtime
 
     block = graph.layers[0].attention
     model_type = "gpt2" if block.causal_in_graph else "bert"
@@ -113,7 +113,7 @@ def optimized_baseline(graph: ModelGraph, source: Path, work: Path) -> Path:
 
 def device_binding(session, feeds: dict[str, np.ndarray]):
     """An IOBinding with ``feeds`` copied to ``cuda:0`` once and every output left on the GPU."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime
 
     binding = session.io_binding()
     for name, value in feeds.items():
@@ -163,7 +163,7 @@ def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tupl
     more: the outputs returned are that replay's (the caller compares them with a plain
     run's). Returns median, p10, p90 ms and those outputs.
     """
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime
 
     binding = session.io_binding()
     keep = []
@@ -211,7 +211,7 @@ def bench_package(package: str | Path, *, model: str | Path | None, cases: list[
 
     With ``cuda_graph`` each side is also timed as CUDA-graph replays (module doc).
     """
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime
 
     require_cuda()
     package = Path(package)
@@ -276,9 +276,9 @@ def _time_graph_side(name: str, open_session, feeds: dict[str, np.ndarray],
 def plot(results: list[Timing], path: Path) -> Path:
     """A bar chart of median latency per case and side (PNG); CUDA-graph timings are their
     own bars (``NAME (CUDA graph)``)."""
-    import matplotlib
+    import matplotlib  # optional: matplotlib, only for pictures
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib, only for pictures
 
     def label(t: Timing) -> str:
         return f"{t.name} (CUDA graph)" if t.graph else t.name

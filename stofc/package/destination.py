@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from stofc.errors import PackageError, StofcError
-from stofc.fsutil import directory_lock, fs_errors, make_locked_tempdir, umask
+from stofc.fsutil import directory_lock, fs_errors, make_locked_tempdir, os_error, umask
 from stofc.package.manifest import MANIFEST, read_manifest
 
 ANOTHER = "choose another -o DIR (or remove that file yourself if it may go)"
@@ -175,7 +175,6 @@ def write_directory(dest: str | Path, fill: Callable[[Path], None], *,
         except StofcError:
             raise
         except OSError as err:
-            from stofc.fsutil import os_error
             raise os_error(err, doing="write the package") from None
         if verify is not None:
             verify(tmp.path)

@@ -54,7 +54,7 @@ def _arch_cc(arch: str) -> tuple[int, int]:
 def device_compute_capability() -> tuple[int, int] | None:
     """Compute capability of CUDA device 0 (through CuPy), or None without a GPU."""
     try:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None
         props = cupy.cuda.runtime.getDeviceProperties(0)
@@ -221,7 +221,7 @@ def _provider_name(provider: Any) -> str:
 
 def session_options(root: str | Path):
     """SessionOptions with the package's custom-op library registered."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime
 
     root = Path(root).absolute()
     so = ort.SessionOptions()
@@ -238,7 +238,7 @@ def load(root: str | Path, providers: Sequence[Any] | None = None, *,
     onnxruntime has the CUDA provider and a GPU is present, else CPU.
     """
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: ONNX Runtime
     except ImportError:
         raise PackageError("onnxruntime is not installed",
                            hint="pip install onnxruntime (CPU) or onnxruntime-gpu") from None

@@ -29,6 +29,8 @@ from functools import cache
 from pathlib import Path
 
 from stofc.cachecheck import ELF_MAGIC, sha256_path, warn_once
+from stofc.codegen import Source
+from stofc.compile import compile_source, include_dirs
 from stofc.errors import CompileError, StofcError
 from stofc.fsutil import atomic_write, atomic_write_text, fs_errors, locked_tempdir
 from stofc.package.ort_headers import OrtHeaders, find_ort_headers
@@ -91,7 +93,6 @@ def _compiler(compiler: str | None) -> tuple[str, str]:
 @cache
 def cuda_include_dir() -> Path:
     """The directory holding ``cuda.h`` (the nvidia-cuda-runtime wheel, else CUDA_PATH)."""
-    from stofc.compile import include_dirs
 
     for entry in include_dirs():
         if (Path(entry) / "cuda.h").is_file():
@@ -109,8 +110,6 @@ def key_prep_ptx(root: Path | None = None) -> bytes:
     Embedded in the library for the CUDA twin of SparseAttention; without it the
     CPU twins are unaffected and the CUDA twin says how to rebuild.
     """
-    from stofc.codegen import Source
-    from stofc.compile import compile_source
 
     code = ((root or sources_dir()) / KEY_PREP_SOURCE).read_text()
     source = Source(name="stofc_key_prep", code=code, template=f"cuda/ort/{KEY_PREP_SOURCE}",

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
 from stofc.errors import PlanError
 from stofc.frontend.graph import GraphIndex
@@ -72,9 +74,6 @@ def _counts_up(idx: GraphIndex, graph: ModelGraph, value: str) -> bool:
     last axis when the inputs have length ``S``: positions, not token types (HF gathers
     a zeros buffer *by* the positions there). Evaluated on the few nodes it needs, with
     inputs of length ``PROBE``."""
-    from onnx import helper
-    from onnx.reference import ReferenceEvaluator
-
     nodes = idx.ancestors(value, through_shape=True, limit=200)
     if not nodes or len(nodes) >= 200:
         return False

@@ -159,7 +159,7 @@ def verify_package(package: str | Path, *, model: str | Path | None = None,
                    seed: int = 0, bound: float = END_TO_END_BOUND,
                    input_shapes: dict[str, tuple[int, ...]] | None = None) -> VerifyReport:
     """Compare the package with the reference on every ``(batch, seq_len)`` case."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime
 
     package = Path(package)
     check_package(package)  # the manifest first: an edited plan.json is "modified", not a crash
@@ -211,7 +211,7 @@ def default_cases(max_len: int) -> list[tuple[int, int]]:
 
 
 def _session(model: bytes):
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: ONNX Runtime (the test/ort extras)
 
     so = ort.SessionOptions()
     so.log_severity_level = 4  # errors come back as one line, not ORT's log

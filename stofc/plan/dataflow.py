@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from stofc.frontend.types import ChainOp, Layer, OpKind
 
 PROJECTION_ROLES = frozenset({"qkv", "q", "k", "v"})
-COMPUTE_KINDS = frozenset({OpKind.GEMM, OpKind.ATTENTION})
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,6 @@ def _projection_results(chain: tuple[ChainOp, ...], flows: list[OpFlow]) -> list
             else:
                 results.append(flow.output)
     return results
-
-
-def layer_input(flows: tuple[OpFlow, ...]) -> str:
-    """The value the layer starts from (the first operator's data input)."""
-    return flows[0].inputs[0]
 
 
 def consumers(flows: tuple[OpFlow, ...]) -> dict[str, tuple[int, ...]]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from stofc.errors import PlanError, StofcError
+from stofc.errors import PlanError, RegistryError, StofcError
 from stofc.kernels import catalog
 from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from stofc.runtime.segments import SegmentRunner
 
 TOKENS_HINT = 4096   # GEMM/norm problems carry M only as a hint; the kernels take M at run time
-
-
-class RegistryError(ValueError):
-    """Two executors for one family."""
 
 
 @dataclass

@@ -16,12 +16,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from stofc.errors import StofcError
+from stofc.errors import RegistryError, StofcError
 from stofc.runtime.module import BoundLaunch, LoadedKernel
-
-
-class RegistryError(ValueError):
-    """Two launch forms for one attention family."""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,11 @@ launch error raises :class:`~stofc.errors.DeviceError`.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from stofc.compile import CompiledKernel
 from stofc.errors import DeviceError
@@ -19,7 +22,7 @@ _MODULES: dict[str, Any] = {}
 
 def _cupy():
     try:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
     except ImportError as err:  # pragma: no cover - depends on the install
         raise DeviceError("CuPy is not installed",
                           hint="install the GPU extras: pip install 'stofc[gpu]'") from err
@@ -71,7 +74,7 @@ def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0) ->
         _MODULES[kernel.key] = module
     function = module.get_function(entry)
     if dynamic_smem > 48 * 1024:
-        from cupy.cuda import driver
+        from cupy.cuda import driver  # optional: CuPy, the GPU extras
         driver.funcSetAttribute(function.ptr,
                                 driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 dynamic_smem)
@@ -91,9 +94,7 @@ class BoundLaunch:
 
     def __init__(self, kernel: LoadedKernel, grid: int, block: int, args: tuple, *,
                  result=None, then: BoundLaunch | None = None) -> None:
-        import ctypes
 
-        import numpy as np
 
         self.kernel, self.grid, self.block, self.result = kernel, grid, block, result
         self.then = then
@@ -120,7 +121,7 @@ class BoundLaunch:
     def launch(self, stream=None):
         """Launch on ``stream`` (CuPy stream; None = current); returns ``result``."""
         cupy = _cupy()
-        from cupy.cuda import driver
+        from cupy.cuda import driver  # optional: CuPy, the GPU extras
 
         if self.grid > 0:
             s = stream if stream is not None else cupy.cuda.get_current_stream()

@@ -31,6 +31,7 @@ _WORKSPACE = 32 * 1024 * 1024
 def _library() -> ctypes.CDLL:
     errors = []
     try:
+        # optional: cuda-pathfinder, the GPU extras
         from cuda.pathfinder import load_nvidia_dynamic_lib
         return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
     except Exception as err:  # fall back to the loader's search path
@@ -48,7 +49,7 @@ class Cublas:
     """A cuBLAS handle with its own workspace on the current device."""
 
     def __init__(self) -> None:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
         lib = _library()
         vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
@@ -92,7 +93,7 @@ _HANDLES: dict[int, Cublas] = {}
 
 def handle() -> Cublas:
     """The handle for the current device (created on first use)."""
-    import cupy
+    import cupy  # optional: CuPy, the GPU extras
     dev = cupy.cuda.Device().id
     if dev not in _HANDLES:
         _HANDLES[dev] = Cublas()
@@ -153,6 +154,7 @@ def _lt_library() -> ctypes.CDLL:
         except OSError as err:
             errors.append(str(err))
     try:
+        # optional: cuda-pathfinder, the GPU extras
         from cuda.pathfinder import load_nvidia_dynamic_lib
         return ctypes.CDLL(load_nvidia_dynamic_lib("cublasLt").abs_path)
     except Exception as err:  # fall back to the loader's search path (as the ORT library)
@@ -234,7 +236,7 @@ class CublasLt:
         self.handle = vp()
         Cublas._check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         if workspace is None:
-            import cupy
+            import cupy  # optional: CuPy, the GPU extras
             self.workspace = cupy.empty(_WORKSPACE, dtype=cupy.uint8)
             workspace = int(self.workspace.data.ptr)
         self._workspace_ptr = workspace
@@ -338,7 +340,7 @@ _LT_HANDLES: dict[int, CublasLt] = {}
 
 def lt_handle() -> CublasLt:
     """The cuBLASLt handle for the current device (created on first use)."""
-    import cupy
+    import cupy  # optional: CuPy, the GPU extras
     dev = cupy.cuda.Device().id
     if dev not in _LT_HANDLES:
         _LT_HANDLES[dev] = CublasLt()

@@ -29,7 +29,6 @@ from stofc.errors import StofcError
 from stofc.frontend.types import Layer, OpKind
 from stofc.kernels import catalog
 from stofc.kernels.attention.family import AttentionFamily
-from stofc.kernels.epilogue import Epilogue
 from stofc.plan.plan import LayerPlan, Segment
 from stofc.runtime.executors import Loaded, executor_for, runs_here
 from stofc.runtime.module import _cupy
@@ -267,8 +266,3 @@ def cublas_gemm(x, w_nk, out, dtype: str, *, stream=None) -> None:
     """
     ptr = stream.ptr if stream is not None else _cupy().cuda.get_current_stream().ptr
     handle().gemm(x, w_nk, out, dtype, ptr)
-
-
-def epilogue_of(seg: Segment) -> Epilogue:
-    """The segment's last epilogue (what its output went through)."""
-    return seg.epilogues[-1]

@@ -19,6 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast, get_args
 
+from stofc.frontend.types import OpKind
+from stofc.plan.families import match_segments
+from stofc.plan.moves import initial_scheme, neighbours
+from stofc.plan.scheme import FusionScheme
 from stofc.tune.interfaces import Config, Move, MoveKind, Scheme, SegmentSpace
 
 
@@ -69,7 +73,6 @@ class LayerSchemeSpace:
 
     def __init__(self, layer: Any, *, tokens: int,
                  segment_space: Callable[[Any], SegmentSpace]) -> None:
-        from stofc.frontend.types import OpKind
 
         self.layer = layer
         self.tokens = tokens
@@ -80,15 +83,12 @@ class LayerSchemeSpace:
 
     @staticmethod
     def _fusion(scheme: Scheme) -> Any:
-        from stofc.plan.scheme import FusionScheme
         return FusionScheme.from_values(list(scheme.values))
 
     def initial(self) -> Scheme:
-        from stofc.plan.moves import initial_scheme
         return Scheme(initial_scheme(self.layer, tokens=self.tokens).codes).canonical()
 
     def moves(self, scheme: Scheme) -> Sequence[Move]:
-        from stofc.plan.moves import neighbours
         out = []
         for move in neighbours(self.layer, self._fusion(scheme)):
             result = Scheme(move.scheme.codes).canonical()
@@ -99,7 +99,6 @@ class LayerSchemeSpace:
         return out
 
     def segments(self, scheme: Scheme) -> Sequence[SegmentSpace]:
-        from stofc.plan.families import match_segments
         key = scheme.canonical()
         if key not in self._segments:
             self._segments[key] = [self.segment_space(m)

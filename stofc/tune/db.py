@@ -398,8 +398,3 @@ def _ensure_schema(conn: sqlite3.Connection, target: Path) -> None:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
-
-
-def problem_json(problem: tuple) -> str:
-    """The canonical JSON of a problem (shape) key."""
-    return json.dumps(list(problem), separators=(",", ":"))

@@ -15,7 +15,7 @@ from stofc.targets import PROFILES, GpuProfile, get_profile, profile_for_device_
 def present_gpu_name() -> str | None:
     """The name of CUDA device 0 (``"NVIDIA H200"``), or None when there is no GPU."""
     try:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None
         raw = cupy.cuda.runtime.getDeviceProperties(0)["name"]

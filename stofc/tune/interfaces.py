@@ -2,7 +2,7 @@
 
 The engine (stage 1, stage 2, measurement, database) knows nothing about
 kernels. The plan and kernel modules plug in by providing objects that satisfy
-these protocols; the simulated cost model in :mod:`stofc.tune.simulate` is the
+these protocols; the simulated cost model in :mod:`tests.tune_simulate` is the
 reference implementation the CI tests drive.
 
 Concrete values (owned here, constructed by anyone):

@@ -105,7 +105,7 @@ def time_with_events(launch: Callable[[int], None], n_inputs: int,
     launches on successive input sets. Raises on any CUDA error (the worker
     turns it into a fault). GPU only; call it inside a runner.
     """
-    import cupy
+    import cupy  # optional: CuPy, the GPU extras
 
     index = 0
     for _ in range(settings.warmup):
@@ -142,7 +142,7 @@ def device_identity() -> dict[str, str]:
     (``"580.65.06/cuda13.0"``); the release alone is unavailable in
     containers without ``/proc/driver/nvidia``.
     """
-    import cupy
+    import cupy  # optional: CuPy, the GPU extras
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     raw = props["name"]
@@ -193,7 +193,7 @@ class GpuLock:
         self._fd: int | None = None
 
     def __enter__(self) -> GpuLock:
-        import fcntl
+        import fcntl  # optional: POSIX only
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -201,7 +201,7 @@ class GpuLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import fcntl
+        import fcntl  # optional: POSIX only
 
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

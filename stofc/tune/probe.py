@@ -25,9 +25,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stofc.codegen import Source
+from stofc.compile.nvrtc import compile_source
+from stofc.errors import StofcError
+from stofc.targets import detect
 from stofc.tune.interfaces import Config
-from stofc.tune.measure import MeasureTask, TimingSettings, WorkerMeasurer, rotation_count
+from stofc.tune.measure import (
+    MeasureTask,
+    TimingSettings,
+    WorkerMeasurer,
+    rotation_count,
+    time_with_events,
+)
 
 PROBE_SOURCE = Source(
     name="stofc_probe",
@@ -59,10 +70,8 @@ _CACHE: dict[str, Any] = {}
 def _function() -> Any:
     """Compile (cached on disk) and load the probe kernel once per worker process."""
     if "fn" not in _CACHE:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
 
-        from stofc.compile.nvrtc import compile_source
-        from stofc.targets import detect
 
         kernel = compile_source(PROBE_SOURCE, detect().arch)
         path = Path(tempfile.mkdtemp(prefix="stofc-probe-")) / "probe.cubin"
@@ -75,7 +84,7 @@ def _function() -> Any:
 def _buffers(n: int, sets: int) -> tuple[list[Any], list[Any]]:
     key = f"buf{n}x{sets}"
     if key not in _CACHE:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
 
         rng = cupy.random.default_rng(0)
         xs = [rng.random(n, dtype=cupy.float32) + 0.5 for _ in range(sets)]
@@ -86,10 +95,8 @@ def _buffers(n: int, sets: int) -> tuple[list[Any], list[Any]]:
 
 def run_probe_task(task: MeasureTask) -> float | bool:
     """The runner: ``payload = {"n": elements, "sets": input sets}``; config threads, mode."""
-    import cupy
-    import numpy as np
+    import cupy  # optional: CuPy, the GPU extras
 
-    from stofc.tune.measure import time_with_events
 
     config = task.params
     threads, mode = int(config["threads"]), MODES[str(config["mode"])]
@@ -114,8 +121,6 @@ def run_probe_task(task: MeasureTask) -> float | bool:
 
 def main() -> int:
     """Run the checks on the GPU present; print one JSON object; 0 if all passed."""
-    from stofc.errors import StofcError
-    from stofc.targets import detect
 
     try:
         profile = detect()

@@ -17,6 +17,10 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, TextIO
 
+from rich import progress as rich_progress
+from rich.console import Console
+from rich.table import Table
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -148,7 +152,6 @@ class RichReporter:
     """A live progress line (rich) per stage and a summary table at the end."""
 
     def __init__(self, console: Any = None) -> None:
-        from rich.console import Console
         self.console = console or Console(stderr=True)
         self._progress: Any = None
         self._task: Any = None
@@ -159,12 +162,12 @@ class RichReporter:
             self._progress = None
 
     def stage(self, name: str, message: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
         self._stop()
         self.console.print(f"[bold]{name}[/]: {message}")
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                  MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                  console=self.console, transient=True)
+        rp = rich_progress
+        self._progress = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(),
+                                     rp.MofNCompleteColumn(), rp.TextColumn("{task.fields[info]}"),
+                                     console=self.console, transient=True)
         self._task = self._progress.add_task(name, total=None, info="")
         self._progress.start()
 
@@ -181,7 +184,6 @@ class RichReporter:
         self.console.print(f"[yellow]warning:[/] {message}")
 
     def summary(self, rows: list[SummaryRow]) -> None:
-        from rich.table import Table
         self._stop()
         table = Table(title="tuning summary")
         for column in ("segment", "family", "x", "default ms", "tuned ms", "speed-up", "source"):

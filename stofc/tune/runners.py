@@ -22,7 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from stofc.errors import DeviceError
+from stofc.tune import runner_attention, runner_segments
 from stofc.tune.measure import MeasureTask, TimingSettings, WorkerMeasurer, device_identity
+from stofc.tune.runner_attention import compile_attention
+from stofc.tune.runner_segments import compile_segment
 from stofc.tune.spaces import AttentionPayload, SegmentPayload
 
 RUNNER = "stofc.tune.runners:run"
@@ -36,7 +39,7 @@ def require_gpu() -> None:
     if _GPU_OK:
         return
     try:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as err:
         raise DeviceError(f"the tuning runners time kernels on a CUDA GPU and none is usable "
@@ -60,10 +63,8 @@ def run(task: MeasureTask) -> float | bool:
     """Time or verify one candidate of a real kernel family (see the module doc)."""
     require_gpu()
     if isinstance(task.payload, AttentionPayload):
-        from stofc.tune import runner_attention
         return runner_attention.run(task)
     if isinstance(task.payload, SegmentPayload):
-        from stofc.tune import runner_segments
         return runner_segments.run(task)
     raise TypeError(f"no runner for a {type(task.payload).__name__} payload "
                     f"(family {task.family!r})")
@@ -72,10 +73,8 @@ def run(task: MeasureTask) -> float | bool:
 def compile_candidate(payload: Any, config_key: str) -> None:
     """Compile one candidate into the NVRTC cache; raises its compile error (no GPU)."""
     if isinstance(payload, AttentionPayload):
-        from stofc.tune.runner_attention import compile_attention
         compile_attention(payload, config_key)
     elif isinstance(payload, SegmentPayload):
-        from stofc.tune.runner_segments import compile_segment
         compile_segment(payload, config_key)
     else:
         raise TypeError(f"no compiler for a {type(payload).__name__} payload")

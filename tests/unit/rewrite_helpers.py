@@ -14,12 +14,22 @@ from stofc.frontend.types import ModelGraph
 from stofc.lower.rewrite import AttentionBinding, rewrite_model
 from stofc.masks import parse_mask
 from stofc.masks.format import MaskFormat
+from stofc.masks.spec import MaskSpec
 from stofc.package.maskbin import write_mask_binary
-from stofc.pipeline import encode_masks, with_causal
+from stofc.pipeline import encode_masks
 from stofc.plan.attention import attention_inputs
 from stofc.plan.build import build_plan
 from stofc.plan.plan import Plan
 from stofc.targets import get_profile
+
+
+def with_causal(spec: MaskSpec) -> MaskSpec:
+    """``spec`` with ``causal=true`` on the default and every override."""
+    def causal(o):
+        return replace(o, node=replace(o.node, causal=True))
+    return replace(spec, default=replace(spec.default, causal=True),
+                   layers=tuple(causal(o) for o in spec.layers),
+                   heads=tuple(causal(o) for o in spec.heads))
 
 
 def rewrite_graph(graph: ModelGraph, mask: str, tmp_path: Path, *, max_seq_len: int,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from stofc.cli import main
 from stofc.masks import encode, parse_mask, to_dense
-from stofc.masks.parse import FAMILIES
+from stofc.masks.cli_form import FAMILIES
 from stofc.masks.spec import COMBINE_OPS
 
 SETTINGS = settings(max_examples=120, deadline=3000,

@@ -20,9 +20,9 @@ from stofc.pipeline import (
     compile_model,
     normalize_dtype,
     recompile_package,
-    with_causal,
 )
 from stofc.targets import get_profile
+from tests.unit.rewrite_helpers import with_causal
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))

@@ -9,8 +9,8 @@ from stofc.tune.engine import tune_chain
 from stofc.tune.evaluate import Evaluator
 from stofc.tune.interfaces import Config, SegmentSpace
 from stofc.tune.progress import RecordingReporter
-from stofc.tune.simulate import SimChain, SimClock, SimMeasurer, SimOp, SimSegment
 from stofc.tune.stage1 import ci_violations
+from tests.tune_simulate import SimChain, SimClock, SimMeasurer, SimOp, SimSegment
 
 
 class ListSpace:

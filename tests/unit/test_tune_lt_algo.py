@@ -42,7 +42,9 @@ from stofc.tune.evaluate import Evaluator
 from stofc.tune.interfaces import Measurement, segment_key
 from stofc.tune.plan_tuner import tune_plan_buckets
 from stofc.tune.progress import RecordingReporter
-from stofc.tune.simulate import (
+from stofc.tune.spaces import SpaceFactory, config_of_spec
+from stofc.tune.stage2 import neighbours, search_params
+from tests.tune_simulate import (
     LT_RANKS,
     SimClock,
     SimMeasurer,
@@ -50,8 +52,6 @@ from stofc.tune.simulate import (
     bert_like_chain,
     lt_returned,
 )
-from stofc.tune.spaces import SpaceFactory, config_of_spec
-from stofc.tune.stage2 import neighbours, search_params
 
 ROOT = Path(__file__).resolve().parents[2]
 BIGBIRD = "bigbird:block=64,window=3,global=2,random=3"

@@ -12,7 +12,7 @@ import pytest
 from stofc.tune.interfaces import Config
 from stofc.tune.measure import MeasureTask, WorkerMeasurer, rotation_count
 
-RUNNER = "stofc.tune.simulate:run_simulated_task"
+RUNNER = "tests.tune_simulate:run_simulated_task"
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +39,7 @@ def segment(**behaviour: str) -> FakeSegment:
 
 
 def expected_ms(config: Config) -> float:
-    from stofc.tune.simulate import run_simulated_task
+    from tests.tune_simulate import run_simulated_task
     task = MeasureTask("time", "fake", (128, 64), config.key, {"base_ms": 1.0, "behaviour": {}})
     return run_simulated_task(task)
 
@@ -108,7 +108,7 @@ def test_batches_compile_in_parallel_beside_the_worker_and_compile_errors_are_fa
     seg = FakeSegment(payload={"base_ms": 1.0, "behaviour": {cfg(4).key: "abort"},
                                "compile_errors": [cfg(2).key]})
     with WorkerMeasurer(RUNNER, timeout_s=5, start_timeout_s=60, compile_workers=2,
-                        compiler="stofc.tune.simulate:compile_simulated") as measurer:
+                        compiler="tests.tune_simulate:compile_simulated") as measurer:
         evaluator = Evaluator(measurer)
         results = evaluator.measure_many(seg, [cfg(1), cfg(2), cfg(3), cfg(1), cfg(4), cfg(5)])
         assert [r.ok for r in results] == [True, False, True, True, False, True]
@@ -216,7 +216,7 @@ def test_prefetch_compiles_across_segments_once_each_in_pool_processes(tmp_path)
     segs = [FakeSegment(problem=(n,), payload={"base_ms": 1.0, "behaviour": {},
                                                "compile_log": str(log)}) for n in (1, 2)]
     with WorkerMeasurer(RUNNER, timeout_s=5, start_timeout_s=60, compile_workers=2,
-                        compiler="stofc.tune.simulate:compile_simulated") as measurer:
+                        compiler="tests.tune_simulate:compile_simulated") as measurer:
         evaluator = Evaluator(measurer)
         evaluator.prefetch([(s, cfg(i)) for s in segs for i in range(6)])
         lines = log.read_text().splitlines()

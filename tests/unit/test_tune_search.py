@@ -12,7 +12,9 @@ from stofc.tune.engine import tune_chain
 from stofc.tune.evaluate import Evaluator, sample_configs
 from stofc.tune.interfaces import Config, Scheme
 from stofc.tune.progress import JsonReporter, RecordingReporter
-from stofc.tune.simulate import (
+from stofc.tune.stage1 import ci_violations, search_scheme, segment_estimate
+from stofc.tune.stage2 import neighbours, search_params, share_budget
+from tests.tune_simulate import (
     SimClock,
     SimMeasurer,
     SimSchemeSpace,
@@ -21,8 +23,6 @@ from stofc.tune.simulate import (
     boundary_moves,
     faults,
 )
-from stofc.tune.stage1 import ci_violations, search_scheme, segment_estimate
-from stofc.tune.stage2 import neighbours, search_params, share_budget
 
 
 def setup(ci_pair_factor: float = 1.3, *, seed: int = 0, propose_illegal: bool = False,

@@ -12,12 +12,12 @@ import hashlib
 
 import numpy as np
 
+from stofc.kernels.attention.gather import pack_bits
 from stofc.masks.format import MaskFormat
 
 
 def format_from_dense(dense: np.ndarray, tile: int = 64) -> MaskFormat:
     """Encode a boolean mask ``[L, L]`` (shared) or ``[H, L, L]`` (per head). Vectorised."""
-    from stofc.kernels.attention.gather import pack_bits
 
     dense = np.asarray(dense, dtype=bool)
     if dense.ndim == 2:
