@@ -18,8 +18,11 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) examples/run_demo.py --out out/demo
 
-test: venv
+lint: venv
 	$(VENV)/bin/ruff check stofc tests bench examples
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q tests
 
 gpu-test: venv

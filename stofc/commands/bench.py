@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -67,9 +68,13 @@ def _table(result: BenchResult, cases: list[tuple[int, int]], *, graph: bool) ->
     refused = {(r.name, r.batch, r.seq_len): i for i, r in enumerate(result.refusals, start=1)}
     rows = []
     for b, n in cases:
-        cells, row = [], {"batch": b, "seq_len": n}
+        cells: list[str] = []
+        row: dict[str, Any] = {"batch": b, "seq_len": n}
         for name, key in (("stofc", "stofc"), ("ort-optimized", "ort_optimized")):
             t = result.get(name, b, n, graph) or result.get(name, b, n, False)
+            if t is None:
+                raise StofcError(f"no {name} timing at batch {b}, length {n}",
+                                 hint="this is a stofc bug; report it")
             mark = f" [{refused[(name, b, n)]}]" if graph and (name, b, n) in refused else ""
             row[f"{key}_ms"], row[f"{key}_graph"] = t.median_ms, t.graph
             cells.append(f"{t.median_ms:.3f}{mark}")

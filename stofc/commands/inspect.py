@@ -113,7 +113,6 @@ def report(graph: ModelGraph, mask: dict | None = None, segments: list[dict] | N
 
 
 def _print_tables(data: dict, graph: ModelGraph) -> None:
-
     console = Console()
     ins = ", ".join(f"{v['name']} {v['dtype']}{v['shape']}" for v in data["inputs"])
     console.print(f"[bold]{data['model']}[/]  opset {data['opset']}  "

@@ -32,7 +32,6 @@ def _spec_options(fn):
 
 
 def _encode(spec_text: str, seq_len: int, tile: int, layer: int, num_heads: int | None):
-
     if layer < 0:
         raise MaskSpecError(f"--layer {layer} is negative", hint="accepted: an integer >= 0")
     if num_heads is not None and num_heads < 1:

@@ -70,7 +70,10 @@ def _softcap(idx: GraphIndex, node: onnx.NodeProto) -> tuple[float, str, list] |
 def _walk_scores(idx: GraphIndex, value: str):
     """Back from the Softmax input to Q Kᵀ: (matmul, nodes, factors, mask values,
     where_masks, softcap)."""
-    nodes, factors, additive, boolean = [], [], [], []
+    nodes: list[onnx.NodeProto] = []
+    factors: list[tuple[float, str]] = []   # (scale, how it was applied)
+    additive: list[str] = []                # additive mask values
+    boolean: list[str] = []                 # Where conditions
     softcap = 0.0
     for _ in range(16):
         node = idx.produced_by(value)
@@ -166,7 +169,7 @@ def _walk_probs(idx: GraphIndex, softmax: onnx.NodeProto):
 
 def _walk_merge(idx: GraphIndex, value: str):
     """Forward from P·V over the head merge, up to the Reshape back to [.., hidden]."""
-    nodes = []
+    nodes: list[onnx.NodeProto] = []
     while True:
         user = idx.sole_data_user(value)
         if user is None or user.op_type not in ("Transpose", "Reshape", "Cast", "Identity"):

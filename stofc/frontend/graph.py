@@ -11,18 +11,25 @@ which is how exporters spell the head split.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-_ARITH = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": None, "Pow": np.power,
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ONNX Div of constants: ``//`` on integers, ``/`` otherwise."""
+    return a // b if np.issubdtype(a.dtype, np.integer) else a / b
+
+
+_ARITH: dict[str, Callable[..., Any]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _div, "Pow": np.power,
     "Max": np.maximum, "Min": np.minimum, "Equal": np.equal, "Less": np.less,
     "Greater": np.greater, "And": np.logical_and, "Or": np.logical_or,
 }
-_UNARY = {"Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Neg": np.negative, "Abs": np.abs,
+_UNARY: dict[str, Callable[..., Any]] = {"Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Neg": np.negative, "Abs": np.abs,
           "Identity": lambda x: x, "Not": np.logical_not, "Floor": np.floor, "Ceil": np.ceil}
 
 
@@ -242,14 +249,10 @@ class GraphIndex:
                 if index is not None and index.ndim == 0:
                     return np.array(known[0], dtype=np.int64)
                 return np.array(known, dtype=np.int64)
-        ins = [self.const(i) if i else None for i in node.input]
+        ins: list[Any] = [self.const(i) if i else None for i in node.input]
         if op in _UNARY and ins[0] is not None:
             return _UNARY[op](ins[0])
         if op in _ARITH and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
-            if op == "Div":
-                if np.issubdtype(ins[0].dtype, np.integer):
-                    return ins[0] // ins[1]
-                return ins[0] / ins[1]
             return _ARITH[op](ins[0], ins[1])
         if ins and ins[0] is None and op not in ("Concat",):
             return None

@@ -165,13 +165,12 @@ def _probe(idx: GraphIndex, value: str) -> np.ndarray | None:
     model = onnx.helper.make_model(sub, opset_imports=list(idx.model.opset_import),
                                    ir_version=idx.model.ir_version)
     try:
-
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            result = ReferenceEvaluator(model).run(None, feeds)[0]
+            outputs = ReferenceEvaluator(model).run(None, feeds)
     except Exception:
         return None
-    return np.asarray(result)
+    return np.asarray(outputs[0]) if isinstance(outputs, list) else None
 
 
 def _feed(vi: onnx.ValueInfoProto) -> np.ndarray | None:

@@ -14,7 +14,15 @@ from stofc.frontend.graph import GraphIndex
 from stofc.frontend.load import canonicalize, opset_of, read_model
 from stofc.frontend.ops import Piece
 from stofc.frontend.pack import pack_projections as pack
-from stofc.frontend.types import ChainOp, Layer, ModelGraph, OpKind, Unsupported, ValueInfo
+from stofc.frontend.types import (
+    AttentionBlock,
+    ChainOp,
+    Layer,
+    ModelGraph,
+    OpKind,
+    Unsupported,
+    ValueInfo,
+)
 
 _SHAPE_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
 
@@ -58,7 +66,7 @@ def _understand(path: str | os.PathLike, model: onnx.ModelProto) -> ModelGraph:
         raise ModelError(f"no attention found in {path}: no Attention operator and no Softmax "
                          "over a product of two computed tensors (Q·Kᵀ)",
                          hint="pass a transformer model")
-    layers_pieces = []
+    layers_pieces: list[tuple[AttentionBlock, str, list[Piece]]] = []
     claimed: set[str] = set()
     for block in blocks:
         if claimed & set(block.nodes):  # two Softmax matched one block: keep the first
@@ -78,7 +86,7 @@ def _understand(path: str | os.PathLike, model: onnx.ModelProto) -> ModelGraph:
     covered = {n for layer in layers for op in layer.chain for n in op.nodes}
     left = tuple(n.name for n in idx.nodes if n.name not in covered)
     sources = {layer.attention.mask_source for layer in layers} - {None}
-    padding = sorted(sources)[0] if sources else None
+    padding = min(s for s in sources if s is not None) if sources else None
     return ModelGraph(
         path=str(path), opset=opset_of(model), inputs=_values(idx, model.graph.input),
         outputs=_values(idx, model.graph.output), layers=tuple(layers),

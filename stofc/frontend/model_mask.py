@@ -137,8 +137,8 @@ def _layer_mask(layer: int, block: AttentionBlock, evaluated: dict, probes: tupl
                 causal_op: bool) -> LayerMask:
     where = f"layer {layer}"
     if not block.mask_inputs:
-        node = make_family("causal", {}, "model", None) if causal_op else _dense()
-        return LayerMask(layer, node, "family", "causal (Attention is_causal)" if causal_op
+        plain = make_family("causal", {}, "model", None) if causal_op else _dense()
+        return LayerMask(layer, plain, "family", "causal (Attention is_causal)" if causal_op
                          else "none", ())
     allowed = {}
     for s in probes:
@@ -253,7 +253,6 @@ def _array(arr: np.ndarray) -> ArrayRef:
 
 
 def _dense_of(node: Node, n: int) -> np.ndarray:
-
     q = np.arange(n, dtype=np.int64)
     return np.broadcast_to(build_predicate(node, n, 64).allowed(q[:, None], q[None, :]),
                            (n, n))

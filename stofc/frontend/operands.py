@@ -66,8 +66,9 @@ def is_head_split(idx: GraphIndex, reshape: onnx.NodeProto) -> bool:
     tail, hidden = tgt[len(in_shape) - 1:], in_shape[-1]
     if not isinstance(hidden, int):
         return False  # e.g. [B*H, D, S] -> [B, H, D, S]: a K transpose detour, not a split
-    if all(isinstance(t, int) and t > 0 for t in tail):
-        return math.prod(tail) == hidden
+    sizes = [t for t in tail if isinstance(t, int) and t > 0]
+    if len(sizes) == len(tail):
+        return math.prod(sizes) == hidden
     # a head count computed at run time: still the split if D divides the hidden size
     return len(tgt) >= 4 and isinstance(tail[-1], int) and tail[-1] > 0 \
         and hidden % tail[-1] == 0

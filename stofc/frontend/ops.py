@@ -154,11 +154,11 @@ def linear_back(idx: GraphIndex, value: str, role: str, expect: str | None = Non
 def linear_fwd(idx: GraphIndex, value: str, role: str):
     """The projection consuming ``value``: ([gemm, bias?] pieces, output value) or None."""
     for user in idx.users(value):
-        mm = user
+        mm: onnx.NodeProto | None = user
         if user.op_type in ("Reshape", "Flatten"):
             mm = idx.sole_data_user(user.output[0])
-            if mm is None:
-                continue
+        if mm is None:
+            continue
         if mm.op_type not in ("MatMul", "Gemm"):
             continue
         ends = [mm.output[0]]
@@ -177,10 +177,11 @@ def linear_fwd(idx: GraphIndex, value: str, role: str):
 
 def _numel(idx: GraphIndex, value: str) -> int | None:
     shape = idx.shape(value)
-    if shape is None or not all(isinstance(d, int) for d in shape):
+    dims = [d for d in shape or () if isinstance(d, int)]
+    if shape is None or len(dims) != len(shape):
         return None
     n = 1
-    for d in shape:
+    for d in dims:
         n *= d
     return n
 
@@ -188,7 +189,8 @@ def _numel(idx: GraphIndex, value: str) -> int | None:
 # ----------------------------------------------------------------------------- regions
 def _region(idx: GraphIndex, start: str, limit: int = 24):
     """Elementwise closure from ``start``: (nodes in graph order, the one value used outside)."""
-    values, names, nodes = {start}, set(), []
+    values, names = {start}, set()
+    nodes: list[onnx.NodeProto] = []
     changed = True
     while changed and len(nodes) < limit:
         changed = False
@@ -308,8 +310,8 @@ def activation_fwd(idx: GraphIndex, value: str):
     if "Tanh" in ops:
         return Piece(OpKind.GELU, "", nodes, {"approximation": "tanh", "form": "tanh"}), out
     if "Sigmoid" in ops:  # x * sigmoid(a x): QuickGELU (a = 1.702, CLIP) or SiLU (a = 1)
-        factors = {round(idx.scalar(i), 3) for n in nodes for i in n.input
-                   if idx.scalar(i) is not None}
+        scalars = (idx.scalar(i) for n in nodes for i in n.input)
+        factors = {round(s, 3) for s in scalars if s is not None}
         name = "QuickGelu" if 1.702 in factors else "Silu"
         return Piece(OpKind.ACTIVATION, "", nodes, {"op": name}), out
     return None

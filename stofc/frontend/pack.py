@@ -187,17 +187,18 @@ def pack_projections(model: onnx.ModelProto) -> PackResult:
         return PackResult(model, (), (("", f"opset {opset_of(model)} < 13"),))
     overridden = {i.name for i in model.graph.input} & set(idx.initializers)
     blocks, _ = find_attention(idx)
-    matches, skipped, claimed = [], [], set()
+    matches, skipped = [], []
+    claimed: set[str] = set()
     for block in blocks:
         try:
             projs = _match(idx, block, overridden)
         except _Skip as why:
             skipped.append((block.q_input, str(why)))
             continue
-        names = {p.matmul.name for p in projs} | {p.add.name for p in projs if p.add}
-        if names & claimed:
+        owned = {p.matmul.name for p in projs} | {p.add.name for p in projs if p.add}
+        if owned & claimed:
             continue  # two Softmax matched one block
-        claimed |= names
+        claimed |= owned
         matches.append(projs)
     if not matches:
         return PackResult(model, (), tuple(skipped))

@@ -30,7 +30,7 @@ from stofc.kernels.registry import (
 BUILTIN = (gemm, gemm_norm, vendor_gemm, gemm_gemm, norm, ort, block, row, ws)
 
 
-def segment_kind(kind: str) -> KernelFamily:  # type: ignore[type-arg]
+def segment_kind(kind: str) -> KernelFamily:
     """The family that answers for segment kind ``kind`` (its first, by preference)."""
     found = families_for(kind)
     if not found:

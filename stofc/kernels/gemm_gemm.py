@@ -171,8 +171,9 @@ class GemmGemm(KernelFamily[GemmGemmProblem, GemmGemmConfig]):
         return KernelSpec("gemm_gemm", TEMPLATE, (("dtype", problem.dtype), *config.as_params()))
 
     def config_of(self, spec: KernelSpec, problem: GemmGemmProblem | None) -> GemmGemmConfig:
-        return GemmGemmConfig(*(spec.param(k) for k in ("bm", "bh", "bk", "warps", "stages")),
-                              split=spec.param("split", 1))
+        bm, bh, bk, warps, stages = (int(spec.param(k)) for k in ("bm", "bh", "bk", "warps",
+                                                                   "stages"))
+        return GemmGemmConfig(bm, bh, bk, warps, stages, split=int(spec.param("split", 1)))
 
     def tuning_key(self, problem: GemmGemmProblem, profile: GpuProfile,
                    identities: tuple[Any, ...]) -> tuple[Any, ...]:

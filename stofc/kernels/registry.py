@@ -325,6 +325,9 @@ def default_kernel(seg: SegmentView, ctx: PlanContext, *, vendor: bool = True) -
     """The analytical default KernelSpec of ``seg``: the first family (by preference) that
     runs its problem and has a default config. Raises PlanError saying why none does."""
     reasons = []
+    profile = ctx.profile
+    if profile is None:
+        raise PlanError("no GPU profile to choose a kernel for", hint="this is a stofc bug")
     peers = families_for(seg.family, vendor=vendor)
     if peers:
         chosen = peers[0].choose(peers, seg, ctx)
@@ -332,9 +335,9 @@ def default_kernel(seg: SegmentView, ctx: PlanContext, *, vendor: bool = True) -
             return chosen
     for fam in peers:
         problem = fam.problem(seg, ctx)
-        why = fam.unsupported(problem, ctx.profile)
+        why = fam.unsupported(problem, profile)
         if why is None:
-            config = fam.default(problem, ctx.profile)
+            config = fam.default(problem, profile)
             if config is not None:
                 return fam.spec(problem, config)
             why = "no configuration fits"

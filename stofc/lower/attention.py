@@ -20,7 +20,7 @@ from stofc.frontend.types import ModelGraph
 from stofc.kernels import catalog
 from stofc.kernels.attention.config import AttentionConfig, attention_family
 from stofc.kernels.attention.family import AttentionFamily, AttentionProblem
-from stofc.kernels.attention.launch import AttentionLaunchData
+from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.select import (
     AttentionVariant,
     KernelChoice,
@@ -67,7 +67,7 @@ class AttentionKernel:
         """The package file holding ``choice``'s launch data (one per launch key and mask)."""
         return launch_plan_file(self.problem.fmt, self.family(choice).launch_key(choice.config))
 
-    def launch_data(self, choice: KernelChoice) -> AttentionLaunchData:
+    def launch_data(self, choice: KernelChoice) -> LaunchData:
         """What ``choice``'s kernel is launched with (the runtime's and the CUDA twin's)."""
         return self.family(choice).launch_data(self.problem.fmt, choice.config)
 

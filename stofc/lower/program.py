@@ -29,7 +29,7 @@ from stofc.errors import PlanError
 from stofc.frontend.types import ModelGraph
 from stofc.kernels import catalog
 from stofc.kernels.attention.family import NO_ATTENTION_KERNEL, AttentionFamily
-from stofc.kernels.attention.launch import AttentionLaunchData
+from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.registry import KernelInstance, PlanContext
 from stofc.lower.attention import AttentionKernel, attention_kernels
 from stofc.lower.emit import AttentionBinding, EmittedSegment
@@ -62,7 +62,7 @@ class Program:
     twins: tuple[KernelInstance, ...]
     refs: dict[tuple[int, int], str]
     attention: dict[int, AttentionKernel]
-    launch_plans: tuple[tuple[str, AttentionLaunchData], ...]
+    launch_plans: tuple[tuple[str, LaunchData], ...]
     pack_qkv: bool = True
 
     @property

@@ -160,14 +160,16 @@ def _qkv_gemms(em: Emitter, sa: onnx.NodeProto, producer: dict[str, onnx.NodePro
     if len(qkv) < 3 or "" in qkv or len(set(qkv)) < 3:
         return None
     width = int(_attr(sa, "num_heads", 0)) * int(_attr(sa, "head_dim", 0))
-    gemms = tuple(producer.get(v) for v in qkv)
+    gemms: list[onnx.NodeProto] = []
     shapes = set()
-    for node, value in zip(gemms, qkv, strict=True):
+    for value in qkv:
+        node = producer.get(value)
         if node is None or node.domain != DOMAIN or node.op_type != "FusedGemm" \
                 or list(node.output) != [value] or readers.get(value) != 1 \
                 or value in read_outside or _text(_attr(node, "activation", "none")) != "none" \
-                or any(node.input[3:]) or node.input[0] != gemms[0].input[0]:
+                or any(node.input[3:]) or node.input[0] != (gemms or [node])[0].input[0]:
             return None
+        gemms.append(node)
         w = em.inits.get(node.input[1])
         b = em.inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if w is None or len(w.dims) != 2 or w.dims[1] != width or w.data_type != em.elem:
@@ -176,7 +178,7 @@ def _qkv_gemms(em: Emitter, sa: onnx.NodeProto, producer: dict[str, onnx.NodePro
                 b is None or list(b.dims) != [width] or b.data_type != em.elem):
             return None
         shapes.add(tuple(w.dims))
-    return gemms if len(shapes) == 1 else None
+    return tuple(gemms) if len(shapes) == 1 else None
 
 
 def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
@@ -230,14 +232,14 @@ def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
                        f"{', '.join(str(o) for _, o in gemm_segs)} of layer {layer} as one "
                        f"FusedGemm (w [{k_dim}, {3 * n_dim}] = [Wq | Wk | Wv])")
         notes[sa.name] = f"q is {name}'s packed [Q | K | V] result; k, v omitted (OPS.md)"
-    out: list[EmittedSegment] = []
+    renamed: list[EmittedSegment] = []
     for e in emitted:
         nodes = tuple(dict.fromkeys(packed_as.get(n, n) for n in e.nodes))
         extra = [notes[n] for n in nodes if n in notes]
         if nodes != e.nodes or extra:
             e = replace(e, nodes=nodes, note="; ".join([e.note, *extra] if e.note else extra))
-        out.append(e)
-    return out
+        renamed.append(e)
+    return renamed
 
 
 def float_type(idx: GraphIndex) -> int:

@@ -243,7 +243,10 @@ def bench_package(package: str | Path, *, model: str | Path | None, cases: list[
                 if cuda_graph:
                     result = _time_graph_side(name, openers[name], feeds, plain, batch, seq_len,
                                               warmup=warmup, repeat=repeat)
-                    (timings if isinstance(result, Timing) else refusals).append(result)
+                    if isinstance(result, Timing):
+                        timings.append(result)
+                    else:
+                        refusals.append(result)
     return BenchResult(timings, refusals)
 
 

@@ -62,30 +62,31 @@ def input_shape(graph: ModelGraph, idx: GraphIndex, vi: ValueInfo, batch: int, s
                     symbols[key] = (batch, seq_len)[min(len(symbols), 1)]
                 shape.append(symbols[key])
         return shape
-    shape = [d if isinstance(d, int) and d > 0 else None for d in vi.shape]
-    if shape[0] is None:
-        shape[0] = batch
+    dims: list[int | None] = [d if isinstance(d, int) and d > 0 else None for d in vi.shape]
+    if dims[0] is None:
+        dims[0] = batch
     conv = next((u for u in idx.users(vi.name) if u.op_type == "Conv"), None)
     if conv is not None:
         weight = idx.shape(conv.input[1]) or ()
-        if shape[1] is None and len(weight) >= 2 and isinstance(weight[1], int):
-            shape[1] = weight[1]
+        if dims[1] is None and len(weight) >= 2 and isinstance(weight[1], int):
+            dims[1] = weight[1]
         side = _side(idx, conv)
-        for i in range(2, len(shape)):
-            if shape[i] is None and side is not None:
-                shape[i] = side
-    if any(d is None for d in shape):
+        for i in range(2, len(dims)):
+            if dims[i] is None and side is not None:
+                dims[i] = side
+    if any(d is None for d in dims):
         raise StofcError(f"cannot tell the shape of input {vi.name!r} ({list(vi.shape)}): it is "
                          "not a token sequence", hint=f"pass --input-shape {vi.name}=" +
-                         ",".join(str(d) if d is not None else "N" for d in shape))
-    return [int(d) for d in shape if d is not None]
+                         ",".join(str(d) if d is not None else "N" for d in dims))
+    return [int(d) for d in dims if d is not None]
 
 
 def _side(idx: GraphIndex, conv) -> int | None:
     """The image side whose patches fill the position-embedding table (ViT, CLIP)."""
     strides = idx.attr(conv, "strides", None)
     kernel = idx.shape(conv.input[1]) or ()
-    stride = int(strides[0]) if strides else (kernel[2] if len(kernel) > 2 else None)
+    stride = int(strides[0]) if strides else (
+        int(kernel[2]) if len(kernel) > 2 and isinstance(kernel[2], int) else None)
     hidden = kernel[0] if kernel else None
     if not stride or not isinstance(hidden, int):
         return None

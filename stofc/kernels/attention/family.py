@@ -116,7 +116,7 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
         :func:`.select.choose_attention` (``ctx.variants``), else the config for exactly
         this shape (:func:`.select.select_kernel`); :data:`NO_ATTENTION_KERNEL` without a
         format."""
-        if ctx.fmt is None:
+        if ctx.fmt is None or ctx.profile is None:
             return NO_ATTENTION_KERNEL
         problem = self.problem(seg, ctx)
         shape = {"batch": problem.batch, "heads": problem.heads, "seq_len": problem.seq_len,

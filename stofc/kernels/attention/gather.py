@@ -105,9 +105,9 @@ def plan_tiles(fmt: MaskFormat, *, gather: bool = True,
                 n_g = -(-len(keys) // t)
                 slots = np.full(n_g * t, -1, dtype=np.int64)
                 slots[:len(keys)] = keys
-                gbits = np.zeros((n_g * t, t), dtype=bool)
-                gbits[:len(keys)] = colbits
-                gbits = gbits.reshape(n_g, t, t).transpose(0, 2, 1)    # [g, rows, slots]
+                flat = np.zeros((n_g * t, t), dtype=bool)
+                flat[:len(keys)] = colbits
+                gbits = flat.reshape(n_g, t, t).transpose(0, 2, 1)     # [g, rows, slots]
                 base = len(gather_keys)
                 gather_keys.extend(slots.reshape(n_g, t))
                 new_bitmaps.append(pack_bits(gbits))

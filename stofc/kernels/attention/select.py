@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,11 @@ def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: in
     seq_len = min(seq_len, fmt.seq_len)
     thr = stof_threshold(fmt, seq_len)
     shape = {"batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim}
-    ranked, missing, estimates, refining, refined = [], [], [], [], []
+    ranked: list[tuple[float, int, Any, AttentionConfig]] = []   # (us, order, family, config)
+    refining: list[tuple[float, int, Any, AttentionConfig]] = []
+    estimates: list[tuple[str, float]] = []
+    refined: list[tuple[str, float]] = []
+    missing: list[str] = []
     for order, fam in enumerate(f for f in attention_families() if f.selectable):
         cfg = fam.starting_config(fmt, profile, **shape)
         if cfg is None:

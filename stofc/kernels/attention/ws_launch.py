@@ -95,7 +95,8 @@ class WsLaunchPlan(LaunchData):
     @classmethod
     def from_plan_file(cls, common: Mapping[str, Any], heads: int,
                        scalars: Mapping[str, int]) -> WsLaunchPlan:
-        return cls(num_heads=heads, **scalars, **common)
+        fields: dict[str, Any] = {**scalars, **common}
+        return cls(num_heads=heads, **fields)
 
 
 def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
