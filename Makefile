@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STOFC := $(VENV)/bin/stofc
 EXTRAS ?= gpu,test
 
-.PHONY: venv demo test lint gpu-test clean
+.PHONY: venv demo test test-quick lint gpu-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ lint: venv
 
 test: lint
 	$(PY) -m pytest -q tests
+
+test-quick: lint
+	$(PY) -m pytest -q -m "not slow" tests
 
 gpu-test: venv
 	$(PY) -m pytest -q tests/gpu

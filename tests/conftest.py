@@ -19,14 +19,30 @@ listing of the real cache before and after ``make test``.
 
 A test that needs a cache of its own still sets ``STOFC_CACHE_DIR`` with
 ``monkeypatch``; it is restored to the session directory afterwards.
+
+Fixtures shared by the whole session: the C++ test programs are built once per session
+(once per worker under ``pytest -n``), not once per module that uses them:
+
+* ``fake``: the fake-GPU custom-op library: a test build of ``libstofc_ort.so``
+  (``-DSTOFC_CUDA_TWINS_ON_CPU``, :func:`stofc.package.ortlib.build_test_library`) and
+  ``cuda/ort/tests/fake_cuda.cc`` as ``libcuda.so.1`` / cuBLASLt beside it (see
+  tests/unit/test_ortlib_fake_gpu.py);
+* ``driver``: ``cuda/ort/tests/attrs_test.cc``, the attribute parser's test driver
+  (tests/unit/test_ortlib_cuda.py).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
+
+import pytest
+
+from stofc.package.ort_headers import find_ort_headers
+from stofc.package.ortlib import build_test_library, cuda_include_dir, sources_dir
 
 _SESSION: dict[str, str | None] = {}
 ISOLATED_ENV = ("STOFC_CACHE_DIR", "STOFC_DUMP_DIR", "CUPY_CACHE_DIR")
@@ -57,3 +73,30 @@ def pytest_unconfigure(config) -> None:
 def session_root() -> Path:
     """The temporary directory holding this session's cache and dumps."""
     return Path(_SESSION["root"] or "")
+
+
+@pytest.fixture(scope="session")
+def fake(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("fakegpu")
+    lib = build_test_library(root / "lib", ("STOFC_CUDA_TWINS_ON_CPU",))
+    fake_so = root / "libfakecuda.so"
+    res = subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Werror",
+                          "-I", str(sources_dir()), "-I", str(cuda_include_dir()),
+                          str(sources_dir() / "tests" / "fake_cuda.cc"), "-o", str(fake_so)],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    (root / "libcuda.so.1").symlink_to(fake_so)
+    return {"lib": lib, "dir": root, "fake": fake_so}
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory) -> Path:
+    src = sources_dir()
+    exe = tmp_path_factory.mktemp("attrs") / "attrs_test"
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(src),
+           "-I", str(find_ort_headers(None).include_dir), "-I", str(cuda_include_dir()),
+           str(src / "tests" / "attrs_test.cc"), str(src / "cuda_attrs.cc"),
+           str(src / "launch_plan.cc"), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    return exe

@@ -16,6 +16,13 @@ Families and the operator sequences they execute (``?`` optional, in order):
   ONNX Runtime runs the model's own nodes for it, the fused segments around it
   read and write its values (the plan never picks a segment it cannot generate)
 
+A segment kind that is not a chain of the grammar above (the attention operator, an
+activation left to ONNX Runtime, a gated MLP's two GEMMs and product...) is claimed by a
+*matcher* registered with :func:`matches`: each is asked, in registration order, before
+the chain grammar, and returns its :class:`SegmentMatch`, None (not its kind), or raises
+:class:`SchemeRejected`. A new segment kind is one ``@matches`` function (beside its
+kernel family, :mod:`stofc.kernels.registry`); nothing here branches on it.
+
 Rules every segment obeys: at most two compute-intensive operators (STOF);
 operators form a chain (each reads its predecessor's output; a residual add
 reads one value from outside the segment); every value read outside the
@@ -26,9 +33,10 @@ norm families).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from stofc.errors import PlanError
+from stofc.errors import PlanError, RegistryError
 from stofc.frontend.types import ChainOp, Layer, OpKind
 from stofc.kernels.epilogue import Epilogue
 from stofc.plan.dataflow import OpFlow, consumers, resolve_dataflow
@@ -81,6 +89,62 @@ class SegmentMatch:
 
     def dim(self, name: str) -> int:
         return dict(self.dims)[name]
+
+
+@dataclass(frozen=True)
+class SegmentOps:
+    """What a matcher sees of one segment: its operators, their dataflow and the values'
+    readers (chain positions; the layer's output is read at ``len(layer.chain)``)."""
+
+    layer: Layer
+    ordinal: int
+    idx: tuple[int, ...]
+    ops: tuple[ChainOp, ...]
+    flows: tuple[OpFlow, ...]
+    users: dict[str, tuple[int, ...]]
+    max_norm_width: int
+
+    def reject(self, reason: str) -> SchemeRejected:
+        return SchemeRejected(self.ordinal, self.idx, reason)
+
+
+Matcher = Callable[[SegmentOps], "SegmentMatch | None"]
+_MATCHERS: dict[str, Matcher] = {}
+
+
+def matches(kind: str) -> Callable[[Matcher], Matcher]:
+    """Decorator: the matcher of segment kind ``kind`` (module doc; loud on a second one)."""
+    def wrap(fn: Matcher) -> Matcher:
+        if kind in _MATCHERS:
+            raise RegistryError(f"segment kind {kind!r} has two matchers "
+                                f"({_MATCHERS[kind].__name__} and {fn.__name__})")
+        _MATCHERS[kind] = fn
+        return fn
+    return wrap
+
+
+@matches("attention")
+def _attention(seg: SegmentOps) -> SegmentMatch | None:
+    """The attention operator, alone (the MHA segment is fixed)."""
+    if not any(o.kind == OpKind.ATTENTION for o in seg.ops):
+        return None
+    if len(seg.ops) != 1:
+        raise seg.reject("the attention operator must be a segment of its own "
+                         "(the MHA segment is fixed)")
+    flow = seg.flows[seg.idx[0]]
+    return SegmentMatch(seg.ordinal, seg.idx, "attention", (), (), (), 0.0,
+                        (seg.ops[0].role,), flow.inputs, (flow.output,))
+
+
+@matches("ort")
+def _left_to_ort(seg: SegmentOps) -> SegmentMatch | None:
+    """One activation no template implements: ONNX Runtime runs the model's own nodes."""
+    if len(seg.ops) != 1 or seg.ops[0].kind not in _ACT_KINDS \
+            or activation_of(seg.ops[0]) is not None:
+        return None
+    flow = seg.flows[seg.idx[0]]
+    return SegmentMatch(seg.ordinal, seg.idx, "ort", (), (), (), 0.0, (seg.ops[0].role,),
+                        flow.inputs, (flow.output,))
 
 
 def activation_of(op: ChainOp) -> str | None:
@@ -148,20 +212,13 @@ def _match_one(layer: Layer, ordinal: int, idx: tuple[int, ...], flows: tuple[Op
                users: dict[str, tuple[int, ...]], max_norm_width: int) -> SegmentMatch:
     ops = [layer.chain[i] for i in idx]
     seg_flows = [flows[i] for i in idx]
-
-    def reject(reason: str) -> SchemeRejected:
-        return SchemeRejected(ordinal, idx, reason)
-
+    view = SegmentOps(layer, ordinal, idx, tuple(ops), flows, users, max_norm_width)
+    for matcher in _MATCHERS.values():
+        claimed = matcher(view)
+        if claimed is not None:
+            return claimed
+    reject = view.reject
     kinds = [o.kind for o in ops]
-    if OpKind.ATTENTION in kinds:
-        if len(ops) != 1:
-            raise reject("the attention operator must be a segment of its own "
-                         "(the MHA segment is fixed)")
-        return SegmentMatch(ordinal, idx, "attention", (), (), (), 0.0, (ops[0].role,),
-                            seg_flows[0].inputs, (seg_flows[0].output,))
-    if len(ops) == 1 and ops[0].kind in _ACT_KINDS and activation_of(ops[0]) is None:
-        return SegmentMatch(ordinal, idx, "ort", (), (), (), 0.0, (ops[0].role,),
-                            seg_flows[0].inputs, (seg_flows[0].output,))
     n_ci = sum(k == OpKind.GEMM for k in kinds)
     if n_ci > MAX_CI_PER_SEGMENT:
         raise reject(f"{n_ci} compute-intensive operators; a segment holds at most "

@@ -86,6 +86,7 @@ def _arch_specs(arch: str) -> list[KernelSpec]:
     return [s for s in SPECS if s.head_dim == 64 and s.has_bias and s.has_key_bits]
 
 
+@pytest.mark.slow  # NVRTC compiles of every variant (still run by make test)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_representative_variant_compiles(arch):
     specs = _arch_specs(arch)

@@ -89,6 +89,7 @@ def _wgmma_specs() -> list[KernelSpec]:
     return specs
 
 
+@pytest.mark.slow  # NVRTC compiles of every variant (still run by make test)
 @pytest.mark.parametrize("spec", _wgmma_specs(), ids=lambda s: s.name)
 def test_every_wgmma_variant_compiles_for_sm_90a(spec):
     kernel = compile_kernel(spec, "sm_90")

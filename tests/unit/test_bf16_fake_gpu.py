@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from stofc.lower.emit import to_tensor
 from stofc.lower.twins import KERNEL_ABI, epilogue_kernel, launch_attributes, norm_epilogue
-from tests.unit.test_ortlib_fake_gpu import fake, run  # noqa: F401  (the fake-driver fixture)
+from tests.unit.test_ortlib_fake_gpu import run
 
 BF16, F32 = TensorProto.BFLOAT16, TensorProto.FLOAT
 CUDA_R_32F, CUDA_R_16BF = 0, 14
@@ -50,7 +50,7 @@ def gemm_model(residual: bool) -> onnx.ModelProto:
     return model_of(nodes, inputs, [vi("y", F32, ["M", N])], inits)
 
 
-def test_float_output_gemm_asks_cublaslt_for_fp32_c_and_d(fake, tmp_path):  # noqa: F811
+def test_float_output_gemm_asks_cublaslt_for_fp32_c_and_d(fake, tmp_path):
     feeds = [{"x": np.ones((M, K), np.float32)} for M in (33, 7)]
     code, out, records = run(fake, tmp_path, gemm_model(residual=False), feeds)
     assert code == 0, out
@@ -69,7 +69,7 @@ def test_float_output_gemm_asks_cublaslt_for_fp32_c_and_d(fake, tmp_path):  # no
     assert not [r for r in records if r["call"] == "launch"]          # cuBLASLt writes y
 
 
-def test_float_output_gemm_refuses_a_residual(fake, tmp_path):  # noqa: F811
+def test_float_output_gemm_refuses_a_residual(fake, tmp_path):
     feeds = [{"x": np.ones((4, K), np.float32), "r": np.ones((4, N), np.float32)}]
     code, out, _ = run(fake, tmp_path, gemm_model(residual=True), feeds)
     assert code == 3 and "float bias makes y float" in out and "takes no residual" in out, out
@@ -92,7 +92,7 @@ def norm_model(src, ep, *, x_float: bool) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("x_float", [True, False])
-def test_add_layer_norm_launches_the_kernel_for_its_types(fake, tmp_path, x_float):  # noqa: F811
+def test_add_layer_norm_launches_the_kernel_for_its_types(fake, tmp_path, x_float):
     ep = norm_epilogue(has_residual=True, rms=False, has_beta=True, has_sum=False)
     src = epilogue_kernel(ep, N, "bfloat16", input_fp32=x_float, params_fp32=True)
     (tmp_path / "n.cubin").write_bytes(b"fake\0")
@@ -112,7 +112,7 @@ def test_add_layer_norm_launches_the_kernel_for_its_types(fake, tmp_path, x_floa
     (True, True, False, "compiled for x float and gamma/beta bfloat16 but the node gives x float "
                         "and gamma float"),
 ])
-def test_norm_kernel_for_other_types_fails_the_run(fake, tmp_path, x_float, kernel_x_fp32,  # noqa: F811
+def test_norm_kernel_for_other_types_fails_the_run(fake, tmp_path, x_float, kernel_x_fp32,
                                                    kernel_params_fp32, says):
     ep = norm_epilogue(has_residual=True, rms=False, has_beta=True, has_sum=False)
     src = epilogue_kernel(ep, N, "bfloat16", input_fp32=kernel_x_fp32,

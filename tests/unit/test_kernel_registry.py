@@ -23,7 +23,9 @@ from stofc.kernels.space import Space
 from stofc.kernels.spec import KernelSpec
 from stofc.lower.emitters import emits
 from stofc.masks import encode, parse_mask
+from stofc.plan import families as segment_kinds
 from stofc.plan.build import build_plan, segment_context
+from stofc.plan.moves import initial_scheme
 from stofc.plan.synthetic import bert_layer, gpt2_layer, t5_layer
 from stofc.runtime.executors import executes
 from stofc.runtime.launches import launches
@@ -130,7 +132,9 @@ def test_a_new_family_is_one_registration(clean_registry):
     assert catalog.family_of_params("toy", fam.params(ToyConfig(2))) is fam
 
 
-def test_a_second_emitter_executor_or_launch_form_fails_loudly():
+def test_a_second_emitter_executor_launch_form_or_matcher_fails_loudly():
+    with pytest.raises(RegistryError, match="two matchers"):
+        segment_kinds.matches("attention")(lambda seg: None)
     with pytest.raises(RegistryError, match="two emitters"):
         emits("gemm")(lambda *a: ([], "", None))
     with pytest.raises(RegistryError, match="two runtime executors"):
@@ -160,3 +164,24 @@ def test_planned_specs_round_trip_through_their_family_config(mask):
             assert fam.spec(problem, config) == seg.kernel, (fam.name, seg.ordinal)
             assert fam.kernels(problem, config)[0].role == "main"
     assert {"vendor_gemm", "add_norm"} <= seen and seen & {"attention_block", "attention_row"}
+
+
+def test_a_new_segment_kind_is_one_matcher(monkeypatch):
+    """A registered matcher claims its segments before the chain grammar; others pass."""
+    monkeypatch.setattr(segment_kinds, "_MATCHERS", dict(segment_kinds._MATCHERS))
+    layer = bert_layer()
+    scheme = initial_scheme(layer, tokens=4096)
+    before = segment_kinds.match_segments(layer, scheme)
+    claimed = before[-1].ordinal
+
+    @segment_kinds.matches("toy")
+    def toy(seg):
+        if seg.ordinal != claimed:
+            return None
+        flow = seg.flows[seg.idx[-1]]
+        return segment_kinds.SegmentMatch(seg.ordinal, seg.idx, "toy", (), (), (), 0.0, (),
+                                          seg.flows[seg.idx[0]].inputs, (flow.output,))
+
+    after = segment_kinds.match_segments(layer, scheme)
+    assert [m.family for m in after] == [m.family for m in before[:-1]] + ["toy"]
+    assert after[:-1] == before[:-1]

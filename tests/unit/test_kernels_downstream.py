@@ -89,6 +89,7 @@ def _gemm_gemm_sources():
 ALL = _gemm_sources() + _norm_sources() + _gemm_gemm_sources()
 
 
+@pytest.mark.slow  # NVRTC compiles of every variant (still run by make test)
 @pytest.mark.parametrize("target", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", ALL, ids=[s.name[:60] for s in ALL])
 def test_every_family_compiles(source, target):
@@ -98,6 +99,7 @@ def test_every_family_compiles(source, target):
     assert source.name.encode() in kernel.binary
 
 
+@pytest.mark.slow  # NVRTC compiles of every variant (still run by make test)
 @pytest.mark.parametrize("target", ["sm_86", "sm_89"])
 @pytest.mark.parametrize("source", [ALL[0], ALL[5], ALL[-3], ALL[len(_gemm_sources())]],
                          ids=["gemm", "gemm_norm", "gemm_gemm", "add_norm"])
@@ -105,6 +107,7 @@ def test_subset_compiles_for_ampere_and_ada(source, target):
     assert compile_source(source, target).binary[:4] == b"\x7fELF"
 
 
+@pytest.mark.slow  # NVRTC compiles of every variant (still run by make test)
 @pytest.mark.parametrize("layers", [[bert_layer()], [gpt2_layer()], [t5_layer()]],
                          ids=["post-ln", "pre-ln", "rmsnorm"])
 @pytest.mark.parametrize("tokens", [32, 4096])

@@ -28,7 +28,7 @@ from stofc.package.ortlib import build_library
 from stofc.package.verify import verify_package
 from stofc.pipeline import Instruments, compile_model
 from tests.unit.test_ortlib_abi import CASES, cpu_runtime  # noqa: F401
-from tests.unit.test_ortlib_fake_gpu import attention_package, fake, feeds_for, run  # noqa: F401
+from tests.unit.test_ortlib_fake_gpu import attention_package, feeds_for, run
 
 ROOT = Path(__file__).resolve().parents[2]
 NP_KPM = {TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_}
@@ -160,7 +160,7 @@ def test_key_prep_launches_once_and_attention_reads_key_state(fake, cpu_runtime,
     assert not [r for r in second if r["call"] in ("module_load", "mem_alloc", "htod")]
 
 
-def test_key_prep_first_run_under_graph_capture_is_refused(fake, tmp_path):  # noqa: F811
+def test_key_prep_first_run_under_graph_capture_is_refused(fake, tmp_path):
     spec, L, config = CASES[0]
     _, model = attention_package(tmp_path, spec, L, config, kpm=True, bias=False)
     model = with_key_prep(model)
@@ -171,7 +171,7 @@ def test_key_prep_first_run_under_graph_capture_is_refused(fake, tmp_path):  # n
     assert not [r for r in records if r["call"] in ("launch", "module_load")]
 
 
-def test_wrong_size_key_state_fails_the_run(fake, tmp_path):  # noqa: F811
+def test_wrong_size_key_state_fails_the_run(fake, tmp_path):
     spec, L, config = CASES[0]
     _, model = attention_package(tmp_path, spec, L, config, kpm=True, bias=False)
     model = with_key_prep(model, state_input="ks_in")

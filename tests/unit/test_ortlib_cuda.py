@@ -24,26 +24,12 @@ from stofc.kernels.vendor_gemm import split_fused_gemm
 from stofc.lower.twins import KERNEL_ABI, norm_epilogue
 from stofc.masks import encode
 from stofc.package.maskbin import PLAN_HEADER_BYTES, encode_attention_plan
-from stofc.package.ort_headers import find_ort_headers
-from stofc.package.ortlib import cuda_include_dir, sources_dir
+from stofc.package.ortlib import sources_dir
 
 ENTRY = "stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k1"
 ATTN_OK = {"kernel_abi": 3, "kernel": f"kernels/a.sm_90.cubin:{ENTRY}",
            "launch_plan": "masks/m.block.plan.bin", "block_threads": 128,
            "blocks_per_tile_row": 1, "smem_bytes": 55296}
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory) -> Path:
-    src = sources_dir()
-    exe = tmp_path_factory.mktemp("attrs") / "attrs_test"
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(src),
-           "-I", str(find_ort_headers(None).include_dir), "-I", str(cuda_include_dir()),
-           str(src / "tests" / "attrs_test.cc"), str(src / "cuda_attrs.cc"),
-           str(src / "launch_plan.cc"), "-o", str(exe)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert res.returncode == 0, res.stderr
-    return exe
 
 
 def ask(driver: Path, *cases: tuple[str, dict]) -> list[str]:

@@ -32,7 +32,6 @@ from stofc.kernels.vendor_gemm import GemmSplit, split_fused_gemm
 from stofc.lower.twins import KERNEL_ABI, epilogue_kernel, launch_attributes, norm_epilogue
 from stofc.masks import encode
 from stofc.package.maskbin import write_attention_plan, write_mask_binary
-from stofc.package.ortlib import build_test_library, cuda_include_dir, sources_dir
 from tests.unit.test_ortlib_abi import CASES, abi_table, cpu_runtime  # noqa: F401
 
 F16 = TensorProto.FLOAT16
@@ -54,20 +53,6 @@ except Exception as err:
     print("ERROR", str(err).strip().splitlines()[0])
     sys.exit(3)
 """
-
-
-@pytest.fixture(scope="module")
-def fake(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("fakegpu")
-    lib = build_test_library(root / "lib", ("STOFC_CUDA_TWINS_ON_CPU",))
-    fake_so = root / "libfakecuda.so"
-    res = subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Werror",
-                          "-I", str(sources_dir()), "-I", str(cuda_include_dir()),
-                          str(sources_dir() / "tests" / "fake_cuda.cc"), "-o", str(fake_so)],
-                         capture_output=True, text=True, check=False)
-    assert res.returncode == 0, res.stderr
-    (root / "libcuda.so.1").symlink_to(fake_so)
-    return {"lib": lib, "dir": root, "fake": fake_so}
 
 
 def run(fake: dict, pkg: Path, model: onnx.ModelProto, feeds: list[dict], **env) -> tuple:

@@ -43,11 +43,10 @@ from tests.unit.test_ortlib import (  # noqa: F401
     vi,
 )
 from tests.unit.test_ortlib_abi import abi_table, cpu_runtime  # noqa: F401
-from tests.unit.test_ortlib_cuda import ATTN_OK, driver  # noqa: F401
-from tests.unit.test_ortlib_fake_gpu import (  # noqa: F401
+from tests.unit.test_ortlib_cuda import ATTN_OK
+from tests.unit.test_ortlib_fake_gpu import (
     attention_package,
     device_array,
-    fake,
     feeds_for,
     make_model,
     run,
@@ -201,7 +200,7 @@ TWO_VARIANTS = {
     "variant_max_batch_rows": [0, 4]}
 
 
-def ask_variants(driver, attrs: dict, **run) -> str:  # noqa: F811
+def ask_variants(driver, attrs: dict, **run) -> str:
     fields = {k: v for k, v in {**ATTN_OK, **attrs, **run}.items() if v is not None}
     lines = ["|".join(["variants", *(f"{k}=l:{','.join(map(str, v))}" if isinstance(v, list)
                                      else f"{k}=i:{v}" if isinstance(v, int) else f"{k}=s:{v}"
@@ -212,7 +211,7 @@ def ask_variants(driver, attrs: dict, **run) -> str:  # noqa: F811
     return line
 
 
-def test_variant_attributes_parse_in_order(driver):  # noqa: F811
+def test_variant_attributes_parse_in_order(driver):
     line = ask_variants(driver, TWO_VARIANTS)
     assert line == (
         f"OK n=2 ['variant_kernels[0]' file=v0.cubin entry={ROW_ENTRY} plan=r.plan.bin kind=row "
@@ -226,7 +225,7 @@ def test_variant_attributes_parse_in_order(driver):  # noqa: F811
     (1, 1, 0), (5, 128, 0),            # S <= 128: the first variant, whatever B
     (1, 129, 1), (2, 128 + 1, -1),     # B * ceil(S/64) = 3 <= 4, then 6 > 4: the base
     (1, 256, 1), (2, 256, -1), (4, 192, -1)])
-def test_first_eligible_variant_is_selected(driver, B, S, pick):  # noqa: F811
+def test_first_eligible_variant_is_selected(driver, B, S, pick):
     line = ask_variants(driver, TWO_VARIANTS, B=B, S=S, tile=64)
     assert line.endswith(f" pick={pick}"), line
 
@@ -264,7 +263,7 @@ BAD_VARIANTS = [
 
 
 @pytest.mark.parametrize("change,message", BAD_VARIANTS, ids=[m[:40] for _, m in BAD_VARIANTS])
-def test_bad_variant_attributes_fail_with_one_line_naming_them(driver, change, message):  # noqa: F811
+def test_bad_variant_attributes_fail_with_one_line_naming_them(driver, change, message):
     line = ask_variants(driver, {**TWO_VARIANTS, **change})
     assert line.startswith("ERR ") and message in line, line
 
@@ -283,7 +282,7 @@ def test_bad_variant_attributes_fail_with_one_line_naming_them(driver, change, m
     ({"lt_algo_m": [33], "lt_algo_rank": [-1]}, 8,
      "ERR attribute 'lt_algo_rank[0]' = -1 is outside 0..255"),
 ])
-def test_lt_algo_attributes(driver, attrs, M, answer):  # noqa: F811
+def test_lt_algo_attributes(driver, attrs, M, answer):
     fields = [f"{k}=l:{','.join(map(str, v))}" for k, v in attrs.items()] + [f"M=i:{M}"]
     res = subprocess.run([str(driver)], input="|".join(["lt_algo", *fields]) + "\n",
                          capture_output=True, text=True, check=True)
@@ -427,7 +426,7 @@ def test_packed_qkv_launch_points_into_q(fake, cpu_runtime, tmp_path):  # noqa: 
         assert ptr(w["v"]) - ptr(w["q"]) == a["v"] - a["q"]
 
 
-def fake_error(fake, tmp_path, model) -> str:  # noqa: F811
+def fake_error(fake, tmp_path, model) -> str:
     """The whole session-creation error (the runner prints it JSON-encoded); one line."""
     import tests.unit.test_ortlib_fake_gpu as fake_gpu
 
@@ -463,7 +462,7 @@ FAKE_BAD = [
 
 
 @pytest.mark.parametrize("override,message", FAKE_BAD, ids=[m[:40] for _, m in FAKE_BAD])
-def test_bad_variants_fail_session_creation(fake, tmp_path, override, message):  # noqa: F811
+def test_bad_variants_fail_session_creation(fake, tmp_path, override, message):
     write_attention_plan(launch_data(encode("causal", L_MAX), VARIANTS[1][0]),
                          tmp_path / "causal.plan.bin")
     _, model = variant_package(tmp_path, kpm=False, **override)
@@ -489,7 +488,7 @@ def gemm_model(**attrs):
                       [helper.make_tensor_value_info("y", F16, ["M", GN])], [w])
 
 
-def test_fused_gemm_uses_the_listed_heuristic_rank(fake, tmp_path):  # noqa: F811
+def test_fused_gemm_uses_the_listed_heuristic_rank(fake, tmp_path):
     """The fake heuristic offers 5 results, result i = algorithm i + 1 with 4096 * (i + 1) bytes."""
     model = gemm_model(lt_algo_m=[33, 7, 12], lt_algo_rank=[2, 11, 0])
     Ms = [33, 33, 7, 12, 5, 7]
@@ -510,7 +509,7 @@ def test_fused_gemm_uses_the_listed_heuristic_rank(fake, tmp_path):  # noqa: F81
     assert layouts[1::3] == [(GK, M) for M in (33, 7, 12, 5)]     # x's layout per planned M
 
 
-def test_fused_gemm_without_lt_algo_takes_result_zero(fake, tmp_path):  # noqa: F811
+def test_fused_gemm_without_lt_algo_takes_result_zero(fake, tmp_path):
     code, out, records = run(fake, tmp_path, gemm_model(),
                              [{"x": np.ones((M, GK), np.float16)} for M in (33, 7)])
     assert code == 0, out
@@ -518,6 +517,6 @@ def test_fused_gemm_without_lt_algo_takes_result_zero(fake, tmp_path):  # noqa: 
     assert [m["algo"] for m in records if m["call"] == "lt_matmul"] == [1, 1]
 
 
-def test_bad_lt_algo_fails_session_creation(fake, tmp_path):  # noqa: F811
+def test_bad_lt_algo_fails_session_creation(fake, tmp_path):
     line = fake_error(fake, tmp_path, gemm_model(lt_algo_m=[33, 7], lt_algo_rank=[1, -3]))
     assert "stofc FusedGemm" in line and "attribute 'lt_algo_rank[1]' = -3 is outside 0..255" in line

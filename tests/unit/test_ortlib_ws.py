@@ -44,7 +44,7 @@ from stofc.package.maskbin import (
 from stofc.runtime import tensor_map
 from stofc.targets import get_profile
 from tests.unit.test_ortlib_abi import FAKE_CUPY, OPS, _kind, _Recorder, abi_table, template_params
-from tests.unit.test_ortlib_cuda import ask, driver  # noqa: F401
+from tests.unit.test_ortlib_cuda import ask
 
 H100 = get_profile("h100")
 WS_ABI, COMBINE_ABI = "STOFC_ATTENTION_WS_ABI", "STOFC_ATTENTION_WS_COMBINE_ABI"
@@ -224,7 +224,7 @@ def test_plan_header_and_names():
     assert launch_numbers(AttentionConfig("row", 64, 2, 4), 64) == (128, 8, 0)
 
 
-def test_cpp_reader_accepts_ws_plans(driver, tmp_path):  # noqa: F811
+def test_cpp_reader_accepts_ws_plans(driver, tmp_path):
     for i, (fmt, split) in enumerate([(encode("longformer:window=128,global=32", 2048), 8),
                                       (per_head_format(700), 8), (encode("causal", 1000), 0)]):
         data = launch_data(fmt, ws(split=split))
@@ -240,7 +240,7 @@ def _damaged(data: WsLaunchPlan, **arrays) -> bytes:
     return encode_attention_plan(replace(data, **arrays))
 
 
-def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):  # noqa: F811
+def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):
     fmt = encode("longformer:window=128,global=32", 2048)
     d = launch_data(fmt, ws(split=8))
     assert isinstance(d, WsLaunchPlan) and d.splits
@@ -277,7 +277,7 @@ def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):  # noqa: F811
         assert "\n" not in line
 
 
-def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):  # noqa: F811
+def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):
     blob = bytearray(encode_attention_plan(launch_data(encode("causal", 256), ws())))
     blob[8:12] = (1).to_bytes(4, "little")
     (tmp_path / "old.plan.bin").write_bytes(bytes(blob))
@@ -309,7 +309,7 @@ SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed, SMs)
 
 
 @pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed,sms", SCALAR_CASES)
-def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, spec, split,  # noqa: F811
+def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, spec, split,
                                                   B, S, H, Hkv, D, packed, sms):
     fmt = per_head_format(700) if spec == "per-head" else encode(spec, 2048 if split else 1000)
     config = ws(split=split)

@@ -34,7 +34,7 @@ from stofc.package.maskbin import write_attention_plan, write_mask_binary
 from stofc.runtime import tensor_map
 from stofc.targets import get_profile
 from tests.unit.test_ortlib_abi import FAKE_CUPY, _Recorder, abi_table
-from tests.unit.test_ortlib_fake_gpu import device_array, fake, make_model, run  # noqa: F401
+from tests.unit.test_ortlib_fake_gpu import device_array, make_model, run
 from tests.unit.test_ortlib_ws import launch_numbers, per_head_format, ws
 
 F16 = TensorProto.FLOAT16
@@ -63,7 +63,7 @@ def decode_map(m: tensor_map.TensorMap) -> dict:
 
 
 @pytest.fixture
-def ws_runtime(monkeypatch, fake):  # noqa: F811
+def ws_runtime(monkeypatch, fake):
     """WsLaunchData on the CPU, encoding its tensor maps through the fake driver."""
     cupy = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: cupy)
@@ -225,7 +225,7 @@ CASES = [  # id, format, config, H, Hkv, kpm, bias, packed, SMs
 
 @pytest.mark.parametrize("name,make_fmt,config,H,Hkv,kpm,bias,packed,sms", CASES,
                          ids=[c[0] for c in CASES])
-def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_fmt, config,  # noqa: F811
+def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_fmt, config,
                                          H, Hkv, kpm, bias, packed, sms):
     fmt = make_fmt()
     model = ws_package(tmp_path, fmt, config, H=H, Hkv=Hkv, kpm=kpm, bias=bias, packed=packed)
@@ -250,7 +250,7 @@ def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_
                           sm_count=sms)
 
 
-def test_repeated_buffers_reuse_their_tensor_maps(fake, tmp_path):  # noqa: F811
+def test_repeated_buffers_reuse_their_tensor_maps(fake, tmp_path):
     """Runs on buffers already seen encode no map again (cached by address and shape): ORT's
     CPU EP hands the kernel the fed numpy arrays, so three runs on one feed encode q, k and
     v once, and every launch passes those maps."""
@@ -267,7 +267,7 @@ def test_repeated_buffers_reuse_their_tensor_maps(fake, tmp_path):  # noqa: F811
         assert [main["args"][t] for t in ("tma_q", "tma_k", "tma_v")] == maps[0]
 
 
-def test_ws_variant_next_to_a_block_base(fake, ws_runtime, tmp_path):  # noqa: F811
+def test_ws_variant_next_to_a_block_base(fake, ws_runtime, tmp_path):
     """A bucketed node: the ws kernel for S <= 256, the block-wise base above."""
     from tests.unit.test_ortlib_variants import check_launch
 
@@ -301,7 +301,7 @@ def test_ws_variant_next_to_a_block_base(fake, ws_runtime, tmp_path):  # noqa: F
             check_launch(records, attn, fmt, base, q, k, v, f["kpm"])
 
 
-def fake_error(fake, tmp_path, model) -> str:  # noqa: F811
+def fake_error(fake, tmp_path, model) -> str:
     from tests.unit.test_ortlib_variants import fake_error as one_line
     return one_line(fake, tmp_path, model)
 
@@ -325,13 +325,13 @@ BAD = [  # (kernel config, plan config, override, message)
 
 
 @pytest.mark.parametrize("kernel,plan,override,message", BAD, ids=[m[:40] for *_, m in BAD])
-def test_bad_ws_nodes_fail_session_creation(fake, tmp_path, kernel, plan, override, message):  # noqa: F811
+def test_bad_ws_nodes_fail_session_creation(fake, tmp_path, kernel, plan, override, message):
     model = ws_package(tmp_path, encode("causal", 256), kernel, plan_config=plan, **override)
     line = fake_error(fake, tmp_path, model)
     assert "stofc SparseAttention" in line and message in line, line
 
 
-def test_ws_variant_with_a_block_plan_names_the_variant(fake, tmp_path):  # noqa: F811
+def test_ws_variant_with_a_block_plan_names_the_variant(fake, tmp_path):
     fmt = encode("causal", 256)
     write_attention_plan(launch_data(fmt, BLOCK), tmp_path / "b.plan.bin")
     (tmp_path / "v.cubin").write_bytes(b"fake\0")

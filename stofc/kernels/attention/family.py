@@ -20,7 +20,7 @@ An attention family is a :class:`~stofc.kernels.registry.KernelFamily` of the
 Adding a kernel form (say a warp-specialised Hopper kernel) is one module: a
 subclass with its ``kind``, templates, config rules, cost model and launch, decorated
 with :func:`~stofc.kernels.registry.register`, imported by :mod:`stofc.kernels.catalog`.
-A form whose kernel takes other arguments than ``kernel_abi`` 2 also brings its own
+A form whose kernel takes other arguments than ``kernel_abi`` 3 also brings its own
 runtime op and CUDA twin; one with a second kernel per launch returns both from
 :meth:`~AttentionFamily.kernels`.
 """
