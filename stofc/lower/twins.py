@@ -1,4 +1,4 @@
-"""The CUDA launch attributes of a package's ai.stofc nodes (``cuda/ort/OPS.md``, kernel_abi 2).
+"""The CUDA launch attributes of a package's ai.stofc nodes (``cuda/ort/OPS.md``, kernel_abi 3).
 
 The lowering's last pass over the rewritten model (:func:`annotate_cuda`), before
 anything is rendered: it chooses the CUDA twins' epilogue kernels and names every
