@@ -22,11 +22,13 @@ lint: venv
 	$(VENV)/bin/ruff check stofc tests bench examples
 	$(VENV)/bin/mypy
 
+# PYTEST_ARGS="-n 2" runs the suite on two pytest-xdist workers (safe; faster only on
+# otherwise idle cores).
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 test-quick: lint
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 gpu-test: venv
 	$(PY) -m pytest -q tests/gpu
