@@ -1,5 +1,7 @@
 """``stofc bench DIR``: package vs ORT-optimised original latency (CUDA EP, IOBinding).
 
+The table gives each side's peak device memory per case (``stofc.package.bench``); ORT
+failing a long case (out of memory) is ``failed [i]`` with ORT's reason as a footnote.
 ``--cuda-graph`` adds a second table: both sides replayed as ONNX Runtime CUDA graphs
 (``stofc.package.bench``), with ORT's refusals named in footnotes.
 """
@@ -47,38 +49,60 @@ def bench(package: Path, model: Path | None, batches: tuple[int, ...], seq_lens:
     if cuda_graph:
         click.echo("\nCUDA graphs (enable_cuda_graph, one session per shape):")
         doc["cuda_graph"] = _table(result, cases, graph=True)
-        for i, r in enumerate(result.refusals, start=1):
+    for i, r in enumerate(_notes(result), start=1):
+        if r in result.failures:
+            click.echo(f"[{i}] {r.name} at B={r.batch} L={r.seq_len}: ONNX Runtime failed ({r.reason})")
+        else:
             click.echo(f"[{i}] {r.name} at B={r.batch} L={r.seq_len}: ONNX Runtime refused "
                        f"CUDA-graph capture ({r.reason}); its plain time is used")
     doc["timings"] = [t.to_dict() for t in result.timings]
     doc["refusals"] = [r.to_dict() for r in result.refusals]
+    doc["failures"] = [r.to_dict() for r in result.failures]
     if json_out is not None:
         json_out.write_text(json.dumps(doc, indent=1))
     if plot_path is not None:
         plot(result.timings, plot_path)
 
 
+def _notes(result: BenchResult) -> list:
+    """Failures (plain runs) then CUDA-graph refusals, numbered in this order."""
+    return [*result.failures, *result.refusals]
+
+
 def _table(result: BenchResult, cases: list[tuple[int, int]], *, graph: bool) -> list[dict]:
     """Print one table (plain or CUDA-graph timings) and return its rows for the JSON.
 
     In the CUDA-graph table a side ORT refused to capture falls back to its plain time,
-    marked ``[i]`` (the refusal's footnote) and ``*_graph: false`` in the JSON.
+    marked ``[i]`` (the refusal's footnote) and ``*_graph: false`` in the JSON. A side
+    that failed (ORT out of memory at a long length) is ``failed [i]``, its ms None. The
+    plain table also gives each side's peak device memory (MiB).
     """
-    click.echo(f"{'B':>3} {'L':>6} {'stofc ms':>10} {'ORT opt ms':>11} {'speed-up':>9}")
-    refused = {(r.name, r.batch, r.seq_len): i for i, r in enumerate(result.refusals, start=1)}
+    click.echo(f"{'B':>3} {'L':>6} {'stofc ms':>10} {'ORT opt ms':>11} {'speed-up':>9}"
+               + ("" if graph else f" {'stofc MiB':>10} {'ORT MiB':>9}"))
+    notes = {(r.name, r.batch, r.seq_len, r in result.failures): i
+             for i, r in enumerate(_notes(result), start=1)}
     rows = []
     for b, n in cases:
-        cells: list[str] = []
-        row: dict[str, Any] = {"batch": b, "seq_len": n}
+        cells, mems, row = [], [], {"batch": b, "seq_len": n}
         for name, key in (("stofc", "stofc"), ("ort-optimized", "ort_optimized")):
             t = result.get(name, b, n, graph) or result.get(name, b, n, False)
             if t is None:
-                raise StofcError(f"no {name} timing at batch {b}, length {n}",
-                                 hint="this is a stofc bug; report it")
-            mark = f" [{refused[(name, b, n)]}]" if graph and (name, b, n) in refused else ""
+                cells.append(f"failed [{notes.get((name, b, n, True), '?')}]")
+                row[f"{key}_ms"], row[f"{key}_graph"], row[f"{key}_peak_mib"] = None, False, None
+                mems.append("-")
+                continue
+            mark = f" [{notes[(name, b, n, False)]}]" if graph and (name, b, n, False) in notes \
+                else ""
             row[f"{key}_ms"], row[f"{key}_graph"] = t.median_ms, t.graph
+            plain = result.get(name, b, n, False)
+            row[f"{key}_peak_mib"] = plain.peak_mib if plain else None
+            mems.append(f"{row[f'{key}_peak_mib']:.0f}" if row[f"{key}_peak_mib"] is not None
+                        else "-")
             cells.append(f"{t.median_ms:.3f}{mark}")
-        row["speedup"] = row["ort_optimized_ms"] / row["stofc_ms"]
+        both = row["stofc_ms"] is not None and row["ort_optimized_ms"] is not None
+        row["speedup"] = row["ort_optimized_ms"] / row["stofc_ms"] if both else None
         rows.append(row)
-        click.echo(f"{b:>3} {n:>6} {cells[0]:>10} {cells[1]:>11} {row['speedup']:>8.2f}x")
+        speed = f"{row['speedup']:>8.2f}x" if both else f"{'-':>9}"
+        click.echo(f"{b:>3} {n:>6} {cells[0]:>10} {cells[1]:>11} {speed}"
+                   + ("" if graph else f" {mems[0]:>10} {mems[1]:>9}"))
     return rows

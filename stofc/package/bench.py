@@ -14,6 +14,13 @@ Timing: ``warmup`` runs, then ``repeat`` runs each timed with
 synchronised its stream); the median is reported, with p10/p90. Needs
 onnxruntime-gpu and a GPU: otherwise one clear DeviceError line.
 
+Memory: each side runs every case in a fresh session whose CUDA arena grows by what is
+asked (``arena_extend_strategy=kSameAsRequested``); ``peak_mib`` is the device memory in
+use after its timed runs minus before the session was created (``cudaMemGetInfo``
+through CuPy: weights, arena high-water mark, workspaces). At long lengths ORT's dense
+attention may not fit: its failure is recorded (``BenchResult.failures``) and the
+package's row still stands.
+
 CUDA graphs (``cuda_graph=True``): each side is also timed with ONNX Runtime's
 ``enable_cuda_graph`` provider option, one fresh session per shape (ORT captures one
 fixed shape), inputs and outputs bound once at fixed device buffers
@@ -53,6 +60,7 @@ class Timing:
     p10_ms: float
     p90_ms: float
     graph: bool = False      # timed as CUDA-graph replays (``enable_cuda_graph``)
+    peak_mib: float | None = None  # device memory the session held after its runs (plain)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -75,6 +83,7 @@ class Refusal:
 class BenchResult:
     timings: list[Timing]
     refusals: list[Refusal]
+    failures: tuple[Refusal, ...] = ()   # ORT's optimised model failing a plain run (e.g. OOM)
 
     def get(self, name: str, batch: int, seq_len: int, graph: bool) -> Timing | None:
         return next((t for t in self.timings if (t.name, t.batch, t.seq_len, t.graph)
@@ -127,10 +136,10 @@ def device_binding(session, feeds: dict[str, np.ndarray]):
 def time_session(session, feeds: dict[str, np.ndarray], *, warmup: int,
                  repeat: int) -> tuple[float, float, float]:
     """Median, p10, p90 ms of ``run_with_iobinding`` with device-resident IO."""
-    return _timed_runs(session, device_binding(session, feeds), warmup=warmup, repeat=repeat)
+    return timed_runs(session, device_binding(session, feeds), warmup=warmup, repeat=repeat)
 
 
-def _timed_runs(session, binding, *, warmup: int, repeat: int) -> tuple[float, float, float]:
+def timed_runs(session, binding, *, warmup: int, repeat: int) -> tuple[float, float, float]:
     """``warmup`` untimed runs of ``binding``, then median, p10, p90 ms of ``repeat`` timed."""
     for _ in range(warmup):
         session.run_with_iobinding(binding)
@@ -153,15 +162,23 @@ def graph_providers() -> list:
     return [(CUDA_EP, {"enable_cuda_graph": "1"}), CPU_EP]
 
 
-def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tuple], *,
-               warmup: int, repeat: int) -> tuple[float, float, float, dict[str, np.ndarray]]:
-    """:func:`time_session` for a CUDA-graph session: inputs and outputs at fixed buffers.
+@dataclass(frozen=True, eq=False)
+class GraphIO:
+    """A CUDA-graph session's IOBinding at fixed device buffers (:func:`graph_binding`)."""
+
+    binding: object
+    inputs: tuple           # the input OrtValues, kept alive at their captured addresses
+    outputs: dict           # output name -> preallocated OrtValue
+    poison: dict            # output name -> the NaN / -1 array written before a checked replay
+
+
+def graph_binding(session, feeds: dict[str, np.ndarray],
+                  out_shapes: dict[str, tuple]) -> GraphIO:
+    """Inputs and outputs bound once at fixed device buffers, as ORT's CUDA graph needs.
 
     ORT replays a captured graph on the addresses it captured, so outputs are bound to
     preallocated OrtValues of ``out_shapes`` (not ORT-allocated each run), filled with
-    NaN (floats) or -1 first. After timing they are filled again and replayed once
-    more: the outputs returned are that replay's (the caller compares them with a plain
-    run's). Returns median, p10, p90 ms and those outputs.
+    NaN (floats) or -1 first.
     """
     import onnxruntime as ort  # optional: ONNX Runtime
 
@@ -182,12 +199,29 @@ def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tupl
         outs[o.name] = ort.OrtValue.ortvalue_from_numpy(poison[o.name], "cuda", 0)
         binding.bind_ortvalue_output(o.name, outs[o.name])
     binding.synchronize_inputs()
-    med, p10, p90 = _timed_runs(session, binding, warmup=warmup, repeat=repeat)
-    for name, value in outs.items():  # poison again: the checked output is one replay's
-        value.update_inplace(poison[name])
-    session.run_with_iobinding(binding)
-    binding.synchronize_outputs()
-    return med, p10, p90, {k: v.numpy() for k, v in outs.items()}
+    return GraphIO(binding, tuple(keep), outs, poison)
+
+
+def replay_outputs(session, io: GraphIO) -> dict[str, np.ndarray]:
+    """Poison the outputs, replay once and return what that replay wrote."""
+    for name, value in io.outputs.items():
+        value.update_inplace(io.poison[name])
+    session.run_with_iobinding(io.binding)
+    io.binding.synchronize_outputs()
+    return {k: v.numpy() for k, v in io.outputs.items()}
+
+
+def time_graph(session, feeds: dict[str, np.ndarray], out_shapes: dict[str, tuple], *,
+               warmup: int, repeat: int) -> tuple[float, float, float, dict[str, np.ndarray]]:
+    """:func:`time_session` for a CUDA-graph session (:func:`graph_binding`).
+
+    After timing, the outputs are poisoned again and replayed once more: the outputs
+    returned are that replay's (the caller compares them with a plain run's). Returns
+    median, p10, p90 ms and those outputs.
+    """
+    io = graph_binding(session, feeds, out_shapes)
+    med, p10, p90 = timed_runs(session, io.binding, warmup=warmup, repeat=repeat)
+    return med, p10, p90, replay_outputs(session, io)
 
 
 def relative_difference(a: np.ndarray, b: np.ndarray) -> float:
@@ -204,50 +238,99 @@ def _one_line(err: BaseException) -> str:
     return (lines[0] if lines else type(err).__name__)[:300]
 
 
+def memory_providers() -> list:
+    """The CUDA EP growing its arena by what is asked (not by powers of two), then the CPU
+    EP: the device memory a session holds after its runs is then close to its peak need."""
+    return [(CUDA_EP, {"arena_extend_strategy": "kSameAsRequested"}), CPU_EP]
+
+
+def device_memory_used() -> int | None:
+    """Bytes in use on CUDA device 0 (every allocation of the process, through CuPy's
+    ``cudaMemGetInfo``), or None when it cannot be read."""
+    try:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+    except Exception:
+        return None
+    return int(total - free)
+
+
+def _timed_fresh(name: str, open_session, feeds: dict[str, np.ndarray], batch: int,
+                 seq_len: int, *, warmup: int, repeat: int,
+                 outputs: bool) -> tuple[Timing, dict[str, np.ndarray]]:
+    """One side at one shape in a fresh session: its Timing with the device memory the
+    session holds after the timed runs (``peak_mib``: the arena keeps its high-water
+    mark), and its plain outputs if asked."""
+    gc.collect()
+    before = device_memory_used()
+    session = open_session()
+    try:
+        med, p10, p90 = time_session(session, feeds, warmup=warmup, repeat=repeat)
+        after = device_memory_used()
+        plain = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds),
+                         strict=True)) if outputs else {}
+    finally:
+        del session
+        gc.collect()
+    peak = None if before is None or after is None else round((after - before) / 2**20, 1)
+    return Timing(name, batch, seq_len, med, p10, p90, peak_mib=peak), plain
+
+
 def bench_package(package: str | Path, *, model: str | Path | None, cases: list[tuple[int, int]],
                   warmup: int = 10, repeat: int = 50, seed: int = 0,
                   cuda_graph: bool = False) -> BenchResult:
     """Time the package and the optimised original on every ``(batch, seq_len)``.
 
-    With ``cuda_graph`` each side is also timed as CUDA-graph replays (module doc).
+    Each side runs in a fresh session per case, so its ``peak_mib`` is its own. ORT's
+    optimised model failing a case (out of memory at long lengths) is recorded in
+    ``failures`` and the other cases go on; the package failing is a StofcError. With
+    ``cuda_graph`` each side is also timed as CUDA-graph replays (module doc).
     """
     import onnxruntime as ort  # optional: ONNX Runtime
 
     require_cuda()
     package = Path(package)
     doc = read_plan_document(package)
+    max_len = int(doc["plan"]["max_seq_len"])
+    longest = max(n for _, n in cases)
+    if longest > max_len:
+        raise StofcError(f"--seq-len {longest} exceeds the package's max_seq_len {max_len}",
+                         hint=f"compile it with --max-seq-len {longest}, or use lengths <= "
+                              f"{max_len}")
     source = original_model(package, doc, model)
     graph = load_model(source)
-    pkg = load(package, providers=[CUDA_EP, CPU_EP])
     rng = np.random.default_rng(seed)
     timings: list[Timing] = []
     refusals: list[Refusal] = []
+    failures: list[Refusal] = []
     with tempfile.TemporaryDirectory(prefix="stofc-bench-") as tmp:
         base_path = optimized_baseline(graph, source, Path(tmp))
-        base = ort.InferenceSession(str(base_path), providers=[CUDA_EP, CPU_EP])
-        openers = {"stofc": lambda: load(package, providers=graph_providers()),
-                   "ort-optimized": lambda: ort.InferenceSession(str(base_path),
-                                                                 providers=graph_providers())}
+
+        def base(providers):
+            return ort.InferenceSession(str(base_path), providers=providers)
+
+        openers = {"stofc": lambda p: load(package, providers=p), "ort-optimized": base}
         for batch, seq_len in cases:
             feeds, _ = make_inputs(graph, batch, seq_len, rng)
-            for name, session in (("stofc", pkg), ("ort-optimized", base)):
+            for name, opener in openers.items():
                 try:
-                    med, p10, p90 = time_session(session, feeds, warmup=warmup, repeat=repeat)
-                    plain = dict(zip([o.name for o in session.get_outputs()],
-                                     session.run(None, feeds), strict=True)) if cuda_graph else {}
+                    timing, plain = _timed_fresh(
+                        name, lambda o=opener: o(memory_providers()), feeds, batch, seq_len,
+                        warmup=warmup, repeat=repeat, outputs=cuda_graph)
                 except Exception as err:  # ORT's exception types: keep one line
-                    raise StofcError(f"ONNX Runtime failed running {name} at batch {batch}, "
-                                     f"length {seq_len} on the CUDA EP: {_one_line(err)}",
-                                     hint="see OPS.md for which CUDA twins are wired") from None
-                timings.append(Timing(name, batch, seq_len, med, p10, p90))
+                    if name == "stofc":
+                        raise StofcError(f"ONNX Runtime failed running {name} at batch {batch}, "
+                                         f"length {seq_len} on the CUDA EP: {_one_line(err)}",
+                                         hint="see OPS.md for which CUDA twins are wired") from None
+                    failures.append(Refusal(name, batch, seq_len, _one_line(err)))
+                    continue
+                timings.append(timing)
                 if cuda_graph:
-                    result = _time_graph_side(name, openers[name], feeds, plain, batch, seq_len,
-                                              warmup=warmup, repeat=repeat)
-                    if isinstance(result, Timing):
-                        timings.append(result)
-                    else:
-                        refusals.append(result)
-    return BenchResult(timings, refusals)
+                    result = _time_graph_side(name, lambda o=opener: o(graph_providers()), feeds,
+                                              plain, batch, seq_len, warmup=warmup, repeat=repeat)
+                    (timings if isinstance(result, Timing) else refusals).append(result)
+    return BenchResult(timings, refusals, tuple(failures))
 
 
 def _time_graph_side(name: str, open_session, feeds: dict[str, np.ndarray],
