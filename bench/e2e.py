@@ -63,6 +63,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from e2e_models import PROVIDERS, Recorder, environment, one_line, parse_cases, rel_error
 from e2e_tables import selftest, write_tables
 
 MASKS = {
@@ -76,11 +77,6 @@ VERIFY_CASE = (2, 512)
 # step when less than this is left. From the 2026-11-22 H200 run plus a margin.
 COST = {"export": 60, "baseline": 50, "ort": 5, "ort_graph": 15, "package": 60, "stofc": 5,
         "stofc_graph": 12, "flex": 30, "flex_graph": 40}
-T0 = time.time()
-
-
-def parse_cases(text: str) -> list[tuple[int, int]]:
-    return [(int(b), int(s)) for b, s in (c.split(":") for c in text.split())]
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -102,51 +98,6 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--table-from", nargs="+", default=None, metavar="JSONL")
     p.add_argument("--selftest", action="store_true")
     return p.parse_args(argv)
-
-
-class Recorder:
-    """Appends rows to e2e.jsonl and rewrites the tables after each timing row."""
-
-    def __init__(self, out: Path, deadline: float) -> None:
-        self.out, self.deadline, self.rows = out, deadline, []
-        out.mkdir(parents=True, exist_ok=True)
-
-    def left(self) -> float:
-        return self.deadline - (time.time() - T0)
-
-    def fits(self, step: str, **where) -> bool:
-        """True if ``step`` fits before the deadline; else record the skip."""
-        if self.left() >= COST[step]:
-            return True
-        self.emit(kind="skip", step=step, why=f"deadline: {self.left():.0f} s left, "
-                  f"step needs ~{COST[step]} s", **where)
-        return False
-
-    def emit(self, **row) -> dict:
-        row["t"] = round(time.time() - T0, 1)
-        self.rows.append(row)
-        print(json.dumps(row)[:2000], flush=True)
-        with (self.out / "e2e.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if row["kind"] in ("time", "refused", "skip", "verify"):
-            write_tables(self.rows, self.out)
-        return row
-
-
-def one_line(err: BaseException, limit: int = 600) -> str:
-    text = " | ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
-    return f"{type(err).__name__}: {text}"[:limit]
-
-
-def rel_error(out: np.ndarray, ref: np.ndarray, real: np.ndarray) -> float:
-    """max |out - ref| / max |ref| over real (unpadded) token positions."""
-    out, ref = np.asarray(out, np.float64)[real], np.asarray(ref, np.float64)[real]
-    if not np.isfinite(out).all():
-        return float("inf")
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 @dataclass
@@ -326,22 +277,6 @@ def timed_graph(rec: Recorder, m: str, mask: str | None, impl: str, b: int, s: i
         gc.collect()
 
 
-def environment() -> dict:
-    import onnxruntime as ort
-
-    env = {"kind": "env", "onnxruntime": ort.__version__, "ort_file": ort.__file__,
-           "providers": ort.get_available_providers()}
-    try:
-        import torch
-        import transformers
-
-        env.update(torch=torch.__version__, transformers=transformers.__version__,
-                   gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-    except Exception as err:  # the table still says what it can
-        env["env_err"] = one_line(err)
-    return env
-
-
 def main(argv=None) -> None:
     args = arguments(argv)
     if args.ort_site:
@@ -357,7 +292,7 @@ def main(argv=None) -> None:
         return
     from e2e_models import MODELS
 
-    rec = Recorder(out, args.deadline)
+    rec = Recorder(out, args.deadline, COST, jsonl="e2e.jsonl", tables=write_tables)
     env = rec.emit(**environment())
     if "CUDAExecutionProvider" not in env["providers"]:
         rec.emit(kind="error", err="this onnxruntime has no CUDAExecutionProvider; "

@@ -12,6 +12,9 @@
 - ``package_dense_mask``: the bool ``[L_max, L_max]`` mask a compiled package applies,
   read from its own mask files, so GPT-2's causal intersection is included and the
   mirror computes the same masking as the package.
+- the run machinery of ``bench/e2e.py`` and ``bench/e2e_long.py``: :class:`Recorder`
+  (JSONL rows as they come, tables rewritten, a deadline guard), ``one_line``,
+  ``rel_error``, ``parse_cases``, ``environment``.
 - ``time_flex``: median ms of ``torch.compile(mirror)`` with that mask (default mode or
   ``reduce-overhead`` = CUDA graphs), torch._dynamo reset per point, ``dynamic=False``.
 """
@@ -20,15 +23,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+T0 = time.time()  # the deadline of a run counts from the import (the process start)
+PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
 HIDDEN, HEADS, FFN, LAYERS, POSITIONS = 768, 12, 3072, 12, 2048
 
 
-def _export(model, path: Path, vocab: int) -> None:
+def export_text_model(model, path: Path, vocab: int, *, seq: int = 128, pad: int = 0) -> None:
+    """``torch.onnx.export`` (TorchScript, opset 17) of a text model's ``last_hidden_state``.
+
+    Inputs ``input_ids`` + ``attention_mask`` (int64), axes ``b``/``s`` dynamic. The example
+    is batch 2 of length ``seq``; with ``pad`` > 0 its second row ends in ``pad`` padding
+    tokens, so no all-ones shortcut of the model's mask code can be traced into the graph.
+    """
     import torch
 
     class Wrap(torch.nn.Module):
@@ -39,8 +52,10 @@ def _export(model, path: Path, vocab: int) -> None:
         def forward(self, input_ids, attention_mask):
             return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    ids = torch.randint(0, vocab, (2, 128))
-    am = torch.ones(2, 128, dtype=torch.long)
+    ids = torch.randint(0, vocab, (2, seq))
+    am = torch.ones(2, seq, dtype=torch.long)
+    if pad:
+        am[1, seq - pad:] = 0
     dyn = {"b": 0, "s": 1}
     axes = {n: {i: a for a, i in dyn.items()}
             for n in ("input_ids", "attention_mask", "last_hidden_state")}
@@ -59,7 +74,7 @@ def export_bert(path: Path) -> None:
     torch.manual_seed(0)
     cfg = tf.BertConfig(max_position_embeddings=POSITIONS)
     cfg._attn_implementation = "eager"
-    _export(tf.BertModel(cfg, add_pooling_layer=False).eval(), path, 30000)
+    export_text_model(tf.BertModel(cfg, add_pooling_layer=False).eval(), path, 30000)
 
 
 def export_gpt2(path: Path) -> None:
@@ -70,7 +85,7 @@ def export_gpt2(path: Path) -> None:
     torch.manual_seed(0)
     cfg = tf.GPT2Config(n_positions=POSITIONS, use_cache=False)
     cfg._attn_implementation = "eager"
-    _export(tf.GPT2Model(cfg).eval(), path, cfg.vocab_size)
+    export_text_model(tf.GPT2Model(cfg).eval(), path, cfg.vocab_size)
 
 
 def _mirror_classes():
@@ -214,3 +229,80 @@ def time_flex(module, dense: np.ndarray, batch: int, seq: int, *,
     skips = counters["inductor"]["cudagraph_skips"] - skips
     torch._dynamo.reset()  # drops the compiled graphs (and CUDA graphs) of this point
     return ms, compile_s, skips
+
+
+# ----------------------------------------------------------------------------- run machinery
+
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    """``"1:128 8:512"`` -> ``[(1, 128), (8, 512)]``."""
+    return [(int(b), int(s)) for b, s in (c.split(":") for c in text.split())]
+
+
+def one_line(err: BaseException, limit: int = 600) -> str:
+    """``Type: message`` on one line (ORT's multi-line messages joined), at most ``limit``."""
+    text = " | ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    return f"{type(err).__name__}: {text}"[:limit]
+
+
+def rel_error(out: np.ndarray, ref: np.ndarray, real: np.ndarray) -> float:
+    """max |out - ref| / max |ref| over real (unpadded) token positions; inf if not finite."""
+    out, ref = np.asarray(out, np.float64)[real], np.asarray(ref, np.float64)[real]
+    if not np.isfinite(out).all():
+        return float("inf")
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+class Recorder:
+    """Appends rows to ``out/jsonl`` as they come and rewrites the tables after each
+    timing-like row (``tables(rows, out)``), so a run cut short still leaves its tables.
+
+    ``costs``: seconds a step may take; :meth:`fits` skips (and records) a step when less
+    than that is left before ``deadline`` seconds from :data:`T0`.
+    """
+
+    TABLE_KINDS = ("time", "refused", "skip", "verify", "check", "profile")
+
+    def __init__(self, out: Path, deadline: float, costs: dict[str, float], *,
+                 jsonl: str = "e2e.jsonl",
+                 tables: Callable[[list[dict], Path], str] | None = None) -> None:
+        self.out, self.deadline, self.costs, self.rows = out, deadline, costs, []
+        self.jsonl, self.tables = jsonl, tables
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline - (time.time() - T0)
+
+    def fits(self, step: str, **where) -> bool:
+        """True if ``step`` fits before the deadline; else record the skip."""
+        if self.left() >= self.costs[step]:
+            return True
+        self.emit(kind="skip", step=step, why=f"deadline: {self.left():.0f} s left, "
+                  f"step needs ~{self.costs[step]} s", **where)
+        return False
+
+    def emit(self, **row) -> dict:
+        row["t"] = round(time.time() - T0, 1)
+        self.rows.append(row)
+        print(json.dumps(row)[:2000], flush=True)
+        with (self.out / self.jsonl).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tables is not None and row["kind"] in self.TABLE_KINDS:
+            self.tables(self.rows, self.out)
+        return row
+
+
+def environment() -> dict:
+    """The ``env`` row: onnxruntime (file, providers), torch, transformers, GPU name."""
+    import onnxruntime as ort
+
+    env = {"kind": "env", "onnxruntime": ort.__version__, "ort_file": ort.__file__,
+           "providers": ort.get_available_providers()}
+    try:
+        import torch
+        import transformers
+
+        env.update(torch=torch.__version__, transformers=transformers.__version__,
+                   gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    except Exception as err:  # the table still says what it can
+        env["env_err"] = one_line(err)
+    return env
