@@ -19,6 +19,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,8 +30,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+ATTENTION = re.compile(r"attn|attention|flash|fmha|flex|softmax|mha|sdpa|key_prep", re.I)
+GEMM = re.compile(r"gemm|xmma|nvjet|cublas|cutlass|matmul|wgmma|(^|_)mm(_|$)|addmm|bmm|sm\d\d_",
+                  re.I)
+
+
+def classify(name: str) -> str:
+    """'attention', 'gemm' or 'other' for a kernel name (attention patterns first: fused
+    attention kernels often also contain GEMM words)."""
+    if ATTENTION.search(name):
+        return "attention"
+    return "gemm" if GEMM.search(name) else "other"
+
+
 def kernel_breakdown(run, runs: int = 5) -> dict:
-    """GPU time per kernel name per run, busy time and wall time of ``runs`` calls."""
+    """GPU time per kernel name per run, busy time and wall time of ``runs`` calls, and
+    ``split_ms``: the GPU time per run of attention, GEMM and other kernels (:func:`classify`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -58,10 +73,15 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
             continue
         busy += e - max(s, end)
         end = e
-    top = [dict(name=n, us=round(v, 1), n=round(count[n], 1)) for n, v in per.most_common(25)]
+    top = [dict(name=n, us=round(v, 1), n=round(count[n], 1), kind=classify(n))
+           for n, v in per.most_common(25)]
+    split = {"attention": 0.0, "gemm": 0.0, "other": 0.0}
+    for n, v in per.items():
+        split[classify(n)] += v / 1e3
     return dict(wall_ms=round(wall, 3), gpu_busy_ms=round(busy / runs / 1e3, 3),
                 kernels_per_run=round(sum(count.values()), 1),
-                gpu_sum_ms=round(sum(per.values()) / 1e3, 3), top=top)
+                gpu_sum_ms=round(sum(per.values()) / 1e3, 3), top=top,
+                split_ms={k: round(v, 3) for k, v in split.items()})
 
 
 def main() -> None:
