@@ -1,0 +1,161 @@
+"""``bench/e2e_long.py`` without a GPU: its self-test (arguments, tables and plot from given
+rows, window forms), the per-layer masks it reads from real packages, the deadline guard,
+the case selection, and (with torch + transformers) the toy exports and the torch side."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def bench_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+
+
+def test_selftest_arguments_tables_plot_and_forms():
+    import e2e_long_selftest as st
+
+    st.check_args()
+    st.check_forms()
+    text = st.check_tables()
+    assert "## Longest input at batch 1" in text and "## Short inputs" in text
+
+
+def test_table_from_merges_two_calls(tmp_path):
+    """--table-from: the JSONL of two calls make one set of tables named by GPU and date."""
+    import e2e_long
+    import e2e_long_selftest as st
+
+    rows = st.synthetic_rows()
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in rows[:12]))
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows[12:]))
+    e2e_long.main(["--table-from", str(a), str(b), "--out", str(tmp_path / "t"), "--tag", "x"])
+    md = (tmp_path / "t" / "e2e-long-h100-2026-11-25-x.md").read_text()
+    assert "| modernbert | model | 1 | 8192 | 5.000 | 16.000 |" in md
+    assert len(json.loads((tmp_path / "t" / "e2e-long-h100-2026-11-25-x.json").read_text())) \
+        == len(rows)
+
+
+def test_recorder_skips_what_does_not_fit_and_rewrites_tables(tmp_path):
+    from e2e_models import Recorder
+
+    written = []
+    rec = Recorder(tmp_path, deadline=-1.0, costs={"step": 5},
+                   jsonl="x.jsonl", tables=lambda rows, out: written.append(len(rows)))
+    assert not rec.fits("step", model="m", B=1, S=8)
+    rec.emit(kind="step", step="other")
+    lines = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert lines[0]["kind"] == "skip" and "step needs ~5 s" in lines[0]["why"]
+    assert lines[0]["B"] == 1 and written == [1]        # a step row rewrites no table
+    assert Recorder(tmp_path, deadline=1e9, costs={"step": 5}).fits("step")
+
+
+def test_case_selection_per_model_and_override():
+    import e2e_long
+
+    def run(name, *argv):
+        args = e2e_long.arguments(["--models", name, *argv])
+        return e2e_long.Run(e2e_long.MODELS[name], Path("/tmp/x"), args)
+
+    bert = run("bert32k")
+    assert bert.key_cases() == [(1, 8192), (1, 16384), (1, 32768)]
+    assert bert.cases(True) == [(1, 128), (8, 512)] and bert.max_seq_len == 32768
+    assert bert.torch_cases() == [(1, 8192), (1, 16384), (1, 4096), (1, 32768)]
+    assert bert.check_cases() == [(1, 32768)]
+    llama = run("llama")
+    assert llama.case.dtype == "bf16" and llama.max_seq_len == 8192
+    assert set(llama.case.masks) == {"causal", "sliding4096"}
+    assert llama.case.masks["sliding4096"] == "sliding:window=4096,causal=true"
+    given = run("modernbert", "--cases", "1:128 8:512 1:8192 1:16384")
+    assert given.cases(True) == [(1, 128), (8, 512)] and given.cases(False) == [(1, 8192)]
+    rehearse = run("bert32k", "--rehearse")
+    assert rehearse.max_seq_len == 512 and rehearse.cases(True) == [(1, 128)]
+    assert rehearse.key_cases() == [(1, 512)] and rehearse.check_cases() == [(1, 512)]
+
+
+def _compile(tmp_path, fixture: str, mask: str) -> Path:
+    from stofc.pipeline import Instruments, compile_model
+
+    return compile_model(FIXTURES / fixture, mask, gpu="h100", max_seq_len=256,
+                         out_dir=tmp_path / f"{fixture}-{mask.split(':')[0]}.stofc",
+                         instruments=Instruments(progress=False))
+
+
+def test_layer_masks_and_window_forms_of_real_packages(tmp_path):
+    """ModernBERT's own mask: a dense global layer and +-16 local layers, each read from the
+    package's own mask files; Llama with a window ANDed in: a causal band FA4 can take."""
+    from e2e_long_models import layer_masks, window_form
+
+    of_layer, dense, specs = layer_masks(_compile(tmp_path, "modernbert_ts_op17.onnx", "model"))
+    assert of_layer == {0: 0, 1: 1, 2: 1} and [d.shape for d in dense] == [(256, 256)] * 2
+    forms = [window_form(s, d) for s, d in zip(specs, dense, strict=True)]
+    assert forms == [(False, None, None), (False, 16, 16)]
+    q, k = np.arange(256)[:, None], np.arange(256)[None, :]
+    assert np.array_equal(dense[1], np.abs(q - k) <= 16)
+
+    pkg = _compile(tmp_path, "llama_ts_op17.onnx", "sliding:window=64,causal=true")
+    of_layer, dense, specs = layer_masks(pkg)
+    assert set(of_layer.values()) == {0} and "intersect" in specs[0]["mask"]
+    assert window_form(specs[0], dense[0]) == (True, 64, 0)
+    assert np.array_equal(dense[0], (q >= k) & (q - k <= 64))
+
+
+def test_exports_and_torch_side_swap(tmp_path):
+    """The device's export code at toy sizes and the torch side's in-place mask swap (CPU);
+    needs torch and transformers (not in CI)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import e2e_long_selftest as st
+
+    st.check_exports(tmp_path)
+
+
+def test_parallel_compiles_report_time_errors_and_kill_at_the_reserve(tmp_path):
+    """wait_compiles on real processes: one ends fine, one fails (its last log line is the
+    error), one still runs when the time left reaches the reserve and is killed."""
+    import subprocess
+    import time
+
+    from e2e_long_build import Compile, wait_compiles
+
+    def start(mask, code):
+        log = tmp_path / f"{mask}.log"
+        with log.open("w") as f:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=f, stderr=f)
+        return Compile(mask, tmp_path / mask, proc, log)
+
+    running = [start("ok", "import time; time.sleep(0.2)"),
+               start("bad", "import sys; print('step'); sys.exit('error: no kernel fits')"),
+               start("slow", "import time; time.sleep(60)")]
+    end = time.time() + 4.0
+    results = wait_compiles(running, lambda: end - time.time(), reserve=0.0)
+    assert results["ok"][0] == "ok" and 0.1 < float(results["ok"][1]) < 4.0
+    assert results["bad"] == ("error", "error: no kernel fits")
+    assert results["slow"][0] == "killed" and "killed" in results["slow"][1]
+    assert running[2].proc.returncode is not None     # no process is left behind
+
+
+def test_classify_kernel_names():
+    from profile_e2e import classify
+
+    assert classify("stofc_attn_block_f16_d64_t64_w4") == "attention"
+    assert classify("triton_tem_fused_flex_attention_0") == "attention"
+    assert classify("fmha_cutlassF_f16_aligned_64x64_rf_sm80") == "attention"
+    assert classify("stofc_gemm_f16_128x128") == "gemm"
+    assert classify("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n") == "gemm"
+    assert classify("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == "gemm"
+    assert classify("stofc_add_norm_float16_ln_n64_t32x4") == "other"
+    assert classify("triton_per_fused_add_native_layer_norm_3") == "other"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
