@@ -46,6 +46,19 @@ class Compile:
     proc: subprocess.Popen
     log: Path
     start: float = field(default_factory=time.time)
+    end: float | None = None        # set by a watcher thread when the process exits
+
+    def __post_init__(self) -> None:
+        def watch():
+            self.proc.wait()
+            self.end = time.time()
+
+        threading.Thread(target=watch, daemon=True).start()
+
+
+def package_dir(work: Path, mask: str, max_seq_len: int) -> Path:
+    """Where a mask's package for this L_max lives (a warm work dir keeps it)."""
+    return work / f"pkg-{mask}-L{max_seq_len}"
 
 
 def start_compiles(src: Path, masks: dict[str, str], work: Path, *, gpu: str, dtype: str,
@@ -53,7 +66,7 @@ def start_compiles(src: Path, masks: dict[str, str], work: Path, *, gpu: str, dt
     """Start one ``stofc compile`` per mask whose package is not in ``work`` yet."""
     running = []
     for mask, spec in masks.items():
-        out = work / f"pkg-{mask}"
+        out = package_dir(work, mask, max_seq_len)
         if (out / "manifest.json").exists():
             continue
         log = work / f"compile-{mask}.log"
@@ -70,17 +83,11 @@ def wait_compiles(running: list[Compile], left, reserve: float) -> dict[str, tup
     ``left()`` is the time left in the run; compiles still running when it falls below
     ``reserve`` seconds are killed.
     """
-    ended: dict[str, float] = {}
-    while True:
-        for c in running:
-            if c.mask not in ended and c.proc.poll() is not None:
-                ended[c.mask] = time.time() - c.start
-        if len(ended) == len(running) or left() <= reserve:
-            break
+    while any(c.proc.poll() is None for c in running) and left() > reserve:
         time.sleep(0.5)
     results: dict[str, tuple[str, str]] = {}
     for c in running:
-        if c.mask not in ended:
+        if c.proc.poll() is None:
             c.proc.kill()
             c.proc.wait()
             results[c.mask] = ("killed", f"compile still running after {time.time() - c.start:.0f}"
@@ -89,5 +96,7 @@ def wait_compiles(running: list[Compile], left, reserve: float) -> dict[str, tup
             lines = [ln for ln in c.log.read_text(errors="replace").splitlines() if ln.strip()]
             results[c.mask] = ("error", (lines[-1] if lines else f"exit {c.proc.returncode}")[:600])
         else:
-            results[c.mask] = ("ok", f"{ended[c.mask]:.1f}")
+            while c.end is None:  # the watcher sets it right after the exit
+                time.sleep(0.01)
+            results[c.mask] = ("ok", f"{c.end - c.start:.1f}")
     return results

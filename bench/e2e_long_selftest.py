@@ -133,7 +133,7 @@ def check_tables() -> str:
 
 
 def check_args() -> None:
-    from e2e_long import arguments
+    from e2e_long_plan import arguments
 
     a = arguments(["--models", "bert32k,llama", "--parts", "core,graph", "--profile"])
     assert a.part_set == {"core", "graph", "profile"} and a.models == "bert32k,llama"
