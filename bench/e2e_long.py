@@ -55,13 +55,13 @@ Flex at (1, 8192) and (1, 16384) ~1 min per compile, then CUDA graphs and the ot
 as the deadline allows. Call 2 ~8.5 min: the 32K row and the Llama decoder. BERT's three
 compiles at L_max 32768 take ~3-4 min (the frontend evaluates BERT's own [1, 1, S, S]
 mask at S=32768: 12 s and 3.6 GB at 8192, 47 s and 7.3 GB at 16384 here, so ~2.5 min
-and ~22 GB per compile), Llama's two ~2 min in parallel; ``verify_package`` cannot run
-for an L_max=32768 package (its reference injects a float32 [1, 1, L, L] mask: 4 GiB,
-over protobuf's 2 GB), so those packages are timed unverified (recorded) and checked at
-32K against fp32 torch by the check stage. ModernBERT needs its own call once its
-compile is fast: at L_max 8192, kernel selection re-runs an O(L^2) permutation search for
-each of its 14 local layers (~30 s per layer here), so ``--models modernbert`` would
-spend most of a call compiling (``--compile-wait`` kills and records it).
+and ~22 GB per compile), Llama's two ~2 min in parallel; then the fp32 check at 32K
+(~1.5 min), the rows, Flex. ModernBERT needs a call of its own (``--models modernbert
+--compile-wait 330``): at L_max 8192 kernel selection re-runs an O(L^2) permutation
+search for each of its 14 local layers (17 s per layer here), so its compile takes
+minutes (``--compile-wait`` kills and records it if it does not end in time).
+A verify that cannot run (not a mismatch) is recorded and the package timed and left
+to the check; a package that fails verify is never timed.
 Merge the calls:
 ``python3 bench/e2e_long.py --table-from A.jsonl B.jsonl --out bench/results``.
 ``--profile`` (or ``--parts profile``) adds the kernel split. Without a GPU:

@@ -174,21 +174,37 @@ def layer_masks(package: Path) -> tuple[dict[int, int], list[np.ndarray], list[d
 
     Raises ValueError if a group's heads differ (the torch side applies one mask per layer).
     """
-    from stofc.masks import load, to_dense
+    from stofc.masks import load
 
     doc = json.loads((Path(package) / "plan.json").read_text())
     of_layer: dict[int, int] = {}
     dense, specs = [], []
     for g, entry in enumerate(doc["mask"]["formats"]):
         fmt = load(Path(package) / entry["npz"])
-        d = to_dense(fmt, 0)
+        d = dense_mask(fmt, 0)
         for h in range(1, fmt.num_heads):
-            if not np.array_equal(d, to_dense(fmt, h)):
+            if not np.array_equal(d, dense_mask(fmt, h)):
                 raise ValueError(f"{package}: head {h} has its own mask; one per layer is applied")
         dense.append(d)
         specs.append(entry["spec"])
         of_layer.update({int(layer): g for layer in entry["layers"]})
     return of_layer, dense, specs
+
+
+def dense_mask(fmt, head: int = 0) -> np.ndarray:
+    """stofc's own decoder (``stofc.masks.to_dense``) for any L_max: its guard against
+    materialising masks above L=16384 (``DENSE_LIMIT``, there for the CLI) is raised for
+    this call, because the torch side needs the 32K mask (1 GiB) and the device has it."""
+    from stofc.masks import decode, to_dense
+
+    old = getattr(decode, "DENSE_LIMIT", None)
+    if old is not None:
+        decode.DENSE_LIMIT = max(old, fmt.seq_len)
+    try:
+        return to_dense(fmt, head)
+    finally:
+        if old is not None:
+            decode.DENSE_LIMIT = old
 
 
 def _form(node) -> tuple[bool, int | None, int | None] | None:

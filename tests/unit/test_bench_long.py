@@ -112,6 +112,20 @@ def test_layer_masks_and_window_forms_of_real_packages(tmp_path):
     assert np.array_equal(dense[0], (q >= k) & (q - k <= 64))
 
 
+def test_dense_mask_decodes_beyond_the_cli_limit_and_restores_it():
+    """The torch side needs masks above stofc's dense-export guard (L=16384): decoded by
+    stofc's own decoder with the guard raised for that call only."""
+    from e2e_long_models import dense_mask
+
+    from stofc.masks import decode, encode
+
+    n = decode.DENSE_LIMIT + 64
+    d = dense_mask(encode("sliding:window=64", n, tile=64))
+    assert d.shape == (n, n) and decode.DENSE_LIMIT == n - 64
+    q, k = np.arange(0, n, 97)[:, None], np.arange(0, n, 89)[None, :]
+    assert np.array_equal(d[q, k], np.abs(q - k) <= 64)
+
+
 def test_exports_and_torch_side_swap(tmp_path):
     """The device's export code at toy sizes and the torch side's in-place mask swap (CPU);
     needs torch and transformers (not in CI)."""
