@@ -81,7 +81,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_long_plan import BLOCKS, MODELS, PART_OF, REHEARSAL, Run, arguments
+from e2e_long_plan import BLOCKS, MODELS, PART_OF, REHEARSAL_VERIFY, Run, arguments
 from e2e_long_sides import (
     check_point,
     ort_opener,
@@ -170,7 +170,7 @@ def stage_packages(run: Run, rec: Recorder) -> None:
         start = time.time()
         try:
             report = verify_package(pkg, model=run.src, provider="cpu" if run.small else "cuda",
-                                    cases=[REHEARSAL["verify"] if run.small else VERIFY_CASE])
+                                    cases=[REHEARSAL_VERIFY if run.small else VERIFY_CASE])
         except Exception as err:  # verify could not run (not a mismatch): time it anyway,
             # the check stage and the torch rows' vs_stofc_rel compare it at long lengths
             rec.emit(kind="error", step="verify", model=run.name, mask=mask,

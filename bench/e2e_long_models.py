@@ -213,8 +213,9 @@ def _form(node) -> tuple[bool, int | None, int | None] | None:
         return None
     (family, params), = node.items()
     if family == "intersect":
-        forms = [_form(member) for member in params]
-        if not forms or any(f is None for f in forms):
+        found = [_form(member) for member in params]
+        forms = [f for f in found if f is not None]
+        if not forms or len(forms) != len(found):
             return None
         causal = any(f[0] for f in forms)
         lefts = [f[1] for f in forms if f[1] is not None]

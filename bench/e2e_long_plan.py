@@ -7,13 +7,16 @@ import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from e2e_long_models import MODELS
+from e2e_long_models import MODELS, LongModel
 from e2e_models import parse_cases
 
 SHORT_MAX = 512  # --cases: a case this long or shorter is a short point (graphs, rounds)
-REHEARSAL = {"max": 512, "cases": "1:512 2:384 1:128", "short_max": 128, "verify": (2, 384)}
+# the --rehearse run: toy models, L_max 512, these cases (short up to 128), its verify case
+REHEARSAL_MAX, REHEARSAL_CASES, REHEARSAL_SHORT = 512, "1:512 2:384 1:128", 128
+REHEARSAL_VERIFY = (2, 384)
 STAGES = ("prep", "packages", "core_key", "check", "torch_key", "graph", "core_rest",
           "torch_rest", "profile")
 BLOCKS = (("prep",), ("packages", "core_key"), ("check",), ("torch_key",), ("graph",),
@@ -79,18 +82,18 @@ def arguments(argv=None) -> argparse.Namespace:
 class Run:
     """One model's state across the stages."""
 
-    case: object
+    case: LongModel
     work: Path
-    args: argparse.Namespace
+    args: Any                                                 # the parsed arguments
     masks: dict[str, str] = field(default_factory=dict)       # table name -> spec
     info: dict = field(default_factory=dict)                  # export record (fingerprint)
-    graph: object = None
+    graph: Any = None                                         # stofc ModelGraph
     base: Path | None = None
     packages: dict[str, Path] = field(default_factory=dict)
     layer_masks: dict[str, tuple] = field(default_factory=dict)
     feeds: dict = field(default_factory=dict)
     outs: dict = field(default_factory=dict)                  # kept outputs, see keep()
-    torch: object = None
+    torch: Any = None                                         # e2e_torch.TorchSide
     compiles: list = field(default_factory=list)              # running stofc compiles
     failed: str | None = None
 
@@ -104,23 +107,23 @@ class Run:
 
     @property
     def small(self) -> bool:
-        """A rehearsal on the CPU: toy models, L <= 512 (REHEARSAL cases)."""
+        """A rehearsal on the CPU: toy models, L <= 512 (the REHEARSAL_* cases)."""
         return bool(self.args.rehearse)
 
     @property
     def max_seq_len(self) -> int:
         """The packages' L_max: the longest point run (``--cases`` can lower it)."""
         if self.small:
-            return REHEARSAL["max"]
+            return REHEARSAL_MAX
         if self.args.cases:
             return min(self.case.max_seq_len, max(s for _, s in parse_cases(self.args.cases)))
         return self.case.max_seq_len
 
     def cases(self, short: bool) -> list[tuple[int, int]]:
         if self.args.cases or self.small:
-            text = self.args.cases or REHEARSAL["cases"]
+            text = self.args.cases or REHEARSAL_CASES
             given = [c for c in parse_cases(text) if c[1] <= self.max_seq_len]
-            top = REHEARSAL["short_max"] if self.small else SHORT_MAX
+            top = REHEARSAL_SHORT if self.small else SHORT_MAX
             return [c for c in given if (c[1] <= top) == short]
         return list(self.case.short if short else self.case.cases)
 

@@ -155,7 +155,7 @@ def check_forms() -> None:
     n = 300
     q, k = np.arange(n)[:, None], np.arange(n)[None, :]
     causal, band = q >= k, np.abs(q - k) <= 64
-    cases = [({"mask": {"dense": {}}}, np.ones((n, n), bool), (False, None, None)),
+    cases: list[tuple[dict, np.ndarray, tuple]] = [({"mask": {"dense": {}}}, np.ones((n, n), bool), (False, None, None)),
              ({"mask": {"causal": {}}}, causal, (True, None, 0)),
              ({"mask": {"sliding": {"window": 64}}}, band, (False, 64, 64)),
              ({"mask": {"intersect": [{"causal": {}}, {"sliding": {"causal": True,

@@ -31,6 +31,11 @@ def gpu_used_mib() -> float | None:
     return None if used is None else used / 2**20
 
 
+def _diff(before: float | None, after: float | None) -> float | None:
+    """MiB a session added (None when the device memory cannot be read)."""
+    return None if before is None or after is None else round(after - before, 1)
+
+
 def _free_cached() -> None:
     import torch
 
@@ -100,7 +105,7 @@ def ort_point(run, rec, impl: str, mask: str | None, b: int, s: int, open_sessio
         if run.keep(b, s):
             run.outs[(impl, mask, b, s)] = out
         rec.emit(kind="time", **where, ms=med, p10=p10, p90=p90, runs=reps,
-                 mem_mib=None if before is None else round(after - before, 1),
+                 mem_mib=_diff(before, after),
                  session_s=round(session_s, 1), finite=bool(np.isfinite(out[real]).all()))
     except Exception as err:  # OOM / refusal: ORT's own exception types, one line
         rec.emit(kind="error", **where, err=one_line(err))
@@ -114,7 +119,7 @@ def plain_output(run, impl: str, mask: str | None, b: int, s: int):
     fresh session (a call that runs only the graph or check stages)."""
     if (impl, mask, b, s) not in run.outs:
         feeds, _ = run.inputs(b, s)
-        opener = ort_opener(run) if impl == "ort" else stofc_opener(run, mask)
+        opener = ort_opener(run) if mask is None else stofc_opener(run, mask)
         session = opener()
         try:
             binding = _binding(session, feeds)
@@ -150,16 +155,16 @@ def short_point(run, rec, b: int, s: int, graph: bool, rounds: int) -> None:
     for impl, mask, opener in sides:
         where = dict(model=run.name, mask=mask, impl=impl, graph=graph, B=b, S=s)
         try:
-            plain = plain_output(run, impl, mask, b, s) if graph else None
             before = gpu_used_mib()
             session = opener()
-            io = graph_binding(session, feeds, {OUTPUT: plain.shape}) if graph else None
-            binding = io.binding if graph else _binding(session, feeds)
+            io = None
+            if graph:
+                shape = plain_output(run, impl, mask, b, s).shape
+                io = graph_binding(session, feeds, {OUTPUT: shape})
+            binding = io.binding if io is not None else _binding(session, feeds)
             session.run_with_iobinding(binding)  # a CUDA-graph session captures here
-            after = gpu_used_mib()
             held[(impl, mask)] = dict(session=session, binding=binding, io=io, where=where,
-                                      mem=None if before is None else round(after - before, 1),
-                                      ms=[])
+                                      mem=_diff(before, gpu_used_mib()), ms=[])
         except Exception as err:  # ORT refuses capture with its own exception types
             rec.emit(kind="refused" if graph else "error", **where, err=one_line(err))
     for _ in range(rounds):

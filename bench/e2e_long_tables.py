@@ -183,7 +183,7 @@ def long_row_table(c: Cells) -> list[str]:
                 out.append(f"| {m} | {mask} | {s} | no: {why[:120]} | - | - | - |")
                 continue
             mem = st.get("mem_mib")
-            ort_failed = bool(o_note) and o_note.startswith("error")
+            ort_failed = o_note is not None and o_note.startswith("error")
             ort = _mib(o_mem) if _num(o_mem) else o_note[:160] if o_note else "-"
             if _num(mem) and _num(o_mem):
                 ok = "yes" if mem < o_mem else "NO"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,10 +262,11 @@ class Recorder:
 
     TABLE_KINDS = ("time", "refused", "skip", "verify", "check", "profile")
 
-    def __init__(self, out: Path, deadline: float, costs: dict[str, float], *,
+    def __init__(self, out: Path, deadline: float, costs: Mapping[str, float], *,
                  jsonl: str = "e2e.jsonl",
                  tables: Callable[[list[dict], Path], str] | None = None) -> None:
-        self.out, self.deadline, self.costs, self.rows = out, deadline, costs, []
+        self.out, self.deadline, self.costs = out, deadline, costs
+        self.rows: list[dict] = []
         self.jsonl, self.tables = jsonl, tables
         out.mkdir(parents=True, exist_ok=True)
 

@@ -29,12 +29,13 @@ import os
 import site
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
 ATTN_NAME = "stofc_bench"
 _STATE: dict = {"impl": "flex", "blocks": {}, "forms": {}}  # read by _attention at trace time
-FA4 = {"error": None, "func": None}
+FA4: dict[str, Any] = {"error": None, "func": None}
 
 
 def load_fa4() -> str | None:
@@ -147,10 +148,12 @@ def copy_block_mask(dst, src) -> bool:
     copied) when their structure differs (then ``dst`` must be replaced and recompiled)."""
     pairs = [(getattr(dst, f, None), getattr(src, f, None)) for f in _BLOCK_FIELDS]
     pairs.append((_table(dst), _table(src)))
-    if any((a is None) != (b is None) or (a is not None and (a.shape != b.shape
-                                                              or a.dtype != b.dtype))
-           for a, b in pairs) or dst.BLOCK_SIZE != src.BLOCK_SIZE:
+    if dst.BLOCK_SIZE != src.BLOCK_SIZE:
         return False
+    for a, b in pairs:
+        if (a is None) != (b is None) or (a is not None and b is not None and (
+                a.shape != b.shape or a.dtype != b.dtype)):
+            return False
     for a, b in pairs:
         if a is not None:
             a.copy_(b)
@@ -211,8 +214,9 @@ class TorchSide:
         from e2e_long_models import window_form
 
         if impl in ("sdpa", "fa4"):
-            forms = [window_form(s, d) for s, d in zip(specs, dense, strict=True)]
-            if any(f is None for f in forms) or (impl == "sdpa" and any(
+            found = [window_form(s, d) for s, d in zip(specs, dense, strict=True)]
+            forms = [f for f in found if f is not None]
+            if len(forms) != len(found) or (impl == "sdpa" and any(
                     f[1] is not None for f in forms)):
                 raise NotExpressible(f"{impl} cannot express these masks exactly (" + "; ".join(
                     str(s.get("mask", s)) for s in specs)[:300] + ")")
@@ -261,8 +265,9 @@ class TorchSide:
             from torch.nn.attention.flex_attention import flex_attention
 
             _STATE["flex_compiled"] = torch.compile(flex_attention, dynamic=False)
+        fn = self.compiled if compiled and self.compiled is not None else self.model
         with torch.no_grad():
-            return (self.compiled if compiled else self.model)(input_ids=ids).last_hidden_state
+            return fn(input_ids=ids).last_hidden_state
 
 
 def time_cuda(fn, *, warmup: int = 10, repeat: int = 50, budget_s: float = 3.0,

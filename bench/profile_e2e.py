@@ -56,8 +56,8 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
             run()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e3 / runs
-    per = collections.Counter()
-    count = collections.Counter()
+    per: dict[str, float] = collections.defaultdict(float)
+    count: dict[str, float] = collections.defaultdict(float)
     spans = []
     for ev in prof.events():
         if ev.device_type.name != "CUDA":
@@ -74,7 +74,7 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
         busy += e - max(s, end)
         end = e
     top = [dict(name=n, us=round(v, 1), n=round(count[n], 1), kind=classify(n))
-           for n, v in per.most_common(25)]
+           for n, v in sorted(per.items(), key=lambda kv: -kv[1])[:25]]
     split = {"attention": 0.0, "gemm": 0.0, "other": 0.0}
     for n, v in per.items():
         split[classify(n)] += v / 1e3
@@ -135,7 +135,7 @@ def main() -> None:
         result["cases"][f"{b}x{s}"] = row
         dump()
     # CUDA graphs: one session per shape (ORT captures a fixed shape).
-    graph_rows = {}
+    graph_rows: dict[str, dict] = {}
     for b, s in cases:
         feeds, _ = make_inputs(graph, b, s, rng)
         for name in ("stofc", "ort"):

@@ -83,7 +83,9 @@ def _table(result: BenchResult, cases: list[tuple[int, int]], *, graph: bool) ->
              for i, r in enumerate(_notes(result), start=1)}
     rows = []
     for b, n in cases:
-        cells, mems, row = [], [], {"batch": b, "seq_len": n}
+        cells: list[str] = []
+        mems: list[str] = []
+        row: dict[str, Any] = {"batch": b, "seq_len": n}
         for name, key in (("stofc", "stofc"), ("ort-optimized", "ort_optimized")):
             t = result.get(name, b, n, graph) or result.get(name, b, n, False)
             if t is None:

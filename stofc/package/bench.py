@@ -40,6 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -166,7 +167,7 @@ def graph_providers() -> list:
 class GraphIO:
     """A CUDA-graph session's IOBinding at fixed device buffers (:func:`graph_binding`)."""
 
-    binding: object
+    binding: Any            # onnxruntime.IOBinding
     inputs: tuple           # the input OrtValues, kept alive at their captured addresses
     outputs: dict           # output name -> preallocated OrtValue
     poison: dict            # output name -> the NaN / -1 array written before a checked replay
@@ -329,7 +330,10 @@ def bench_package(package: str | Path, *, model: str | Path | None, cases: list[
                 if cuda_graph:
                     result = _time_graph_side(name, lambda o=opener: o(graph_providers()), feeds,
                                               plain, batch, seq_len, warmup=warmup, repeat=repeat)
-                    (timings if isinstance(result, Timing) else refusals).append(result)
+                    if isinstance(result, Timing):
+                        timings.append(result)
+                    else:
+                        refusals.append(result)
     return BenchResult(timings, refusals, tuple(failures))
 
 
