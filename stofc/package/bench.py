@@ -293,7 +293,7 @@ def bench_package(package: str | Path, *, model: str | Path | None, cases: list[
     require_cuda()
     package = Path(package)
     doc = read_plan_document(package)
-    max_len = int(doc["plan"]["max_seq_len"])
+    max_len = doc.plan.max_seq_len
     longest = max(n for _, n in cases)
     if longest > max_len:
         raise StofcError(f"--seq-len {longest} exceeds the package's max_seq_len {max_len}",
