@@ -249,7 +249,7 @@ def device_memory_used() -> int | None:
     """Bytes in use on CUDA device 0 (every allocation of the process, through CuPy's
     ``cudaMemGetInfo``), or None when it cannot be read."""
     try:
-        import cupy
+        import cupy  # optional: CuPy, the GPU extras
 
         free, total = cupy.cuda.runtime.memGetInfo()
     except Exception:
