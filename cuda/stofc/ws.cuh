@@ -49,6 +49,7 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 }
 
 /// Wait until the phase with parity `parity` has completed.
+#ifndef STOFC_WS_HANG_CHECK
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     asm volatile(
         "{\n"
@@ -58,6 +59,28 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
         "@!done bra STOFC_MBAR_WAIT;\n"
         "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
+#else
+// Debugging aid (define STOFC_WS_HANG_CHECK when compiling): a wait that has not
+// completed after ~2^24 tries names the barrier (its shared address), the parity and the
+// thread, then traps, so a protocol deadlock ends as an error instead of a hang.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    for (unsigned tries = 0;; ++tries) {
+        u32 done;
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (done) return;
+        if (tries == (1u << 24)) {
+            printf("stofc ws hang: block %d thread %d barrier 0x%x parity %u\n",
+                   blockIdx.x, threadIdx.x, bar, parity);
+            __trap();
+        }
+    }
+}
+#endif
 
 // ---------------------------------------------------------------- TMA and bulk copies
 

@@ -299,11 +299,16 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
     // A V slot is released only once it is full (also when this warpgroup skipped the
     // step): otherwise a warpgroup walking skipped tiles could arrive for a later use of
     // the slot before the other one released this use (seen without the ping-pong).
+    // Only the leader waits: the slot counts one arrival per warpgroup, so once the leader
+    // arrived the producer may refill it, and a warp of this warpgroup still behind (a
+    // bias load) would then wait on the refill's phase parity, which reads as "not yet",
+    // for ever (seen with a bias).
     auto release_v = [&](int i0) {
+        if (!leader) return;
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh) {
             mbar_wait(bar(BAR_FULL_V + slot_of(i0 + hh)), parity_of(i0 + hh));
-            if (leader) mbar_arrive(bar(BAR_EMPTY_V + slot_of(i0 + hh)));
+            mbar_arrive(bar(BAR_EMPTY_V + slot_of(i0 + hh)));
         }
     };
     // Every step issues its GEMMs and retires them inside ONE branch (ptxas otherwise
