@@ -18,9 +18,17 @@ does not (it depends on the length in another way), differs between heads, or ca
 evaluated at all while the graph does mask the scores structurally is an error naming
 the layer (:class:`~stofc.errors.ModelError`), never a silent ``dense``.
 
-Probe lengths: 8, 40 and, for inspection, ``2 W + 3`` for the largest window-like
-integer constant W among the mask's ancestors (capped at 4099); a compile probes at its
-``max_seq_len`` (exact for every length it will run) plus those below it.
+Probe lengths: 8, 40, ``max(97, 2 W + 3)`` for the largest window-like integer constant W
+among the mask's ancestors, and the length P of any square constant mask buffer
+(``[..., P, P]``, sliced per length: GPT-Neo). After a fit, a probe longer than
+``2 w + 3`` is added for every window or chunk ``w`` the fit found, so at least one probe
+is longer than any window found (issue 15). Inspection caps the probes at 4099; a compile
+caps them at its ``max_seq_len`` and never evaluates the mask at ``max_seq_len`` itself
+unless no family fits: the fitted family is then written for ``max_seq_len`` in the compact
+format, so memory and time follow the probes, not ``max_seq_len**2``. Only the ``bitmap``
+fallback needs the mask at ``max_seq_len``; each evaluation is checked against
+:data:`~stofc.masks.limits.MAX_PROBE_BYTES` first (a :class:`~stofc.errors.LimitError`
+naming the limit, never an out-of-memory kill).
 
 The padding part (the model's ``attention_mask`` input) is not part of the result:
 SparseAttention takes it as its ``key_padding_mask``. Finite additive terms (T5's
@@ -33,15 +41,17 @@ from __future__ import annotations
 import hashlib
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 
-from stofc.errors import ModelError
+from stofc.errors import LimitError, ModelError
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.types import AttentionBlock, ModelGraph
 from stofc.masks.build import build_predicate
 from stofc.masks.cli_form import make_family
+from stofc.masks.limits import MAX_PROBE_BYTES, PROBE_BYTES_PER_ELEMENT, human
 from stofc.masks.spec import ArrayRef, Family, Node
 
 BASE_PROBES = (8, 40)
@@ -96,16 +106,44 @@ def _dense() -> Family:
 
 def model_masks(graph: ModelGraph, max_seq_len: int | None = None) -> ModelMasks:
     """The mask every layer of ``graph`` computes (module doc). ``max_seq_len``: the
-    compiled length, probed exactly; None (inspection) probes windows found in the graph."""
+    compiled length (every node is exact up to it); None (inspection) probes windows found
+    in the graph up to 4099."""
     idx = GraphIndex(graph.model)
     values = sorted({v for layer in graph.layers for v, _ in layer.attention.mask_inputs})
-    probes = _probe_lengths(idx, values, max_seq_len)
-    evaluated = {s: _evaluate(idx, graph, values, s) for s in probes} if values else {}
+    cap = MAX_PROBE if max_seq_len is None else max_seq_len
+    probes = _probe_lengths(idx, values, cap)
+    prober = _Prober(idx, graph, values)
     out = []
     for layer in graph.layers:
-        out.append(_layer_mask(layer.index, layer.attention, evaluated, probes,
-                               _onnx_causal(idx, layer.attention)))
+        out.append(_layer_mask(layer.index, layer.attention, prober, probes, cap,
+                               max_seq_len, _onnx_causal(idx, layer.attention)))
     return ModelMasks(tuple(out))
+
+
+class _Prober:
+    """The mask values at one length, evaluated once for every layer, each evaluation
+    checked against :data:`~stofc.masks.limits.MAX_PROBE_BYTES` before it runs."""
+
+    def __init__(self, idx: GraphIndex, graph: ModelGraph, values: list[str]) -> None:
+        self.idx, self.graph, self.values = idx, graph, values
+        self.results: dict[int, dict[str, np.ndarray] | None] = {}
+        self.session: Any = None
+        self.inputs: list = []
+        self.built = False
+
+    def at(self, s: int) -> dict[str, np.ndarray] | None:
+        if s not in self.results:
+            need = PROBE_BYTES_PER_ELEMENT * s * s * max(1, len(self.values))
+            if need > MAX_PROBE_BYTES:
+                raise LimitError(f"reading the model's own mask at length {s} needs about "
+                                 f"{human(need)}, above the {human(MAX_PROBE_BYTES)} limit",
+                                 hint="compile a shorter --max-seq-len (limit: "
+                                      "stofc.masks.limits.MAX_PROBE_BYTES)")
+            if not self.built:
+                self.session, self.inputs = _probe_session(self.idx, self.graph, self.values)
+                self.built = True
+            self.results[s] = _evaluate(self.session, self.inputs, self.values, s)
+        return self.results[s]
 
 
 def _onnx_causal(idx: GraphIndex, block: AttentionBlock) -> bool:
@@ -116,53 +154,89 @@ def _onnx_causal(idx: GraphIndex, block: AttentionBlock) -> bool:
     return False
 
 
-def _probe_lengths(idx: GraphIndex, values: list[str], max_seq_len: int | None
-                   ) -> tuple[int, ...]:
-    if max_seq_len is not None:
-        return tuple(sorted({s for s in (*BASE_PROBES, max_seq_len // 2 + 1, max_seq_len)
-                             if 1 <= s <= max_seq_len}))
-    window = 0
+def _probe_lengths(idx: GraphIndex, values: list[str], cap: int) -> tuple[int, ...]:
+    """8, 40, ``max(97, 2 W + 3)`` for the largest window-like integer constant W and the
+    length of every square constant buffer among the mask's ancestors, all ``<= cap``."""
+    window, buffers = 0, set()
     for value in values:
         for node in idx.ancestors(value, through_shape=True, limit=300):
             for i in node.input:
                 c = idx.const(i) if i else None
-                if c is not None and c.size == 1 and np.issubdtype(c.dtype, np.integer):
+                if c is None:
+                    continue
+                if c.size == 1 and np.issubdtype(c.dtype, np.integer):
                     w = abs(int(c.reshape(-1)[0]))
-                    if 2 <= w < MAX_PROBE:
+                    if 2 <= w < cap:
                         window = max(window, w)
-    return tuple(sorted({*BASE_PROBES, min(MAX_PROBE, max(97, 2 * window + 3))}))
+                elif (c.ndim >= 3 or c.dtype == np.bool_) and c.ndim >= 2 \
+                        and c.shape[-1] == c.shape[-2] > 1:
+                    buffers.add(int(c.shape[-1]))  # a mask buffer sliced per length
+    wanted = {*BASE_PROBES, max(97, 2 * window + 3), *buffers}
+    return tuple(sorted({min(cap, s) for s in wanted if s >= 1}))
 
 
-def _layer_mask(layer: int, block: AttentionBlock, evaluated: dict, probes: tuple[int, ...],
-                causal_op: bool) -> LayerMask:
+def _layer_mask(layer: int, block: AttentionBlock, prober: _Prober, probes: tuple[int, ...],
+                cap: int, max_seq_len: int | None, causal_op: bool) -> LayerMask:
     where = f"layer {layer}"
     if not block.mask_inputs:
         plain = make_family("causal", {}, "model", None) if causal_op else _dense()
         return LayerMask(layer, plain, "family", "causal (Attention is_causal)" if causal_op
                          else "none", ())
-    allowed = {}
-    for s in probes:
-        try:
-            results = evaluated.get(s)
-            if results is None:
-                raise _ProbeFailed(f"cannot evaluate the mask the model computes at length {s}")
-            allowed[s] = _allowed(block, results, s, where)
-        except _ProbeFailed as err:
-            if s == min(probes):
-                raise ModelError(f"{where}: {err}", hint="report the model to stofc") from None
+    allowed: dict[int, np.ndarray] = {}
+    todo = sorted(probes)
+    while todo:
+        s = todo.pop(0)
+        if s in allowed:
+            continue
+        got = _probe(block, prober, s, where, causal_op, first=not allowed)
+        if got is None:
             continue  # the model itself does not run at this length (e.g. its positions)
-        if causal_op:
-            allowed[s] &= np.tri(s, dtype=bool)
-    probes = tuple(sorted(allowed))
-    top = max(probes)
-    node, kind, text = _fit(allowed[top])
-    for s in probes:
+        allowed[s] = got
+        if not todo:  # a probe longer than any window the fit at the longest one found
+            width = _fit(allowed[s], s)[3]
+            longer = min(cap, 2 * width + 3)
+            if longer > s:
+                todo.append(longer)
+    top = max(allowed)
+    node, kind, text, _ = _fit(allowed[top], top)
+    for s in sorted(allowed):
         if not np.array_equal(_dense_of(node, top)[:s, :s], allowed[s]):
             raise ModelError(f"{where}: the mask the model computes at length {s} is not the "
                              f"top-left corner of its mask at length {top} ({text})",
                              hint="stofc compiles one mask per layer for every length; "
                                   "report the model to stofc")
-    return LayerMask(layer, node, kind, text, probes)
+    if max_seq_len is None or top >= max_seq_len:
+        return LayerMask(layer, node, kind, text, tuple(sorted(allowed)))
+    if kind != "bitmap":  # the family as it is at the compiled length (block layouts)
+        node, kind, text, _ = _fit(allowed[top], top, length=max_seq_len)
+        return LayerMask(layer, node, kind, text, tuple(sorted(allowed)))
+    full = _probe(block, prober, max_seq_len, where, causal_op, first=True)
+    assert full is not None
+    if not np.array_equal(full[:top, :top], allowed[top]):
+        raise ModelError(f"{where}: the mask the model computes at length {top} is not the "
+                         f"top-left corner of its mask at length {max_seq_len}",
+                         hint="stofc compiles one mask per layer for every length; "
+                              "report the model to stofc")
+    node, kind, text, _ = _fit(full, max_seq_len)
+    return LayerMask(layer, node, kind, text, (*sorted(allowed), max_seq_len))
+
+
+def _probe(block: AttentionBlock, prober: _Prober, s: int, where: str, causal_op: bool, *,
+           first: bool) -> np.ndarray | None:
+    """The allowed ``[s, s]`` mask of one layer; None when the model does not run at ``s``
+    (an error at the first probe)."""
+    try:
+        results = prober.at(s)
+        if results is None:
+            raise _ProbeFailed(f"cannot evaluate the mask the model computes at length {s}")
+        allowed = _allowed(block, results, s, where)
+    except _ProbeFailed as err:
+        if first:
+            raise ModelError(f"{where}: {err}", hint="report the model to stofc") from None
+        return None
+    if causal_op:
+        allowed &= np.tri(s, dtype=bool)
+    return allowed
 
 
 def _allowed(block: AttentionBlock, results: dict[str, np.ndarray], s: int,
@@ -186,32 +260,35 @@ def _allowed(block: AttentionBlock, results: dict[str, np.ndarray], s: int,
     return allowed
 
 
-def _fit(allowed: np.ndarray) -> tuple[Node, str, str]:
-    """(node, kind, description) reproducing ``allowed`` exactly at its length."""
-    n = allowed.shape[0]
+def _fit(allowed: np.ndarray, n: int, *, length: int | None = None
+         ) -> tuple[Node, str, str, int]:
+    """(node, kind, description, window) reproducing ``allowed`` (``[n, n]``) exactly, its
+    block layout sized for ``length`` (default ``n``); ``window``: the band's width or the
+    chunk size the fit found (0 for none), which a longer probe must exceed."""
+    length = n if length is None else length
     if allowed.all():
-        return _dense(), "family", "none (dense)"
+        return _dense(), "family", "none (dense)", 0
     band = _band(allowed)
     if band is not None:
         lo, hi = band
         if lo == 0 and hi >= n - 1:
-            return make_family("causal", {}, "model", None), "family", "causal"
+            return make_family("causal", {}, "model", None), "family", "causal", 0
         if lo == 0:
             return (make_family("sliding", {"window": hi}, "model", None, causal=True), "family",
-                    f"sliding window {hi} (causal: 0 <= q-k <= {hi})")
+                    f"sliding window {hi} (causal: 0 <= q-k <= {hi})", hi)
         if lo == -hi:
             return (make_family("sliding", {"window": hi}, "model", None), "family",
-                    f"sliding window {hi} (both sides: |q-k| <= {hi})")
+                    f"sliding window {hi} (both sides: |q-k| <= {hi})", hi)
     chunk = _chunk(allowed)
     if chunk is not None:
         size, causal = chunk
-        nb = -(-n // size)
-        layout = np.eye(nb, dtype=bool)
+        layout = np.eye(-(-length // size), dtype=bool)
         node = Family("blocksparse", (("block", size), ("layout", _array(layout))),
                       causal=causal)
-        return node, "blocksparse", f"chunked, chunks of {size}" + (" (causal)" if causal else "")
+        return (node, "blocksparse",
+                f"chunked, chunks of {size}" + (" (causal)" if causal else ""), size)
     return (Family("bitmap", (("file", _array(allowed)),)), "bitmap",
-            f"bitmap {n}x{n} (density {allowed.mean():.3f}; no MASKS.md family fits)")
+            f"bitmap {n}x{n} (density {allowed.mean():.3f}; no MASKS.md family fits)", 0)
 
 
 def _band(allowed: np.ndarray) -> tuple[int, int] | None:
@@ -258,24 +335,17 @@ def _dense_of(node: Node, n: int) -> np.ndarray:
                            (n, n))
 
 
-def _evaluate(idx: GraphIndex, graph: ModelGraph, values: list[str],
-              s: int) -> dict[str, np.ndarray] | None:
-    """Every mask value for batch 1, length ``s``, all-ones padding (ORT CPU)."""
+def _probe_session(idx: GraphIndex, graph: ModelGraph, values: list[str]) -> tuple[Any, list]:
+    """An ONNX Runtime CPU session of the subgraph behind ``values`` (built once, run at
+    every probe length) and the graph inputs it needs; (None, []) when it does not load."""
     import onnxruntime as ort  # optional: ONNX Runtime
 
     nodes = {n.name: n for v in values for n in idx.ancestors(v, through_shape=True,
                                                                limit=1 << 20)}
     ordered = [n for n in idx.nodes if n.name in nodes]
     needed = {i for n in ordered for i in n.input if i}
-    feeds, inputs = {}, []
-    for vi in graph.model.graph.input:
-        if vi.name not in needed or vi.name in idx.initializers:
-            continue
-        feed = _feed(vi, s)
-        if feed is None:
-            return None
-        feeds[vi.name] = feed
-        inputs.append(vi)
+    inputs = [vi for vi in graph.model.graph.input
+              if vi.name in needed and vi.name not in idx.initializers]
     inits = [t for t in graph.model.graph.initializer if t.name in needed]
     outs = [onnx.helper.make_tensor_value_info(v, idx.elem_type(v) or onnx.TensorProto.FLOAT,
                                                None) for v in values]
@@ -285,11 +355,27 @@ def _evaluate(idx: GraphIndex, graph: ModelGraph, values: list[str],
     try:
         so = ort.SessionOptions()
         so.log_severity_level = 4
-        sess = ort.InferenceSession(model.SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"]), inputs
+    except Exception:
+        return None, []
+
+
+def _evaluate(session: Any, inputs: list, values: list[str],
+              s: int) -> dict[str, np.ndarray] | None:
+    """Every mask value for batch 1, length ``s``, all-ones padding (ORT CPU)."""
+    if session is None:
+        return None
+    feeds = {}
+    for vi in inputs:
+        feed = _feed(vi, s)
+        if feed is None:
+            return None
+        feeds[vi.name] = feed
+    try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            results = sess.run(values, feeds)
+            results = session.run(values, feeds)
     except Exception:
         return None
     return dict(zip(values, (np.asarray(r) for r in results), strict=True))

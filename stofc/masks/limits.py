@@ -14,6 +14,10 @@ limit                value        what it bounds
                                   its bitmaps are computed
 ``MAX_DENSE_BYTES``  1 GiB        a dense ``[H, L, L]`` bool mask (``mask export``),
                                   checked before encoding
+``MAX_PROBE_BYTES``  4 GiB        evaluating a model's own mask subgraph at one
+                                  probe length S (ONNX Runtime, CPU), estimated as
+                                  32 bytes x S^2 per mask value before it runs
+                                  (measured: 20-24 bytes for HF BERT's mask)
 ``MAX_ARRAY_BYTES``  1 GiB        a ``.npy`` layout or bitmap a spec names, checked
                                   from its header before it is read
 ``MAX_YAML_BYTES``   1 MiB        a YAML mask file
@@ -38,6 +42,8 @@ MAX_HEADS = 1024
 MAX_MASK_BYTES = 2 * GIB
 MAX_DENSE_BYTES = GIB
 MAX_ARRAY_BYTES = GIB
+MAX_PROBE_BYTES = 4 * GIB
+PROBE_BYTES_PER_ELEMENT = 32  # peak bytes per S^2 element of one evaluated mask value
 MAX_YAML_BYTES = 1 << 20
 MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 4096
