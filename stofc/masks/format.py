@@ -40,6 +40,7 @@ statistics) is :mod:`stofc.masks.decode`'s.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,19 @@ def popcount(words: np.ndarray) -> np.ndarray:
     lut = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
     raw = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 8)
     return lut[raw].sum(axis=-1, dtype=np.uint8)
+
+
+def content_digest(fmt: MaskFormat) -> str:
+    """sha256 hex of everything a format holds (geometry, every array): equal digests mean
+    equal masks, whatever built them; the key of memoised choices made on a format."""
+    h = hashlib.sha256(f"{fmt.seq_len}:{fmt.tile}:{fmt.num_heads}:{fmt.nnz}".encode())
+    for arr in (fmt.full_row_ptr, fmt.full_col_idx, fmt.part_row_ptr, fmt.part_col_idx,
+                fmt.part_bitmaps, fmt.load_row_ptr, fmt.load_col_idx, fmt.load_part_idx,
+                fmt.row_nnz):
+        a = np.ascontiguousarray(arr)
+        h.update(f"|{a.dtype.str}{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def format_hash(spec_text: str, seq_len: int, tile: int) -> str:

@@ -29,41 +29,55 @@ def format_from_dense(dense: np.ndarray, tile: int = 64) -> MaskFormat:
     pad = np.zeros((heads, rows * tile, rows * tile), dtype=bool)
     pad[:, :n, :n] = dense
     blocks = pad.reshape(heads, rows, tile, rows, tile).transpose(0, 1, 3, 2, 4)  # h,r,c,T,T
-    cnt = blocks.sum(axis=(3, 4), dtype=np.int64)                                # [h, r, c]
+    hh, rr, cc = np.nonzero(blocks.any(axis=(3, 4)))                             # h, r, c order
+    digest = hashlib.sha256(np.packbits(dense).tobytes() + f"{n}:{tile}".encode()).hexdigest()
+    return format_from_tiles(heads, n, tile, hh, rr, cc, blocks[hh, rr, cc], digest=digest)
+
+
+def format_from_tiles(heads: int, n: int, tile: int, hh: np.ndarray, rr: np.ndarray,
+                      cc: np.ndarray, bits: np.ndarray, *, digest: str | None = None
+                      ) -> MaskFormat:
+    """Encode the nonempty tiles ``(hh, rr, cc)`` (any order) with their bool ``[T, T]``
+    contents ``bits`` (positions past ``n`` False) as a format of ``L_max = n``;
+    ``digest``: its ``spec_hash`` (default: a sha256 of the tiles)."""
+    rows = -(-n // tile)
+    hh, rr, cc = (np.asarray(x, dtype=np.int64) for x in (hh, rr, cc))
+    order = np.lexsort((cc, rr, hh))
+    hh, rr, cc, bits = hh[order], rr[order], cc[order], np.asarray(bits, dtype=bool)[order]
+    cnt = bits.sum(axis=(1, 2), dtype=np.int64)
     span = np.minimum(tile, n - np.arange(rows) * tile)
-    in_range = span[:, None] * span[None, :]                                     # [r, c]
-    nonempty = cnt > 0
-    full = nonempty & (cnt == in_range[None])
-    part = nonempty & ~full
-    hh, rr, cc = np.nonzero(nonempty)                                            # h, r, c order
-    is_part = part[hh, rr, cc]
+    is_part = cnt < span[rr] * span[cc]
     ph, pr, pc = hh[is_part], rr[is_part], cc[is_part]
-    words = pack_bits(blocks[ph, pr, pc]) if ph.size else np.zeros((0, (tile // 8) ** 2))
+    words = pack_bits(bits[is_part]) if ph.size else np.zeros((0, (tile // 8) ** 2))
     load_part = np.full(hh.size, -1, dtype=np.int64)
     load_part[is_part] = np.arange(int(is_part.sum()))
 
-    def ptr(mask):
-        per_row = mask.sum(axis=2).reshape(-1)                                   # [h*r]
+    def ptr(h_of, r_of):
+        per_row = np.bincount(h_of * rows + r_of, minlength=heads * rows)          # [h*r]
         out = np.concatenate([[0], np.cumsum(per_row)])                          # global
         return np.stack([out[h * rows:(h + 1) * rows + 1] for h in range(heads)])
 
-    _, _, fc = np.nonzero(full)
-    digest = hashlib.sha256(np.packbits(dense).tobytes() + f"{n}:{tile}".encode()).hexdigest()
+    full = ~is_part
+    if digest is None:
+        digest = hashlib.sha256(np.stack([hh, rr, cc]).tobytes() + np.packbits(bits).tobytes()
+                                + f"{n}:{tile}".encode()).hexdigest()
 
     def arr(x, dt):
         a = np.ascontiguousarray(np.asarray(x, dtype=dt))
         a.setflags(write=False)
         return a
 
+    row_nnz = np.bincount(hh * rows + rr, weights=cnt, minlength=heads * rows)
     return MaskFormat(
         spec=f'{{"dense_oracle": "{digest[:16]}"}}', spec_hash=digest, seq_len=n, tile=tile,
         num_heads=heads,
-        full_row_ptr=arr(ptr(full), np.int32), full_col_idx=arr(fc, np.int32),
-        part_row_ptr=arr(ptr(part), np.int32), part_col_idx=arr(pc, np.int32),
+        full_row_ptr=arr(ptr(hh[full], rr[full]), np.int32), full_col_idx=arr(cc[full], np.int32),
+        part_row_ptr=arr(ptr(ph, pr), np.int32), part_col_idx=arr(pc, np.int32),
         part_bitmaps=arr(words, np.uint64),
-        load_row_ptr=arr(ptr(nonempty), np.int32), load_col_idx=arr(cc, np.int32),
-        load_part_idx=arr(load_part, np.int32), row_nnz=arr(cnt.sum(axis=2), np.int64),
-        nnz=int(dense.sum()),
+        load_row_ptr=arr(ptr(hh, rr), np.int32), load_col_idx=arr(cc, np.int32),
+        load_part_idx=arr(load_part, np.int32),
+        row_nnz=arr(row_nnz.reshape(heads, rows).round(), np.int64),
+        nnz=int(cnt.sum()),
     )
 
 

@@ -18,21 +18,46 @@ by measurement.
 Each family may then turn its choice into a base kernel plus run-time variants
 (:meth:`~stofc.kernels.attention.family.AttentionFamily.runtime_variants`: the
 block-wise query split for short grids): :func:`choose_attention`.
+
+Both are memoised (``MEMO_SIZE`` entries) on the format's content digest, the GPU
+profile, the shape and the registered families: layers with the same mask share one
+selection (ModernBERT's 14 local layers: one block-wise search, not 14).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from stofc.kernels.attention.config import AttentionConfig, attention_families, check_head_dim
-from stofc.masks.format import MaskFormat
+from stofc.masks.format import MaskFormat, content_digest
 from stofc.targets import GpuProfile
 
 TAU = 1.2                 # STOF's empirical constant
+MEMO_SIZE = 256
+T = TypeVar("T")
+_MEMO: OrderedDict[tuple, Any] = OrderedDict()
+
+
+def _memoised(what: str, fmt: MaskFormat, profile: GpuProfile, shape: tuple[int, ...],
+              make: Callable[[], T]) -> T:
+    """``make()``, once per (what, format content, profile, shape, families, TAU)."""
+    families = tuple((type(f).__module__, type(f).__qualname__, f.kind)
+                     for f in attention_families())
+    key = (what, content_digest(fmt), profile, shape, families, TAU)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    value = make()
+    _MEMO[key] = value
+    while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return value
 
 
 @dataclass(frozen=True)
@@ -101,8 +126,15 @@ def stof_threshold(fmt: MaskFormat, seq_len: int) -> float:
 def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
                   seq_len: int, head_dim: int) -> KernelChoice:
     """Pick the attention family and starting config for this mask and shape on this GPU,
-    with a reason (see the module doc)."""
+    with a reason (see the module doc; memoised)."""
     check_head_dim(head_dim)
+    return _memoised("select", fmt, profile, (batch, heads, seq_len, head_dim),
+                     lambda: _select(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
+                                     head_dim=head_dim))
+
+
+def _select(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
+            seq_len: int, head_dim: int) -> KernelChoice:
     seq_len = min(seq_len, fmt.seq_len)
     thr = stof_threshold(fmt, seq_len)
     shape = {"batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim}
@@ -151,7 +183,14 @@ def choose_attention(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads:
                      seq_len: int, head_dim: int
                      ) -> tuple[KernelChoice, tuple[AttentionVariant, ...]]:
     """The selector's choice as the base kernel of a layer, and its run-time variants
-    (those the chosen family adds for shapes the base kernel serves badly)."""
+    (those the chosen family adds for shapes the base kernel serves badly; memoised)."""
+    return _memoised("choose", fmt, profile, (batch, heads, seq_len, head_dim),
+                     lambda: _choose(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
+                                     head_dim=head_dim))
+
+
+def _choose(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, seq_len: int,
+            head_dim: int) -> tuple[KernelChoice, tuple[AttentionVariant, ...]]:
     choice = select_kernel(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
                            head_dim=head_dim)
     fam = next(f for f in attention_families() if f.kind == choice.kernel)
