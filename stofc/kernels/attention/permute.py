@@ -35,7 +35,7 @@ MIN_GAIN = 0.25          # keep a permutation only if it removes >= 25% of the w
 MAX_SEQ = 8192           # the longest L the permuted kernels were validated at on the GPU
 PERIODS = (2, 3, 4)
 CHUNK_BYTES = 4 << 20    # decoded window pairs held at once by permute_format
-MEMO_SIZE = 64
+MEMO_SIZE = 16       # permuted formats kept (a few MiB each at L = 8192)
 Chosen = tuple[int, np.ndarray, MaskFormat]
 _MEMO: OrderedDict[tuple, Chosen | None] = OrderedDict()
 
