@@ -28,6 +28,13 @@ from stofc.masks.format import MaskFormat
 from stofc.masks.layers import LayerMasks
 from stofc.masks.limits import MAX_SEQ_LEN
 from stofc.masks.spec import canonical_json
+from stofc.package.graph_capture import (
+    CPU_EP,
+    CUDA_EP,
+    check_capturable,
+    graph_providers,
+    refusal,
+)
 from stofc.package.layout import (
     LIBRARY_NAME,
     MODEL_FILE,
@@ -37,9 +44,6 @@ from stofc.package.layout import (
 )
 from stofc.package.manifest import ARCH_RE, Manifest, check_manifest
 from stofc.plan.plan import Plan
-
-CUDA_EP = "CUDAExecutionProvider"
-CPU_EP = "CPUExecutionProvider"
 
 
 def _arch_cc(arch: str) -> tuple[int, int]:
@@ -231,11 +235,22 @@ def session_options(root: str | Path):
 
 
 def load(root: str | Path, providers: Sequence[Any] | None = None, *,
-         session_options_hook: Callable[[Any], None] | None = None):
+         session_options_hook: Callable[[Any], None] | None = None,
+         cuda_graph: bool = False):
     """Check the package in ``root`` and return an ``onnxruntime.InferenceSession``.
 
     ``providers`` as for ONNX Runtime; default: CUDA then CPU when the installed
     onnxruntime has the CUDA provider and a GPU is present, else CPU.
+
+    ``cuda_graph=True`` (fixed shapes): the CUDA EP gets ONNX Runtime's
+    ``enable_cuda_graph`` option, after checking that every node of the package's
+    model can run on the CUDA EP (:mod:`stofc.package.graph_capture`; else one
+    StofcError line naming the node and the fix). Such a session must be run with
+    IOBinding, every input and output bound to a device buffer that stays at its
+    address (``OrtValue`` on ``cuda:0``, new inputs written with
+    ``update_inplace``), one shape per session: ORT captures the graph at the
+    second run and replays it from then on. :func:`stofc.package.bench.time_graph`
+    is such a loop; README "Loading a package" shows one.
     """
     try:
         import onnxruntime as ort  # optional: ONNX Runtime
@@ -243,11 +258,19 @@ def load(root: str | Path, providers: Sequence[Any] | None = None, *,
         raise PackageError("onnxruntime is not installed",
                            hint="pip install onnxruntime (CPU) or onnxruntime-gpu") from None
     root = Path(root)
-    if providers is None:
+    if cuda_graph:
+        if CUDA_EP not in ort.get_available_providers():
+            raise DeviceError("cuda_graph=True needs onnxruntime-gpu's CUDA execution "
+                              "provider, which the installed onnxruntime lacks",
+                              hint="pip install onnxruntime-gpu, or load without cuda_graph=True")
+        providers = graph_providers(providers)
+    elif providers is None:
         providers = [CPU_EP]
         if CUDA_EP in ort.get_available_providers() and device_compute_capability() is not None:
             providers = [CUDA_EP, CPU_EP]
     check_package(root, providers=providers)
+    if cuda_graph:
+        check_capturable(root / MODEL_FILE)
     try:
         so = session_options(root)
         if session_options_hook is not None:
@@ -255,6 +278,8 @@ def load(root: str | Path, providers: Sequence[Any] | None = None, *,
         return ort.InferenceSession(str(root.absolute() / MODEL_FILE), so,
                                     providers=list(providers))
     except Exception as err:  # ORT raises its own exception types
+        if cuda_graph and "graph" in str(err).lower():
+            raise refusal(root, err) from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PackageError(f"ONNX Runtime could not load package {root}: {first}",
                            hint="run `stofc compile` again; OPS.md lists what the library needs"
