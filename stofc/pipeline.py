@@ -71,6 +71,9 @@ T = TypeVar("T")
 DTYPE_NAMES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 DEFAULT_GPU = "h100"
 DEFAULT_MAX_SEQ_LEN = 512
+# the selector's sequence-length buckets of an untuned package (those below its
+# max_seq_len; stofc compile --seq-len replaces them): factors of 4 from 128
+DEFAULT_BUCKETS = (128, 512, 2048, 8192, 32768)
 DEFAULT_TILE = 64
 
 
@@ -170,7 +173,7 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
                   tile: int = DEFAULT_TILE, instruments: Instruments | None = None,
                   ort_include: str | Path | None = None,
                   tune_options: dict[str, Any] | None = None, pack_qkv: bool = True,
-                  check: bool = True) -> Path:
+                  check: bool = True, seq_lens: tuple[int, ...] | None = None) -> Path:
     """Compile ``model_path`` with the structured ``mask`` into a package; return its path.
 
     ``mask`` is ANDed with the mask every layer of the model computes itself
@@ -186,7 +189,12 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     and plan.json's ``model.pack_projections`` says so (recompile and tune pack too).
     ``tune``: tune the plan on the GPU present first (``tune_options``: ``budget``,
     ``batch``, ``seq_lens``, ``db``, ``reporter``, ``seed``); when tuning fails the
-    untuned package is written and the failure raised. ``max_seq_len`` defaults to 512,
+    untuned package is written and the failure raised. ``seq_lens``: the sequence-length
+    buckets below ``max_seq_len`` at which the kernel selector also picks each layer's
+    attention kernel (the mask encoded at that length), the package switching to that
+    pick at run time for ``S <= bucket`` (:mod:`stofc.lower.attention`); default
+    :data:`DEFAULT_BUCKETS`, ``()`` for none; a tuned plan's buckets replace them.
+    ``max_seq_len`` defaults to 512,
     or to the model's position table when that is shorter
     (:mod:`stofc.package.positions`); a longer one is refused. ``out_dir`` defaults to
     ``<model stem>.stofc/`` beside the model. Raises a
@@ -235,6 +243,12 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     canonical = effective_canonical(effective)
     masks = ins.run("encode masks", encode_masks, graph, effective, max_seq_len, tile,
                     canonical=canonical)
+    lengths = bucket_lengths(seq_lens, max_seq_len)
+    length_masks = {n: encode_masks(graph, effective, n, tile, canonical=canonical)
+                    for n in lengths}
+    if lengths:
+        ins.note(f"attention kernels are also chosen for the sequence-length buckets "
+                 f"{', '.join(map(str, lengths))} (--seq-len)")
     plan = ins.run("plan", build_plan, graph, masks, profile, dtype=dtype,
                    max_seq_len=max_seq_len, batch=batch)
     tuned, failure = TunedPlan.untuned(plan), None
@@ -246,7 +260,7 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     record = MaskRecord(mask, canonical, own.structured)
     path = build_package(out, graph, tuned, masks, profile, record, source_model=model_path,
                          pack_qkv=pack_qkv, instruments=ins, ort_include=ort_include,
-                         check=check, protect=protect)
+                         check=check, protect=protect, length_masks=length_masks)
     if failure is not None:
         raise StofcError(f"the untuned package was written to {path}, but --tune failed: "
                          f"{failure.message}", hint=failure.hint) from None
@@ -257,12 +271,15 @@ def build_package(out: Path, graph: ModelGraph, tuned: TunedPlan, masks: LayerMa
                   profile: GpuProfile, mask: MaskRecord, *, source_model: Path, pack_qkv: bool,
                   instruments: Instruments | None = None,
                   ort_include: str | Path | None = None, check: bool = True,
-                  protect: tuple[Path | None, ...] = ()) -> Path:
+                  protect: tuple[Path | None, ...] = (),
+                  length_masks: dict[int, LayerMasks] | None = None) -> Path:
     """The road's second half: lower the (tuned) plan, render and compile every kernel,
     write the package to ``out`` atomically (``check``: once it ran on the CPU EP and
-    matched the model, :mod:`stofc.package.selfcheck`); its path."""
+    matched the model, :mod:`stofc.package.selfcheck`); its path. ``length_masks``: the
+    masks encoded at each selector bucket length (untuned plans)."""
     ins = instruments or Instruments()
-    program = ins.run("lower", lower_plan, graph, tuned, masks, profile, pack_qkv=pack_qkv)
+    program = ins.run("lower", lower_plan, graph, tuned, masks, profile, pack_qkv=pack_qkv,
+                      length_masks=length_masks)
     rendered = ins.run("render kernels", render_kernels, (*program.kernels, *program.twins),
                        program.targets)
     ins.dump([r.source for r in rendered])
@@ -289,6 +306,18 @@ def _max_seq_len(graph: ModelGraph, asked: int | None, ins: Instruments) -> int:
                  f"{table.rows} positions (pass --max-seq-len to choose a shorter one)")
         return table.rows
     return DEFAULT_MAX_SEQ_LEN
+
+
+def bucket_lengths(seq_lens: tuple[int, ...] | None, max_seq_len: int) -> tuple[int, ...]:
+    """The selector's bucket lengths below ``max_seq_len`` (``None``: the defaults);
+    a given length outside ``1..max_seq_len`` is a PlanError."""
+    if seq_lens is None:
+        return tuple(n for n in DEFAULT_BUCKETS if n < max_seq_len)
+    bad = [n for n in seq_lens if not 1 <= n <= max_seq_len]
+    if bad:
+        raise PlanError(f"--seq-len {bad[0]} is outside 1..{max_seq_len} (the package's "
+                        "max_seq_len)", hint="give bucket lengths up to --max-seq-len")
+    return tuple(sorted({n for n in seq_lens if n < max_seq_len}))
 
 
 def _checker(ins: Instruments, contents: PackageContents) -> Callable[[Path], None]:

@@ -37,8 +37,10 @@ from stofc.pipeline import DEFAULT_GPU, DEFAULT_MAX_SEQ_LEN, Instruments, compil
 @click.option("--budget", type=float, default=None, metavar="SECONDS",
               help="With --tune: stop tuning after this many seconds.")
 @click.option("--seq-len", "seq_lens", type=int, multiple=True, metavar="L",
-              help="With --tune: a sequence-length bucket to tune (repeatable; default "
-                   "--max-seq-len). Shorter buckets become run-time attention variants.")
+              help="A sequence-length bucket (repeatable): the attention kernel is also "
+                   "chosen for runs up to L, and the package switches to it at run time. "
+                   "Default 128, 512, 2048, 8192, 32768 below --max-seq-len; with --tune, "
+                   "the buckets tuned (default --max-seq-len).")
 @click.option("--db", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="With --tune: the tuning database (default: the user cache directory's).")
 @click.option("--dump-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -63,9 +65,9 @@ def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: i
     if budget is not None and (budget <= 0 or not tune):
         raise StofcError(f"--budget {budget:g} needs --tune and a positive number of seconds",
                          hint="e.g. --tune --budget 60")
-    if (seq_lens or db is not None) and not tune:
-        raise StofcError("--seq-len and --db choose what --tune does, and --tune was not given",
-                         hint="add --tune, or drop them")
+    if db is not None and not tune:
+        raise StofcError("--db chooses what --tune does, and --tune was not given",
+                         hint="add --tune, or drop it")
     bad = [n for n in seq_lens if not 1 <= n <= (max_seq_len or MAX_SEQ_LEN)]
     if bad:
         raise StofcError(f"--seq-len {bad[0]} is outside 1..{max_seq_len or MAX_SEQ_LEN} "
@@ -75,6 +77,7 @@ def compile_command(model: Path, mask: str, gpu: str, dtype: str, max_seq_len: i
     path = compile_model(model, mask, gpu=gpu, dtype=dtype, max_seq_len=max_seq_len,
                          out_dir=out_dir, tune=tune, batch=batch, instruments=ins,
                          ort_include=ort_include, check=not no_check,
+                         seq_lens=tuple(seq_lens) if seq_lens else None,
                          tune_options={"budget": budget, "batch": batch,
                                        "seq_lens": tuple(seq_lens), "db": db,
                                        "reporter": choose_reporter(quiet, False)})

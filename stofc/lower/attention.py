@@ -9,10 +9,22 @@ a config the tuner measured: it replaces the selector's choice and its
 variants, and each shorter sequence-length bucket whose tuned config differs
 becomes a variant for ``S <= bucket`` (unless the next one would pick the same
 kernel anyway).
+
+An untuned plan compiled with sequence-length buckets (``stofc compile --seq-len``;
+:func:`stofc.pipeline.compile_model`) gets the same mechanism from the selector: for
+every bucket ``n < max_seq_len`` the selector runs on the layer's mask encoded at
+length ``n`` (``length_masks``), and its pick (with that pick's own run-time variants,
+capped at ``S <= n``) becomes variants for ``S <= n``; a bucket whose launches equal the
+next longer bucket's adds none. Every bucket's pick is recorded (:class:`BucketPick`,
+plan.json ``attention[].buckets``), so a package compiled for 32K runs the kernel the
+selector picks at 512 when a run is 512 long. A bucket pick's config is made to fit the
+package's own (``L_max``) mask format: a residue permutation that the full-length mask
+has none for is dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from stofc.errors import PlanError
@@ -21,6 +33,7 @@ from stofc.kernels import catalog
 from stofc.kernels.attention.config import AttentionConfig, attention_family
 from stofc.kernels.attention.family import AttentionFamily, AttentionProblem
 from stofc.kernels.attention.launch import LaunchData
+from stofc.kernels.attention.permute import choose_permutation
 from stofc.kernels.attention.select import (
     AttentionVariant,
     KernelChoice,
@@ -28,6 +41,7 @@ from stofc.kernels.attention.select import (
     planned_choice,
 )
 from stofc.kernels.registry import KernelInstance
+from stofc.masks.format import MaskFormat
 from stofc.masks.layers import LayerMasks
 from stofc.package.layout import launch_plan_file
 from stofc.plan.attention import attention_inputs
@@ -36,9 +50,22 @@ from stofc.targets import GpuProfile
 
 
 @dataclass(frozen=True)
+class BucketPick:
+    """The selector's pick for runs up to ``seq_len`` (the mask encoded at that length):
+    its choice and run-time variants; ``launched``: whether they became the node's
+    variants (False: the next longer bucket launches the same kernels)."""
+
+    seq_len: int
+    choice: KernelChoice
+    variants: tuple[AttentionVariant, ...]
+    launched: bool
+
+
+@dataclass(frozen=True)
 class AttentionKernel:
     """One layer's attention: the problem, the base kernel's choice and the run-time
-    variants (tried first, in order), and the node's other inputs' value names."""
+    variants (tried first, in order), the node's other inputs' value names, and the
+    selector's per-length picks (untuned packages compiled with buckets)."""
 
     layer: int
     problem: AttentionProblem
@@ -46,6 +73,7 @@ class AttentionKernel:
     variants: tuple[AttentionVariant, ...] = ()
     key_padding_mask: str | None = None
     bias: str | None = None
+    buckets: tuple[BucketPick, ...] = ()
 
     def family(self, choice: KernelChoice | None = None) -> AttentionFamily:
         return attention_family((choice or self.choice).kernel)
@@ -107,26 +135,88 @@ def _with_plan(choice: KernelChoice, planned: AttentionConfig, max_seq_len: int,
     return planned_choice(choice, planned), variants
 
 
+def _fit(choice: KernelChoice, fmt: MaskFormat, permutable: dict[str, bool]) -> KernelChoice:
+    """``choice`` (made on a shorter encoding of the mask) runnable on the package's
+    ``fmt``: without a residue permutation where ``fmt`` has none."""
+    if not choice.config.permute:
+        return choice
+    if fmt.spec_hash not in permutable:
+        permutable[fmt.spec_hash] = choose_permutation(fmt) is not None
+    if permutable[fmt.spec_hash]:
+        return choice
+    return replace(choice, config=replace(choice.config, permute=False))
+
+
+def _launches(choice: KernelChoice, variants: tuple[AttentionVariant, ...]) -> tuple:
+    """What a bucket launches, bounds by length aside (the duplicate test)."""
+    return (choice.config, tuple((v.choice.config, v.max_batch_rows) for v in variants))
+
+
+def _selector_buckets(problem: AttentionProblem, profile: GpuProfile, max_seq_len: int,
+                      choice: KernelChoice, variants: tuple[AttentionVariant, ...],
+                      formats: tuple[tuple[int, MaskFormat], ...]
+                      ) -> tuple[tuple[AttentionVariant, ...], tuple[BucketPick, ...]]:
+    """The node's variants with the selector's bucket picks in front (module doc), and
+    every bucket's pick."""
+    permutable: dict[str, bool] = {}
+    picks = []
+    for n, fmt in sorted(formats, key=lambda f: f[0]):
+        if n >= max_seq_len:
+            continue
+        c, vs = choose_attention(fmt, profile, batch=problem.batch, heads=problem.heads,
+                                 seq_len=n, head_dim=problem.head_dim)
+        c = _fit(c, problem.fmt, permutable)
+        vs = tuple(replace(v, max_seq_len=min(v.max_seq_len or n, n),
+                           choice=_fit(v.choice, problem.fmt, permutable),
+                           reason=f"selector at S <= {n}: {v.reason}") for v in vs)
+        picks.append((n, c, vs))
+    following = _launches(choice, variants)
+    kept: list[BucketPick] = []
+    for n, c, vs in reversed(picks):
+        launched = _launches(c, vs) != following
+        kept.insert(0, BucketPick(n, c, vs, launched))
+        if launched:
+            following = _launches(c, vs)
+    front: list[AttentionVariant] = []
+    for pick in kept:
+        if pick.launched:
+            front += [*pick.variants,
+                      AttentionVariant(pick.seq_len, 0, pick.choice,
+                                       f"selector at S <= {pick.seq_len}: "
+                                       f"{pick.choice.explanation}")]
+    return (*front, *variants), tuple(kept)
+
+
 def attention_kernel(problem: AttentionProblem, profile: GpuProfile, *, layer: int = 0,
                      max_seq_len: int, planned: AttentionConfig | None = None,
                      buckets: tuple[tuple[int, AttentionConfig | None], ...] = (),
                      key_padding_mask: str | None = None,
-                     bias: str | None = None) -> AttentionKernel:
+                     bias: str | None = None,
+                     length_formats: tuple[tuple[int, MaskFormat], ...] = ()
+                     ) -> AttentionKernel:
     """One layer's :class:`AttentionKernel` (see the module doc): the selector's choice on
     ``problem`` for runs up to ``max_seq_len`` and its variants, unless a plan names a
-    config (``planned``; ``buckets``: ``(length, config)`` of the tuned buckets)."""
+    config (``planned``; ``buckets``: ``(length, config)`` of the tuned buckets);
+    ``length_formats``: ``(length, format)`` of the selector's buckets (untuned only)."""
     choice, variants = choose_attention(problem.fmt, profile, batch=problem.batch,
                                         heads=problem.heads, seq_len=max_seq_len,
                                         head_dim=problem.head_dim)
+    picks: tuple[BucketPick, ...] = ()
     if planned is not None:
         choice, variants = _with_plan(choice, planned, max_seq_len, buckets)
-    return AttentionKernel(layer, problem, choice, variants, key_padding_mask, bias)
+    elif length_formats:
+        variants, picks = _selector_buckets(problem, profile, max_seq_len, choice, variants,
+                                            length_formats)
+    return AttentionKernel(layer, problem, choice, variants, key_padding_mask, bias, picks)
 
 
 def attention_kernels(graph: ModelGraph, tuned_plan: TunedPlan, masks: LayerMasks,
-                      profile: GpuProfile) -> dict[int, AttentionKernel]:
+                      profile: GpuProfile,
+                      length_masks: Mapping[int, LayerMasks] | None = None
+                      ) -> dict[int, AttentionKernel]:
     """Every layer's :class:`AttentionKernel`, by layer index (a tuned plan's configs
-    replace the selector's)."""
+    replace the selector's; ``length_masks``: the masks encoded at each selector bucket
+    length, used by an untuned plan)."""
     plan = tuned_plan.plan
     batch = max(1, plan.tokens // max(1, plan.max_seq_len))
     out = {}
@@ -140,7 +230,9 @@ def attention_kernels(graph: ModelGraph, tuned_plan: TunedPlan, masks: LayerMask
                                    has_softcap=float(block.softcap or 0.0) > 0.0)
         planned = _plan_config(plan, layer.index) if tuned_plan.tuned else None
         buckets = tuple((n, _plan_config(p, layer.index)) for n, p in tuned_plan.buckets)
+        formats = tuple((n, m[layer.index]) for n, m in sorted((length_masks or {}).items()))
         out[layer.index] = attention_kernel(problem, profile, layer=layer.index,
                                             max_seq_len=plan.max_seq_len, planned=planned,
-                                            buckets=buckets, key_padding_mask=kpm, bias=bias)
+                                            buckets=buckets, key_padding_mask=kpm, bias=bias,
+                                            length_formats=formats)
     return out

@@ -20,6 +20,7 @@ The result, a :class:`Program`, is what the render, compile and write stages tak
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -115,16 +116,19 @@ def _recorded(plan: Plan, attention: dict[int, AttentionKernel]) -> Plan:
 
 
 def lower_plan(graph: ModelGraph, tuned: TunedPlan, masks: LayerMasks, profile: GpuProfile, *,
-               pack_qkv: bool = True) -> Program:
+               pack_qkv: bool = True,
+               length_masks: Mapping[int, LayerMasks] | None = None) -> Program:
     """Lower ``tuned`` for ``graph`` on ``masks`` into a :class:`Program` (module doc).
 
     ``pack_qkv`` packs each layer's Q, K, V GEMMs into one node where it can
-    (:func:`~stofc.lower.rewrite.rewrite_model`).
+    (:func:`~stofc.lower.rewrite.rewrite_model`). ``length_masks``: the masks encoded at
+    each sequence-length bucket, where an untuned plan's selector picks per bucket
+    (:mod:`stofc.lower.attention`).
     """
     plan = tuned.plan
     targets = (profile.arch, profile.ptx_target)
     arch = targets[0]
-    attention = attention_kernels(graph, tuned, masks, profile)
+    attention = attention_kernels(graph, tuned, masks, profile, length_masks)
     plan = _recorded(plan, attention)
     per_segment: dict[tuple[int, int], tuple[KernelInstance, ...]] = {}
     for lp in plan.layers:

@@ -161,7 +161,13 @@ def _attention_entries(program: Program) -> list[dict[str, Any]]:
                           "kernel": v.choice.kernel, "config": asdict(v.choice.config),
                           "source": ak.instance(v.choice).name, "why": v.reason,
                           "launch": dict(ak.launch(v.choice))}
-                         for v in ak.variants]})
+                         for v in ak.variants],
+            "buckets": [{"seq_len": b.seq_len, "kernel": b.choice.kernel,
+                         "config": asdict(b.choice.config),
+                         "estimate_us": dict(b.choice.estimates + b.choice.refinements),
+                         "explanation": b.choice.explanation, "launched": b.launched,
+                         "variants": len(b.variants)}
+                        for b in ak.buckets]})
     return entries
 
 

@@ -99,7 +99,8 @@ def package(tmp_path_factory) -> Path:
     onnx.save(build_model(layers=2, hidden=128, heads=2, seq=256), str(model))
     return compile_model(model, "bigbird:block=64,window=3,global=1,random=1,seed=0", gpu="h200",
                          max_seq_len=256, out_dir=tmp_path_factory.mktemp("p") / "pkg",
-                         instruments=Instruments(progress=False))
+                         instruments=Instruments(progress=False),
+                         seq_lens=())   # the split variant alone (buckets: test_selector_buckets)
 
 
 def test_package_nodes_carry_the_variants_and_their_files(package):
