@@ -72,6 +72,7 @@ struct LtPlan {
     LtLayout a = nullptr, b = nullptr, c = nullptr;
     alignas(8) unsigned char heuristic[kLtHeuristicBytes] = {};  // its algo is uint64_t[8]
     size_t workspace = 0;
+    const void* bias = nullptr;  // the bias pointer the descriptor holds
 };
 struct LtContext {
     CUcontext ctx = nullptr;
@@ -90,6 +91,8 @@ struct FusedGemmCuda {
     std::unique_ptr<CudaModule> module;
     std::mutex mu;
     std::vector<std::unique_ptr<LtContext>> lts;
+    ScratchAllocator scratch_alloc;  // ORT's allocator, asked once
+    StreamContext streams;           // ORT's stream -> its CUDA context
 
     FusedGemmCuda(const OrtKernelInfo* info, const std::string& dir)
         : attrs(info),
@@ -128,9 +131,11 @@ struct FusedGemmCuda {
         L.check(L.MatmulDescSetAttribute(p->desc, kLtTransA, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
         L.check(L.MatmulDescSetAttribute(p->desc, kLtTransB, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
         L.check(L.MatmulDescSetAttribute(p->desc, kLtEpilogue, &ep, sizeof ep), "cublasLtMatmulDescSetAttribute");
-        if (bias)  // as segment_cublas.CublasLt._plan: the bias pointer is set before the heuristic
+        if (bias) {  // as segment_cublas.CublasLt._plan: the bias pointer is set before the heuristic
             L.check(L.MatmulDescSetAttribute(p->desc, kLtBiasPointer, &bias, sizeof bias),
                     "cublasLtMatmulDescSetAttribute");
+            p->bias = bias;
+        }
         // Column-major views: w [K, N] row-major = N x K (ld N); x [M, K] = K x M; y [M, N] = N x M.
         L.check(L.MatrixLayoutCreate(&p->a, dtype, N, K, N), "cublasLtMatrixLayoutCreate");
         L.check(L.MatrixLayoutCreate(&p->b, dtype, K, M, K), "cublasLtMatrixLayoutCreate");
@@ -194,7 +199,7 @@ struct FusedGemmCuda {
         const size_t elem = 2;  // the scratch GEMM result (never with a float y: nothing follows it)
 
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
-        const CUcontext cuctx = CudaModule::context_of(stream);
+        const CUcontext cuctx = streams.of(stream);
         CUfunction fn = module ? module->function(cuctx, stream) : nullptr;
         std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
         LtContext& lt = lt_context(cuctx, stream);
@@ -202,14 +207,17 @@ struct FusedGemmCuda {
         LtPlan& p = plan(lt, M, N, K, dtype, f32_out ? kCudaR32F : dtype, split.lt_epilogue, bias_ptr);
         const bool direct = split.rest_is_identity();
         const size_t gemm_bytes = direct ? 0 : align256(static_cast<size_t>(M * N) * elem);
-        Scratch scratch(ctx, x.value.GetTensorMemoryInfo().GetDeviceId(), gemm_bytes + std::max<size_t>(p.workspace, 256));
+        Scratch scratch(scratch_alloc.get(ctx, x.value.GetTensorMemoryInfo().GetDeviceId()),
+                        gemm_bytes + std::max<size_t>(p.workspace, 256));
         void* y = out.GetTensorMutableRawData();
         void* gemm_out = direct ? y : reinterpret_cast<void*>(scratch.at(0));
         void* workspace = reinterpret_cast<void*>(scratch.at(gemm_bytes));
         const CublasLt& L = cublas_lt();
-        if (bias_ptr)
+        if (bias_ptr && bias_ptr != p.bias) {  // an initializer: set once, not at every run
             L.check(L.MatmulDescSetAttribute(p.desc, kLtBiasPointer, &bias_ptr, sizeof bias_ptr),
                     "cublasLtMatmulDescSetAttribute");
+            p.bias = bias_ptr;
+        }
         const float one = 1.0f, zero = 0.0f;
         const void* c_ptr = split.lt_residual ? res.value.GetTensorRawData() : gemm_out;
         L.check(L.Matmul(lt.handle, p.desc, &one, w.value.GetTensorRawData(), p.a, x.value.GetTensorRawData(), p.b,
@@ -226,6 +234,7 @@ struct AddLayerNormCuda {
     NormAttrs attrs;
     EpilogueLaunch epi;
     std::unique_ptr<CudaModule> module;
+    StreamContext streams;  // ORT's stream -> its CUDA context
 
     AddLayerNormCuda(const OrtKernelInfo* info, const std::string& dir)
         : attrs(info),
@@ -265,7 +274,7 @@ struct AddLayerNormCuda {
         });
         if (M == 0 || C == 0) return;
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
-        CUfunction fn = module->function(CudaModule::context_of(stream), stream);
+        CUfunction fn = module->function(streams.of(stream), stream);
         launch_add_norm(fn, epi, stream, x.value.GetTensorRawData(), res.present() ? res.value.GetTensorRawData() : nullptr,
                         gamma.value.GetTensorRawData(), beta.present() ? beta.value.GetTensorRawData() : nullptr,
                         out.GetTensorMutableRawData(), sum, M, C, attrs.epsilon);

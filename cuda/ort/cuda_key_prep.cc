@@ -43,6 +43,8 @@ void launch_key_prep(CUcontext ctx, CUstream stream, const void* kpm, int kpm_ty
 }
 
 struct KeyPrepCuda {
+    StreamContext streams;  // ORT's stream -> its CUDA context
+
     void compute(OrtKernelContext* context) {
         Ort::KernelContext ctx(context);
         const Input kpm = get_input(ctx, 0);
@@ -54,7 +56,7 @@ struct KeyPrepCuda {
         if (l.B == 0) return;  // an empty batch: an empty key_state
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(out.GetTensorMutableRawData());
-        launch_key_prep(CudaModule::context_of(stream), stream, kpm.value.GetTensorRawData(), kpm_type,
+        launch_key_prep(streams.of(stream), stream, kpm.value.GetTensorRawData(), kpm_type,
                         static_cast<int>(l.B), static_cast<int>(l.S), static_cast<int>(l.words), base,
                         base + static_cast<CUdeviceptr>(l.words_at));
     }

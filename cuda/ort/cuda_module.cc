@@ -86,22 +86,41 @@ void require_not_capturing(CUstream stream, const char* what) {
                       ORT_FAIL);
 }
 
-Scratch::Scratch(const Ort::KernelContext& ctx, int device_id, size_t bytes) {
+OrtAllocator* ScratchAllocator::get(const Ort::KernelContext& ctx, int device_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (alloc_ && device_ == device_id) return alloc_;
 #ifdef STOFC_CUDA_TWINS_ON_CPU  // unit-test build: "device" memory is host memory
-    (void)device_id;
     Ort::MemoryInfo info = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
 #else
     Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device_id, OrtMemTypeDefault);
 #endif
-    alloc_ = ctx.GetAllocator(*info);
-    if (!alloc_) throw OpError("ONNX Runtime gave no CUDA allocator for scratch memory", ORT_FAIL);
+    OrtAllocator* fresh = ctx.GetAllocator(*info);
+    if (!fresh) throw OpError("ONNX Runtime gave no CUDA allocator for scratch memory", ORT_FAIL);
+    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);  // another device: not expected in one session
+    alloc_ = fresh;
+    device_ = device_id;
+    return alloc_;
+}
+
+ScratchAllocator::~ScratchAllocator() {
+    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
+}
+
+Scratch::Scratch(OrtAllocator* alloc, size_t bytes) : alloc_(alloc) {
     ptr_ = alloc_->Alloc(alloc_, bytes);
     if (!ptr_) throw OpError("out of GPU memory for " + std::to_string(bytes) + " bytes of scratch", ORT_FAIL);
 }
 
 Scratch::~Scratch() {
     if (ptr_) alloc_->Free(alloc_, ptr_);
-    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
+}
+
+CUcontext StreamContext::of(CUstream stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ctx_ && stream_ == stream) return ctx_;
+    ctx_ = CudaModule::context_of(stream);
+    stream_ = stream;
+    return ctx_;
 }
 
 }  // namespace stofc_ort

@@ -66,9 +66,30 @@ std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, 
 /// must happen in an ordinary run first.
 void require_not_capturing(CUstream stream, const char* what);
 
+/// A kernel's handle on ORT's device allocator, asked of the kernel context once and kept
+/// with the kernel (KernelContext::GetAllocator wraps the session's allocator in a new
+/// host object at every call; the session's allocator outlives its kernels), so a run's
+/// scratch costs one arena Alloc and Free and no host allocation. Thread-safe.
+class ScratchAllocator {
+  public:
+    ScratchAllocator() = default;
+    ~ScratchAllocator();
+    ScratchAllocator(const ScratchAllocator&) = delete;
+    ScratchAllocator& operator=(const ScratchAllocator&) = delete;
+    /// ORT's allocator for `device_id` (the device of the kernel's tensors).
+    OrtAllocator* get(const Ort::KernelContext& ctx, int device_id);
+
+  private:
+    std::mutex mu_;
+    OrtAllocator* alloc_ = nullptr;
+    int device_ = -1;
+};
+
+/// One run's scratch from ORT's allocator (stream-ordered like ORT's own kernels'), returned
+/// when the run's Compute ends.
 class Scratch {
   public:
-    Scratch(const Ort::KernelContext& ctx, int device_id, size_t bytes);
+    Scratch(OrtAllocator* alloc, size_t bytes);
     ~Scratch();
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
@@ -77,6 +98,19 @@ class Scratch {
   private:
     OrtAllocator* alloc_ = nullptr;
     void* ptr_ = nullptr;
+};
+
+/// The context of ORT's compute stream, asked of the driver once per stream: a kernel
+/// keeps the last (stream, context) pair (a session's streams all live in the context of
+/// its one device), so a steady-state run makes no cuStreamGetCtx call.
+class StreamContext {
+  public:
+    CUcontext of(CUstream stream);
+
+  private:
+    std::mutex mu_;
+    CUstream stream_ = nullptr;
+    CUcontext ctx_ = nullptr;
 };
 
 inline size_t align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }

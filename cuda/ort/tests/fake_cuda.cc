@@ -162,6 +162,7 @@ CUresult cuGetErrorString(CUresult, const char** s) {
 }
 CUresult cuStreamGetCtx(CUstream, CUcontext* ctx) {
     *ctx = reinterpret_cast<CUcontext>(0xC0);
+    emit("{\"call\": \"stream_ctx\"}");
     return CUDA_SUCCESS;
 }
 CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* s) {
