@@ -17,6 +17,7 @@ The same package also loads with plain ONNX Runtime in two lines (OPS.md)::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,7 +279,7 @@ def load(root: str | Path, providers: Sequence[Any] | None = None, *,
         return ort.InferenceSession(str(root.absolute() / MODEL_FILE), so,
                                     providers=list(providers))
     except Exception as err:  # ORT raises its own exception types
-        if cuda_graph and "graph" in str(err).lower():
+        if cuda_graph and re.search(r"cuda graph|graph capture", str(err), re.IGNORECASE):
             raise refusal(root, err) from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PackageError(f"ONNX Runtime could not load package {root}: {first}",
