@@ -46,6 +46,7 @@ from stofc.errors import PackageError, PlanError, StofcError
 from stofc.frontend import ModelGraph, load_model
 from stofc.frontend.model_mask import model_masks
 from stofc.kernels.render import render_kernels
+from stofc.lower.attention import bucket_lengths
 from stofc.lower.program import lower_plan
 from stofc.masks import MaskSpec, parse_mask
 from stofc.masks.effective import MODEL, effective_canonical, effective_specs
@@ -71,9 +72,6 @@ T = TypeVar("T")
 DTYPE_NAMES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 DEFAULT_GPU = "h100"
 DEFAULT_MAX_SEQ_LEN = 512
-# the selector's sequence-length buckets of an untuned package (those below its
-# max_seq_len; stofc compile --seq-len replaces them): factors of 4 from 128
-DEFAULT_BUCKETS = (128, 512, 2048, 8192, 32768)
 DEFAULT_TILE = 64
 
 
@@ -193,7 +191,7 @@ def compile_model(model_path: str | Path, mask: str = MODEL, *, gpu: str = DEFAU
     buckets below ``max_seq_len`` at which the kernel selector also picks each layer's
     attention kernel (the mask encoded at that length), the package switching to that
     pick at run time for ``S <= bucket`` (:mod:`stofc.lower.attention`); default
-    :data:`DEFAULT_BUCKETS`, ``()`` for none; a tuned plan's buckets replace them.
+    :data:`stofc.lower.attention.DEFAULT_BUCKETS`, ``()`` for none; a tuned plan's buckets replace them.
     ``max_seq_len`` defaults to 512,
     or to the model's position table when that is shorter
     (:mod:`stofc.package.positions`); a longer one is refused. ``out_dir`` defaults to
@@ -306,18 +304,6 @@ def _max_seq_len(graph: ModelGraph, asked: int | None, ins: Instruments) -> int:
                  f"{table.rows} positions (pass --max-seq-len to choose a shorter one)")
         return table.rows
     return DEFAULT_MAX_SEQ_LEN
-
-
-def bucket_lengths(seq_lens: tuple[int, ...] | None, max_seq_len: int) -> tuple[int, ...]:
-    """The selector's bucket lengths below ``max_seq_len`` (``None``: the defaults);
-    a given length outside ``1..max_seq_len`` is a PlanError."""
-    if seq_lens is None:
-        return tuple(n for n in DEFAULT_BUCKETS if n < max_seq_len)
-    bad = [n for n in seq_lens if not 1 <= n <= max_seq_len]
-    if bad:
-        raise PlanError(f"--seq-len {bad[0]} is outside 1..{max_seq_len} (the package's "
-                        "max_seq_len)", hint="give bucket lengths up to --max-seq-len")
-    return tuple(sorted({n for n in seq_lens if n < max_seq_len}))
 
 
 def _checker(ins: Instruments, contents: PackageContents) -> Callable[[Path], None]:

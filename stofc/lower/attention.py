@@ -48,6 +48,22 @@ from stofc.plan.attention import attention_inputs
 from stofc.plan.plan import Plan, TunedPlan
 from stofc.targets import GpuProfile
 
+# the selector's sequence-length buckets of an untuned package (those below its
+# max_seq_len; stofc compile --seq-len replaces them): factors of 4 from 128
+DEFAULT_BUCKETS = (128, 512, 2048, 8192, 32768)
+
+
+def bucket_lengths(seq_lens: tuple[int, ...] | None, max_seq_len: int) -> tuple[int, ...]:
+    """The selector's bucket lengths below ``max_seq_len`` (``None``: the defaults);
+    a given length outside ``1..max_seq_len`` is a PlanError."""
+    if seq_lens is None:
+        return tuple(n for n in DEFAULT_BUCKETS if n < max_seq_len)
+    bad = [n for n in seq_lens if not 1 <= n <= max_seq_len]
+    if bad:
+        raise PlanError(f"--seq-len {bad[0]} is outside 1..{max_seq_len} (the package's "
+                        "max_seq_len)", hint="give bucket lengths up to --max-seq-len")
+    return tuple(sorted({n for n in seq_lens if n < max_seq_len}))
+
 
 @dataclass(frozen=True)
 class BucketPick:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from stofc.errors import StofcError
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -123,8 +125,6 @@ def check_capturable(model_path: str | Path,
                      kernels: Callable[[], Iterable[KernelRange]] | None = None) -> None:
     """A one-line StofcError naming the node that keeps ``model_path`` off a CUDA graph
     (``kernels``: the CUDA kernel table, default :func:`cuda_kernels`)."""
-    import onnx  # a stofc dependency
-
     model = onnx.load(str(model_path), load_external_data=False)
     problem = uncapturable_node(model, (kernels or cuda_kernels)())
     if problem is not None:

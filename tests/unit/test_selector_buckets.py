@@ -19,9 +19,9 @@ import pytest
 
 from stofc.errors import PlanError
 from stofc.kernels.attention import AttentionConfig, AttentionProblem, choose_attention
-from stofc.lower.attention import attention_kernel
+from stofc.lower.attention import DEFAULT_BUCKETS, attention_kernel, bucket_lengths
 from stofc.masks import encode
-from stofc.pipeline import DEFAULT_BUCKETS, Instruments, bucket_lengths, compile_model
+from stofc.pipeline import Instruments, compile_model
 from stofc.targets import get_profile
 from tests.unit.test_ortlib_fake_gpu import run
 
