@@ -42,7 +42,7 @@ def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], s
         return got
     pieces, inputs = [], set()
     for role, value in (("q", block.q_input), ("k", block.k_input), ("v", block.v_input)):
-        got = linear_back(idx, value, role)
+        got = linear_back(idx, _before_rope(idx, block, value), role)
         if got is None:
             raise ChainStop(_producer(idx, value), _op(idx, value),
                             f"the {role.upper()} projection is not a MatMul/Gemm with constant "
@@ -54,6 +54,25 @@ def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], s
                         "Q, K and V are projected from different inputs (cross-attention or a "
                         "bottleneck)")
     return pieces, inputs.pop()
+
+
+def _before_rope(idx: GraphIndex, block: AttentionBlock, value: str) -> str:
+    """The projection output behind a RoPE'd Q/K operand (``value`` itself when unrotated).
+
+    RoPE reads the head-split projection (Reshape, Transpose); those and the rotation
+    stay with ONNX Runtime, the projection GEMM before them is the chain's. Only a
+    Reshape/Transpose read by nothing else is walked through.
+    """
+    rotary = next((r for r in block.rope if r.output == value), None)
+    if rotary is None:
+        return value
+    value = rotary.input
+    node = idx.produced_by(value)
+    while node is not None and node.op_type in ("Reshape", "Transpose") \
+            and len(idx.data_users(node.input[0])) == 1:
+        value = node.input[0]
+        node = idx.produced_by(value)
+    return value
 
 
 def _producer(idx: GraphIndex, value: str) -> str:
@@ -95,6 +114,12 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
                                  "rotary position embedding (RoPE) on Q/K: the projections and "
                                  "RoPE are left to ONNX Runtime")
         stops.append(reason)
+    if h is not None and block.rope:
+        stops.append(Unsupported(block.rope[0].nodes[-1] if block.rope[0].nodes else
+                                 block.rope[0].output, "RoPE",
+                                 "rotary position embedding (RoPE) on Q/K: the rotation "
+                                 "between the projections and the attention is left to "
+                                 "ONNX Runtime"))
     lead = norm_back(idx, h) if h is not None else None
     pieces: list[Piece] = [*proj, attention]
     order = "post"

@@ -22,6 +22,7 @@ import pytest
 
 from stofc.errors import ModelError
 from stofc.frontend import load_model
+from stofc.frontend.types import OpKind
 from stofc.masks import to_dense
 from stofc.package.load import CPU_EP, load, read_plan_document
 from stofc.package.verify import compare, make_inputs, verify_package
@@ -192,3 +193,25 @@ def _attention_with_bias(bias_nodes, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return load_model(path)
+
+
+@pytest.mark.parametrize("name", ["llama_ts_op17.onnx", "llama_dynamo_op18.onnx",
+                                  "mistral_optimum_op18.onnx", "qwen2_dynamo_op18.onnx"])
+def test_rope_models_fuse_the_lead_rmsnorm_and_the_projections(name, tmp_path):
+    """RoPE no longer stops the chain at the attention: the Q/K projections are found
+    behind the rotation (which stays with ONNX Runtime), so the pre-norm stream's lead
+    RMSNorm and the Q/K/V GEMMs are stofc segments, and the package still matches."""
+    graph = load_model(FIXTURES / name)
+    for layer in graph.layers:
+        assert layer.chain[0].kind == OpKind.RMSNORM, name
+        gemms = [o.role for o in layer.chain if o.kind == OpKind.GEMM]
+        assert gemms[:3] == ["q", "k", "v"], name
+    package = _package(name, tmp_path)
+    plan = read_plan_document(package).plan
+    for lp in plan.layers:
+        lead = next(s for s in lp.segments if 0 in s.ops)
+        assert lead.family in ("add_norm", "gemm_norm")
+        assert lead.epilogues[-1].norm == "rmsnorm"
+        roles = {r for s in lp.segments for r in s.roles}
+        assert {"q", "k", "v", "out"} <= roles
+    assert _bare_error(package, name) <= BOUND
