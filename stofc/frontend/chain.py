@@ -131,16 +131,20 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
                             "attention")
         pieces.extend(got[0])
         res = _residual(idx, got[1], h, lead)
+        sandwich = norm_fwd(idx, got[1]) if res is None else None
+        if sandwich is not None:  # Gemma: out-proj, norm, then the residual Add
+            res = _residual(idx, sandwich[1], h, lead)
+            if res is not None:
+                pieces.append(sandwich[0])
         if res is None:
             scale = idx.sole_data_user(got[1])
             layer_scale = scale is not None and scale.op_type == "Mul" and any(
                 idx.is_initializer_like(i) for i in scale.input)
-            sandwich = norm_fwd(idx, got[1]) is not None
             raise ChainStop(*_first_user(idx, got[1]),
                             "a per-channel scale (LayerScale) before the residual is not "
                             "supported" if layer_scale else
-                            "a norm between the output projection and the residual (sandwich "
-                            "norm, Gemma) is left to ONNX Runtime" if sandwich else
+                            "a norm between the output projection and the residual whose "
+                            "result is not added to the layer input" if sandwich else
                             "no residual Add of the layer input after the output projection")
         piece, value, other = res
         if lead is not None and other == lead[1]:
@@ -214,6 +218,11 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
         raise _stop_with(pieces, idx, act[1], "no FFN output projection after the activation")
     pieces.extend(out[0])
     res = residual_fwd(idx, out[1], (stream,))
+    post = norm_fwd(idx, out[1]) if res is None else None
+    if post is not None:  # sandwich (Gemma): the FFN output is normed before the residual
+        res = residual_fwd(idx, post[1], (stream,))
+        if res is not None:
+            pieces.append(post[0])
     if res is None:
         raise _stop_with(pieces, idx, out[1], "no residual Add after the FFN")
     pieces.append(res[0])

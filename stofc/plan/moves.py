@@ -62,7 +62,9 @@ def initial_scheme(layer: Layer, *, tokens: int, max_norm_width: int = MAX_NORM_
     memory-bound operators after it while a family can still execute the
     segment (bias, activation, residual, and the norm when the row fits one
     tile and ``tokens >= norm_fusion_min_tokens``: a full-row tile has only
-    ``tokens / 16`` blocks); memory-bound operators before the first GEMM
+    ``tokens / 16`` blocks; a memory-bound segment, e.g. a sandwich norm's residual
+    Add, always takes the norm: one pass instead of two); memory-bound operators
+    before the first GEMM
     form their own segment. Recognised structure: the FFN chain (ffn_in ... ffn_out) becomes
     one GEMM+GEMM segment when ``tokens <= ffn_chain_max_tokens``.
     """
@@ -74,7 +76,8 @@ def initial_scheme(layer: Layer, *, tokens: int, max_norm_width: int = MAX_NORM_
             starts.append(op)
             continue
         is_norm = layer.chain[op].kind in (OpKind.LAYERNORM, OpKind.RMSNORM)
-        if is_norm and tokens < norm_fusion_min_tokens:
+        in_gemm = any(layer.chain[i].kind == OpKind.GEMM for i in range(starts[-1], op))
+        if is_norm and in_gemm and tokens < norm_fusion_min_tokens:
             starts.append(op)
             continue
         trial = FusionScheme.unfused(n).with_boundaries([*starts, *range(op + 1, n)])

@@ -215,3 +215,23 @@ def test_rope_models_fuse_the_lead_rmsnorm_and_the_projections(name, tmp_path):
         roles = {r for s in lp.segments for r in s.roles}
         assert {"q", "k", "v", "out"} <= roles
     assert _bare_error(package, name) <= BOUND
+
+
+@pytest.mark.parametrize("name", ["gemma2_ts_op17_eager.onnx", "gemma2_dynamo_op18_eager.onnx",
+                                  "gemma3_optimum_op18.onnx"])
+def test_gemma_sandwich_norms_are_fused(name, tmp_path):
+    """Gemma's post-attention RMSNorm sits between the output projection and the residual
+    Add (sandwich order). It is a chain operator now: gemm(out) | rmsnorm | residual Add +
+    pre-FFN RMSNorm in one memory pass."""
+    graph = load_model(FIXTURES / name)
+    for layer in graph.layers:
+        kinds = [o.kind for o in layer.chain]
+        at = kinds.index(OpKind.RESIDUAL_ADD)
+        assert kinds[at - 2:at + 2] == [OpKind.GEMM, OpKind.RMSNORM, OpKind.RESIDUAL_ADD,
+                                        OpKind.RMSNORM], name
+    package = _package(name, tmp_path)
+    for lp in read_plan_document(package).plan.layers:
+        fused = [s for s in lp.segments if s.family == "add_norm" and s.epilogues[-1].residual]
+        assert len(fused) == 1, name
+        assert fused[0].epilogues[-1].norm == "rmsnorm"
+    assert _bare_error(package, name) <= BOUND

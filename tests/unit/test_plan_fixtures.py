@@ -34,7 +34,7 @@ ort = pytest.importorskip("onnxruntime")
 FIXTURES = ["bert_ts_op17", "bert_dynamo_op20", "distilbert_dynamo_op18", "electra_ts_op17",
             "roberta_dynamo_op20", "gpt2_dynamo_op20", "gpt2_ts_op17", "t5_ts_op17",
             "t5_dynamo_op20", "vit_dynamo_op18", "llama_ts_op17", "qwen2_dynamo_op18",
-            "mistral_optimum_op18"]
+            "mistral_optimum_op18", "gemma2_ts_op17_eager"]
 TOL = 2e-6
 
 
