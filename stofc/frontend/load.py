@@ -116,7 +116,7 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     light.CopyFrom(onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                                    functions=model.functions))
     light.graph.name = graph.name
-    light.graph.node.extend(graph.node)
+    light.graph.node.extend(n for node in graph.node for n in _shape_stand_ins(node))
     light.graph.input.extend(graph.input)
     light.graph.output.extend(graph.output)
     light.graph.value_info.extend(graph.value_info)
@@ -142,6 +142,25 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         if out.name in outputs and outputs[out.name].type.tensor_type.HasField("shape"):
             out.type.CopyFrom(outputs[out.name].type)
     return model
+
+
+# ONNX Runtime's own norm ops, unknown to ONNX shape inference (which then stops there):
+# the outputs listed have the shape and type of input 0
+_SAME_SHAPE_OUTPUTS = {"SimplifiedLayerNormalization": (0,),
+                       "SkipSimplifiedLayerNormalization": (0, 3),
+                       "SkipLayerNormalization": (0, 3)}
+
+
+def _shape_stand_ins(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """``[node]``, or for shape inference only, Identities of input 0 in place of an ONNX
+    Runtime norm op (one per output of :data:`_SAME_SHAPE_OUTPUTS`; the others stay
+    unknown)."""
+    keep = _SAME_SHAPE_OUTPUTS.get(node.op_type)
+    if keep is None or node.domain not in ("", "ai.onnx", "com.microsoft"):
+        return [node]
+    outs = [node.output[i] for i in keep if i < len(node.output) and node.output[i]]
+    return [onnx.helper.make_node("Identity", [node.input[0]], [out], name=f"{node.name}/{i}")
+            for i, out in enumerate(outs)]
 
 
 def opset_of(model: onnx.ModelProto) -> int:

@@ -25,6 +25,10 @@ _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Erf", 
 _NORM_OPS = {"LayerNormalization": OpKind.LAYERNORM, "RMSNormalization": OpKind.RMSNORM,
              "SimplifiedLayerNormalization": OpKind.RMSNORM,
              "SkipSimplifiedLayerNormalization": None, "SkipLayerNormalization": None}
+# ONNX Runtime's residual Add + norm in one node (input, skip, gamma[, beta]) -> (y, mean,
+# inv_std, input + skip): a residual_add and a norm chain op sharing the node
+_SKIP_NORM_OPS = {"SkipSimplifiedLayerNormalization": OpKind.RMSNORM,
+                  "SkipLayerNormalization": OpKind.LAYERNORM}
 _ACT_OPS = {"Relu", "Silu", "Sigmoid", "Tanh", "HardSigmoid", "Elu", "Selu", "LeakyRelu",
             "Mish", "Softplus", "QuickGelu"}
 
@@ -236,8 +240,43 @@ def _norm_params(idx: GraphIndex, nodes: list[onnx.NodeProto]) -> dict:
     return {"scale": scale, "bias": bias, "epsilon": eps, "form": "decomposed"}
 
 
+def skip_sum(node: onnx.NodeProto) -> str:
+    """The residual sum of a Skip*LayerNormalization node: its output 3, or (unused by the
+    model) the virtual value the plan's dataflow names for the residual_add chain op."""
+    return node.output[3] if len(node.output) > 3 and node.output[3] else \
+        f"{node.name}/{OpKind.RESIDUAL_ADD.value}"
+
+
+def _skip_norm_of(idx: GraphIndex, value: str) -> onnx.NodeProto | None:
+    """The Skip*LayerNormalization whose residual sum is ``value``."""
+    stem = value.rsplit("/", 1)[0] if value.endswith(f"/{OpKind.RESIDUAL_ADD.value}") else None
+    node = idx.by_name.get(stem) if stem else idx.produced_by(value)
+    if node is None or node.op_type not in _SKIP_NORM_OPS or skip_sum(node) != value:
+        return None
+    return node
+
+
+def _skip_norm_piece(idx: GraphIndex, node: onnx.NodeProto):
+    """The norm half of a Skip*LayerNormalization: (Piece, output) or None (mean/inv_std
+    read, or a skip bias: not a plain residual Add + norm)."""
+    layer = _SKIP_NORM_OPS[node.op_type] == OpKind.LAYERNORM
+    if any(len(node.output) > i and node.output[i] and idx.users(node.output[i])
+           for i in (1, 2)) or (len(node.input) > (4 if layer else 3) and node.input[-1]):
+        return None
+    params = {"scale": idx.weight_name(node.input[2]),
+              "epsilon": float(idx.attr(node, "epsilon", 1e-5)), "form": "op"}
+    if layer:
+        params["bias"] = (idx.weight_name(node.input[3])
+                          if len(node.input) > 3 and node.input[3] else None)
+    return Piece(_SKIP_NORM_OPS[node.op_type], "", [node], params, inputs=(skip_sum(node),),
+                 outputs=(node.output[0],)), node.output[0]
+
+
 def norm_fwd(idx: GraphIndex, value: str):
     """A LayerNorm/RMSNorm consuming ``value``: (Piece, output) or None."""
+    skip = _skip_norm_of(idx, value)
+    if skip is not None:
+        return _skip_norm_piece(idx, skip)
     for user in idx.users(value):
         kind = _NORM_OPS.get(user.op_type)
         if kind is not None and user.input[0] == value:
@@ -273,6 +312,10 @@ def norm_back(idx: GraphIndex, value: str):
     node = idx.produced_by(value)
     if node is None:
         return None
+    if node.op_type in _SKIP_NORM_OPS:  # the previous layer's residual + this lead norm
+        got = _skip_norm_piece(idx, node)
+        total = skip_sum(node)
+        return (got[0], total) if got and got[1] == value and total in node.output else None
     if node.op_type in _NORM_OPS:
         got = norm_fwd(idx, node.input[0])
         return (got[0], node.input[0]) if got and got[1] == value else None
@@ -320,6 +363,14 @@ def activation_fwd(idx: GraphIndex, value: str):
 def residual_fwd(idx: GraphIndex, value: str, others: tuple[str, ...]):
     """An Add of ``value`` and one of ``others``: (Piece, output, the other) or None."""
     for user in idx.users(value):
+        if user.op_type in _SKIP_NORM_OPS and len(user.input) > 2 and _skip_norm_piece(
+                idx, user) is not None:
+            other = user.input[1] if user.input[0] == value else user.input[0]
+            if other in others:
+                total = skip_sum(user)
+                return Piece(OpKind.RESIDUAL_ADD, "", [user], inputs=(value, other),
+                             outputs=(total,) if total in user.output else ()), total, other
+            continue
         if user.op_type != "Add" or len(user.input) != 2:
             continue
         other = user.input[1] if user.input[0] == value else user.input[0]

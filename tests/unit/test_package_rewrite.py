@@ -18,6 +18,7 @@ import pytest
 
 from stofc.errors import PlanError
 from stofc.frontend import load_model
+from stofc.frontend.types import OpKind
 from stofc.lower.rewrite import DOMAIN
 from stofc.package.ortlib import build_library
 from stofc.package.reference import inject_mask
@@ -114,3 +115,48 @@ def test_unsupported_mask_form_is_a_plan_error(tmp_path):
         for v in graph.inputs)})
     with pytest.raises(PlanError, match="padding input"):
         attention_inputs(block, fake.inputs)
+
+
+@pytest.mark.parametrize("order", ["pre", "post"])
+def test_onnxruntime_simplified_layernorm_is_an_rmsnorm_segment(order, tmp_path, library):
+    """ONNX Runtime's own RMSNorm op (SimplifiedLayerNormalization, as its transformer
+    optimizer writes it) is a chain rmsnorm: every one of them becomes an AddLayerNorm in RMS
+    mode (with the residual Add before it in one pass where the plan fuses it), none is left
+    to ONNX Runtime, and the package matches the original."""
+    model = graphs.build(layers=({}, {}), norm="rms_ort", order=order, bias=False)
+    path = tmp_path / "src.onnx"
+    onnx.save(model, str(path))
+    graph = load_model(path)
+    norms = [o for layer in graph.layers for o in layer.chain if o.kind == OpKind.RMSNORM]
+    assert len(norms) == 4
+    assert all(o.param("form") == "op" and o.param("epsilon") == pytest.approx(1e-6)
+               for o in norms)
+    rewritten, _ = rewrite_and_compare(model, tmp_path, library)
+    assert not any(n.op_type == "SimplifiedLayerNormalization" for n in rewritten.graph.node)
+    rms = [n for n in rewritten.graph.node if n.domain == DOMAIN and n.op_type == "AddLayerNorm"]
+    assert rms and all(any(a.name == "rms" and a.i == 1 for a in n.attribute) for n in rms)
+
+
+@pytest.mark.parametrize("norm", ["rms_ort", "ln_op"])
+@pytest.mark.parametrize("order", ["pre", "post"])
+def test_onnxruntime_skip_layernorm_is_a_residual_add_and_a_norm(norm, order, tmp_path,
+                                                                 library):
+    """ONNX Runtime's residual Add + norm in one node (SkipSimplifiedLayerNormalization /
+    SkipLayerNormalization, com.microsoft): a residual_add and a norm chain op sharing the
+    node, the sum read as its output 3 (pre-norm: the stream) or a plan-internal value
+    (post-norm: nobody reads it). No Skip node is left to ONNX Runtime; the package matches."""
+    model = graphs.build(layers=({}, {}), norm=norm, order=order, bias=False, skip_norm=True)
+    path = tmp_path / "src.onnx"
+    onnx.save(model, str(path))
+    graph = load_model(path)
+    assert not graph.unsupported
+    for layer in graph.layers:
+        kinds = [o.kind for o in layer.chain]
+        at = kinds.index(OpKind.RESIDUAL_ADD)
+        add, normed = layer.chain[at], layer.chain[at + 1]
+        assert normed.kind == (OpKind.RMSNORM if norm == "rms_ort" else OpKind.LAYERNORM)
+        assert add.nodes == normed.nodes and "Skip" in add.nodes[0]
+        assert bool(add.outputs) == (order == "pre")
+    rewritten, _ = rewrite_and_compare(model, tmp_path, library)
+    assert not any("Skip" in n.op_type for n in rewritten.graph.node)
+    assert sum(n.op_type == "AddLayerNorm" for n in rewritten.graph.node) >= 2
