@@ -18,8 +18,9 @@ from stofc.masks.spec import MaskSpec
 from stofc.package.maskbin import write_mask_binary
 from stofc.pipeline import encode_masks
 from stofc.plan.attention import attention_inputs
-from stofc.plan.build import build_plan
+from stofc.plan.build import build_plan, plan_layer
 from stofc.plan.plan import Plan
+from stofc.plan.scheme import FusionScheme
 from stofc.targets import get_profile
 
 
@@ -34,16 +35,22 @@ def with_causal(spec: MaskSpec) -> MaskSpec:
 
 def rewrite_graph(graph: ModelGraph, mask: str, tmp_path: Path, *, max_seq_len: int,
                   tile: int = 16, dtype: str = "float16", pack_qkv: bool = True,
-                  causal_from_graph: bool = False
+                  causal_from_graph: bool = False, unfused: bool = False
                   ) -> tuple[dict[int, MaskFormat], onnx.ModelProto, tuple]:
     """(formats, checked rewritten model, emitted segments) of ``graph`` on ``mask`` for an
     H100 plan; each layer's mask binary is written to ``tmp_path``. ``causal_from_graph``
-    ANDs the causal mask in when the graph's attention is causal, as ``stofc compile`` does."""
+    ANDs the causal mask in when the graph's attention is causal, as ``stofc compile`` does.
+    ``unfused``: every chain operator a segment of its own (the plan's other extreme)."""
     spec = parse_mask(mask)
     if causal_from_graph and any(layer.attention.causal_in_graph for layer in graph.layers):
         spec = with_causal(spec)
     # no attention kernels: the fixtures' head_dim 16 has none, and the CPU twins need none
     plan = build_plan(graph, None, get_profile("h100"), dtype=dtype, max_seq_len=max_seq_len)
+    if unfused:
+        plan = replace(plan, layers=tuple(
+            plan_layer(layer, FusionScheme.unfused(len(layer.chain)), tokens=plan.tokens,
+                       profile=get_profile("h100"), dtype=dtype, qkv_store="row")
+            for layer in graph.layers))
     formats = dict(encode_masks(graph, spec, max_seq_len, tile).formats)
     bindings = {}
     for layer in graph.layers:

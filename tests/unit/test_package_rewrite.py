@@ -40,13 +40,15 @@ def library(tmp_path_factory) -> Path:
 
 
 def rewrite_and_compare(model: onnx.ModelProto, tmp_path: Path, library: Path,
-                        dtype: str = "float16") -> tuple[onnx.ModelProto, list]:
+                        dtype: str = "float16", unfused: bool = False
+                        ) -> tuple[onnx.ModelProto, list]:
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
     graph = load_model(path)
     assert graph.layers, "the frontend found no layer"
     formats, rewritten, emitted = rewrite_graph(graph, MASK, tmp_path, max_seq_len=L_MAX,
-                                                dtype=dtype, causal_from_graph=True)
+                                                dtype=dtype, causal_from_graph=True,
+                                                unfused=unfused)
     pkg = cpu_session(rewritten, library)
     ref = ort.InferenceSession(inject_mask(graph, formats).SerializeToString(),
                                providers=["CPUExecutionProvider"])
@@ -160,3 +162,15 @@ def test_onnxruntime_skip_layernorm_is_a_residual_add_and_a_norm(norm, order, tm
     rewritten, _ = rewrite_and_compare(model, tmp_path, library)
     assert not any("Skip" in n.op_type for n in rewritten.graph.node)
     assert sum(n.op_type == "AddLayerNorm" for n in rewritten.graph.node) >= 2
+
+
+@pytest.mark.parametrize("order", ["pre", "post"])
+def test_a_skip_layernorm_split_over_two_segments(order, tmp_path, library):
+    """The residual_add and the norm of one Skip node in different segments (the unfused
+    plan): the sum flows between them (post-norm: a value the model never had)."""
+    model = graphs.build(layers=({}, {}), norm="rms_ort", order=order, bias=False,
+                         skip_norm=True)
+    rewritten, emitted = rewrite_and_compare(model, tmp_path, library, unfused=True)
+    assert not any("Skip" in n.op_type for n in rewritten.graph.node)
+    graph = load_model(tmp_path / "model.onnx")          # the source, as rewrite_and_compare saved it
+    assert len(emitted) == sum(len(layer.chain) for layer in graph.layers)  # one op a segment
