@@ -21,6 +21,10 @@ session). :func:`stofc.package.bench.time_graph` is such a loop.
 
 from __future__ import annotations
 
+import functools
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,16 +53,33 @@ class KernelRange:
     until: int
 
 
-def cuda_kernels() -> tuple[KernelRange, ...]:
-    """The CUDA EP's kernel registrations of the installed ONNX Runtime (empty without one)."""
-    from onnxruntime.capi import _pybind_state as capi  # optional: ONNX Runtime
+_TABLE_SCRIPT = """
+import json
+from onnxruntime.capi import _pybind_state as capi
+print(json.dumps([[k.domain, k.op_name, *k.version_range] for k in capi.get_all_opkernel_def()
+                  if k.provider == "CUDAExecutionProvider"]))
+"""
 
-    out = []
-    for k in capi.get_all_opkernel_def():
-        if k.provider == CUDA_EP:
-            since, until = k.version_range
-            out.append(KernelRange(_domain(k.domain), k.op_name, int(since), int(until)))
-    return tuple(out)
+
+@functools.lru_cache(maxsize=1)
+def cuda_kernels() -> tuple[KernelRange, ...] | None:
+    """The CUDA EP's kernel registrations of the installed ONNX Runtime (empty without
+    one), or None when they cannot be read.
+
+    ORT's ``get_all_opkernel_def`` loads every provider library of the wheel; where one
+    cannot load (the TensorRT EP without libnvinfer) the process crashed on the H100, so
+    the table is read in a child process: a child that fails leaves the check to ORT.
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", _TABLE_SCRIPT], capture_output=True,
+                              text=True, timeout=120, check=False)
+        rows = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        rows = None
+    if rows is None:
+        return None
+    return tuple(KernelRange(_domain(d), op, int(since), int(until))
+                 for d, op, since, until in rows)
 
 
 def _domain(domain: str) -> str:
@@ -122,11 +143,15 @@ def uncapturable_node(model: Any, kernels: Iterable[KernelRange]) -> str | None:
 
 
 def check_capturable(model_path: str | Path,
-                     kernels: Callable[[], Iterable[KernelRange]] | None = None) -> None:
+                     kernels: Callable[[], Iterable[KernelRange] | None] | None = None) -> None:
     """A one-line StofcError naming the node that keeps ``model_path`` off a CUDA graph
-    (``kernels``: the CUDA kernel table, default :func:`cuda_kernels`)."""
+    (``kernels``: the CUDA kernel table, default :func:`cuda_kernels`; a table that cannot
+    be read skips this check, and ORT's own refusal at session creation still applies)."""
+    table = (kernels or cuda_kernels)()
+    if table is None:
+        return
     model = onnx.load(str(model_path), load_external_data=False)
-    problem = uncapturable_node(model, (kernels or cuda_kernels)())
+    problem = uncapturable_node(model, table)
     if problem is not None:
         raise StofcError(f"cuda_graph=True: {problem}, and ONNX Runtime captures a CUDA graph "
                          f"only when every node runs on the CUDA EP", hint=FIX)

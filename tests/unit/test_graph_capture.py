@@ -137,5 +137,31 @@ def test_load_cuda_graph_checks_nodes_then_asks_ort_for_the_graph(tmp_path, monk
 
 def test_cuda_kernel_table_of_the_installed_runtime():
     pytest.importorskip("onnxruntime")
-    table = graph_capture.cuda_kernels()    # empty on a CPU-only onnxruntime
+    graph_capture.cuda_kernels.cache_clear()
+    table = graph_capture.cuda_kernels()    # read in a child; empty on a CPU-only onnxruntime
+    assert table is not None
     assert all(k.op and 1 <= k.since <= k.until for k in table)
+
+
+def test_a_kernel_table_that_cannot_be_read_leaves_the_check_to_ort(tmp_path, monkeypatch):
+    """The child reading ORT's registry crashing (the TensorRT EP without libnvinfer did
+    on the H100) must not take the caller down: the static check is skipped."""
+    import subprocess
+
+    def crashed(*args, **kwargs):
+        return subprocess.CompletedProcess(args, -11, stdout="", stderr="Segmentation fault")
+
+    graph_capture.cuda_kernels.cache_clear()
+    monkeypatch.setattr(graph_capture.subprocess, "run", crashed)
+    try:
+        assert graph_capture.cuda_kernels() is None
+        model = tmp_path / "model.onnx"
+        import onnx
+        from onnx import TensorProto, helper
+        node = helper.make_node("Erf", ["x"], ["y"])
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        onnx.save(helper.make_model(graph), str(model))
+        graph_capture.check_capturable(model)           # no table: no StofcError
+    finally:
+        graph_capture.cuda_kernels.cache_clear()
