@@ -224,7 +224,11 @@ def test_selector_branches_run_correctly():
     picked.add(choice.kernel)
     _check(run_case(fmt, sparse, choice, batch=2, heads=4, seq=512, head_dim=64,
                     seed=_seed("sparse")), "float16")
-    assert picked == {"block", "row"}, picked
+    # both branches of the selector ran; on Hopper the warp-specialised kernel takes some
+    # of the block-wise picks (the selector's ws refinement), so it may appear as well
+    assert "row" in picked, picked
+    assert picked <= {"block", "row", "ws"}, picked
+    assert picked & {"block", "ws"}, picked
 
 
 @pytest.mark.parametrize("spec", ["dilated:window=256,dilation=2", "dilated:window=300,dilation=3,causal=true",
