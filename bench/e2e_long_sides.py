@@ -213,6 +213,14 @@ def _ids(run, b: int, s: int):
     return torch.from_numpy(feeds["input_ids"]).to(DEVICE["type"])
 
 
+def _at_length(masks, s: int):
+    """The package's per-layer masks (decoded at L_max) at length ``s``: their top-left
+    corner, which is what the package attends with at that length (FlexAttention refuses
+    a block mask built for a longer length)."""
+    of_layer, dense, specs = masks
+    return of_layer, [d[..., :s, :s] for d in dense], specs
+
+
 def torch_point(run, rec, impl: str, b: int, s: int, mode: str | None) -> None:
     """torch.compile(model) with ``impl`` attention at (b, s), every mask of the model (one
     compile per shape: the masks are swapped in place). ``mode="reduce-overhead"``: CUDA
@@ -244,7 +252,7 @@ def torch_point(run, rec, impl: str, b: int, s: int, mode: str | None) -> None:
     for mask in masks:
         where = dict(model=run.name, mask=mask, impl=impl, graph=graph, B=b, S=s)
         try:
-            valid = side.use(impl, *run.layer_masks[mask])
+            valid = side.use(impl, *_at_length(run.layer_masks[mask], s))
         except NotExpressible as err:
             rec.emit(kind="na", **where, why=str(err))
             continue
@@ -343,7 +351,7 @@ def profile_point(run, rec, b: int, s: int) -> None:
             return
         try:
             side = _torch_side(run)
-            side.compile(b, s, None, side.use("flex", *run.layer_masks[mask]))
+            side.compile(b, s, None, side.use("flex", *_at_length(run.layer_masks[mask], s)))
             ids = _ids(run, b, s)
             for _ in range(3):
                 side.forward(ids)

@@ -178,3 +178,16 @@ def test_classify_kernel_names():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_torch_sides_get_the_masks_at_the_case_length():
+    """Flex refused block masks built at L_max for shorter cases (H100, 2026-11-25): the
+    torch sides get the top-left corner at the case's length, what the package uses."""
+    import e2e_long_sides as sides
+
+    causal = np.tril(np.ones((8, 8), bool))
+    per_head = np.ones((2, 8, 8), bool)
+    of_layer, dense, specs = sides._at_length(({0: 0, 1: 1}, [causal, per_head], [{}, {}]), 5)
+    assert of_layer == {0: 0, 1: 1} and specs == [{}, {}]
+    assert dense[0].shape == (5, 5) and dense[1].shape == (2, 5, 5)
+    assert (dense[0] == np.tril(np.ones((5, 5), bool))).all()
