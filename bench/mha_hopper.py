@@ -63,6 +63,10 @@ MASKS = {
 
 
 D_OF = [64]   # the head_dim of the case being run (ws_configs prunes with it)
+# one compiled Flex graph per (case, mask_mod): raise dynamo's recompile limit so the later
+# cases do not fall back to eager Flex (which materialises the scores)
+torch._dynamo.config.cache_size_limit = 256
+torch._dynamo.config.accumulated_cache_size_limit = 1024
 flex_compiled = torch.compile(flex_attention, dynamic=False)
 
 
