@@ -2,7 +2,8 @@
 //
 // Reductions over the 4 lanes of an mma quad (lanes sharing g = lane >> 2) and
 // over a whole warp; the -inf-safe online-softmax rescale; the runtime key
-// validity test (length bound plus optional packed key bits).
+// validity test (length bound plus optional packed key bits); trimming a walk to the
+// run's key length.
 #ifndef STOFC_ATTENTION_CUH
 #define STOFC_ATTENTION_CUH
 
@@ -57,6 +58,23 @@ __device__ __forceinline__ float soft_cap(float x, float c, float inv_c) {
     const float e = exp2_fast(2.0f * STOFC_LOG2E * fabsf(y));
     const float t = 1.0f - __fdividef(2.0f, e + 1.0f);
     return copysignf(t, y) * c;
+}
+
+/// The end of walk entries [j0, j1) once those whose key is at or past the run's key
+/// length `kvl` are dropped. A walk lists any gathered tiles first (key < 0), then
+/// contiguous tiles in ascending key order, so "key >= kvl" holds exactly on a suffix:
+/// a binary search finds where it starts in log2(j1 - j0) loads. (Stepping back one
+/// dependent load at a time cost a package for 32K keys run on 128 tokens hundreds of
+/// loads per global row, on the critical path of every layer.)
+__device__ __forceinline__ int trim_walk(const int* key, int j0, int j1, int kvl) {
+    while (j0 < j1) {
+        const int mid = (j0 + j1) >> 1;
+        if (key[mid] >= kvl)
+            j1 = mid;
+        else
+            j0 = mid + 1;
+    }
+    return j1;
 }
 
 /// Bit `key` (>= 0) of the packed key-validity words of one sequence.
