@@ -118,13 +118,14 @@ namespace stofc_ort {
 
 constexpr int64_t kAttentionKernelAbi = 3;
 
-// The warp-specialised kernel's fixed launch shape (templates/attention/block_ws.cu.j2,
-// stofc/runtime/attention_ws.py): 3 warpgroups, 128 query rows (a pair of 64-row tile
-// rows) per block, 64x64 mask tiles; the combine kernel runs 256 threads.
-constexpr int kWsThreads = 384;
+// The warp-specialised kernel's launch shape (templates/attention/block_ws.cu.j2,
+// stofc/runtime/attention_ws.py): a producer warpgroup and 2 or 3 consumer warpgroups
+// (the plan's `consumers`), 64 query rows (one 64-row tile row) per consumer, 64x64 mask
+// tiles; the combine kernel runs 256 threads.
 constexpr int kWsCombineThreads = 256;
-constexpr int kWsRows = 128;
 constexpr int kWsTile = 64;
+constexpr int ws_threads(int consumers) { return 128 * (consumers + 1); }
+constexpr int ws_rows(int consumers) { return kWsTile * consumers; }
 constexpr int kWsBox = 64;  // TMA box: 64 elements of head_dim (one 128-byte panel) x 64 rows
 
 namespace abi {

@@ -6,7 +6,7 @@
 // H * B * rows * blocks_per_tile_row (rows = ceil(S/T), or R for a residue-permuted
 // plan), block_threads threads, smem_bytes dynamic shared memory. The warp-specialised
 // kernel (STOFC_ATTENTION_WS_ABI = stofc/runtime/attention_ws.py, WsLaunchData.bind;
-// cuda_attention_ws.cc): grid H * B * items of the run's pair rows, 384 threads, tensor
+// cuda_attention_ws.cc): grid H * B * items of the run's pair rows, 384 or 512 threads, tensor
 // maps of q, k and v encoded on the host, then its combine kernel when the plan splits
 // rows. The device arrays come from the node's `launch_plan` file (launch_plan.h), read
 // at session creation and uploaded once per CUDA context at the first run (cuMemAlloc +
@@ -198,6 +198,14 @@ struct SparseAttentionCuda {
                                                      : variant_attr("variant_blocks_per_tile_row", index)) +
                               "' = " + std::to_string(u.launch.blocks_per_tile_row) + " does not divide the tile " +
                               std::to_string(p.tile) + "; rewrite the package",
+                          ORT_INVALID_GRAPH);
+        if (p.kind == KernelKind::kWs && u.launch.block_threads != ws_threads(p.ws.consumers))
+            throw OpError("attribute '" + (index < 0 ? std::string("block_threads")
+                                                     : variant_attr("variant_block_threads", index)) +
+                              "' = " + std::to_string(u.launch.block_threads) + " but launch plan '" + p.path +
+                              "' is for blocks of " + std::to_string(p.ws.consumers) +
+                              " consumer warpgroups (" + std::to_string(ws_threads(p.ws.consumers)) +
+                              " threads); rewrite the package",
                           ORT_INVALID_GRAPH);
     }
 

@@ -100,7 +100,7 @@ void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const
     void* args[] = {STOFC_ATTENTION_WS_ABI(STOFC_ABI_ADDR)};
 #undef STOFC_ABI_ADDR
     static_assert(sizeof(args) / sizeof(args[0]) == kWsArgCount, "one pointer per ABI row");
-    drv.check(drv.LaunchKernel(l.main, static_cast<unsigned>(wsc.grid), 1, 1, kWsThreads, 1, 1, l.smem, l.stream, args,
+    drv.check(drv.LaunchKernel(l.main, static_cast<unsigned>(wsc.grid), 1, 1, static_cast<unsigned>(wsc.threads), 1, 1, l.smem, l.stream, args,
                                nullptr),
               "cuLaunchKernel(SparseAttention, warp-specialised)");
     if (wsc.combine_grid == 0) return;

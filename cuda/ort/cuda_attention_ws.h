@@ -53,7 +53,7 @@ struct WsLaunch {
     void *part_o, *part_ml;  // nullptr when the plan splits no row
 };
 
-/// Launches the persistent main kernel (grid wsc.grid = min(n_work, SMs), kWsThreads
+/// Launches the persistent main kernel (grid wsc.grid = min(n_work, SMs), wsc.threads
 /// threads, n_work works) and, when rows are split, the combine kernel (grid
 /// wsc.combine_grid, kWsCombineThreads threads).
 void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const AttentionLaunchScalars& sc,

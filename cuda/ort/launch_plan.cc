@@ -14,7 +14,7 @@ namespace stofc_ort {
 namespace {
 
 constexpr char kPlanMagic[8] = {'S', 'T', 'O', 'F', 'A', 'P', 'L', 'N'};
-constexpr uint32_t kPlanVersion = 2;
+constexpr uint32_t kPlanVersion = 3;
 constexpr size_t kPlanHeaderBytes = 256;
 constexpr size_t kCountsAt = 128;
 constexpr int kBlockRowArrays = 7, kWsArrays = 8;
@@ -83,12 +83,14 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
     w.items_upto = rd.array<int32_t>(n[7], "items_upto");
     const int64_t heads = p.num_heads, R = p.tile_rows;
     if (p.tile != kWsTile) rd.fail("a warp-specialised plan has 64x64 tiles");
-    if (w.pairs != (p.seq_len + kWsRows - 1) / kWsRows) rd.fail("bad number of pair rows");
+    if (w.consumers != 2 && w.consumers != 3) rd.fail("a warp-specialised block has 2 or 3 consumer warpgroups");
+    const int rows = ws_rows(w.consumers);
+    if (w.pairs != (p.seq_len + rows - 1) / rows) rd.fail("bad number of pair rows");
     if (w.slots < 1 || w.n_items < 1 || w.n_split < 1 || w.split < 0 || w.orders_per_head < 0)
         rd.fail("bad ws scalars");
     // the walk: tile keys inside the mask, each warpgroup's part SKIP (-2), FULL (-1) or a bitmap
     const int64_t entries = static_cast<int64_t>(w.entry_key.size()) - 1;  // minus the sentinel
-    if (entries < 0 || static_cast<int64_t>(w.entry_part.size()) != 2 * (entries + 1))
+    if (entries < 0 || static_cast<int64_t>(w.entry_part.size()) != w.consumers * (entries + 1))
         rd.fail("entry_key / entry_part lengths differ");
     const int64_t words = static_cast<int64_t>(kWsTile / 8) * (kWsTile / 8);
     if (p.bitmaps.size() < 2 || (p.bitmaps.size() % words && p.bitmaps.size() != 2))
@@ -188,6 +190,7 @@ std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path
         p->ws.n_split = sc[3];
         p->ws.split = sc[4];
         p->ws.orders_per_head = sc[5];
+        p->ws.consumers = sc[6];
         check_ws(*p, rd, n);
     } else {
         p->permuted = sc[0] != 0;
@@ -236,7 +239,9 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
                            int64_t sm_count) {
     const WsTables& w = p.ws;
     WsLaunchScalars r;
-    r.pairs = static_cast<int>(std::min<int64_t>(w.pairs, (s.S + kWsRows - 1) / kWsRows));
+    const int rows = ws_rows(w.consumers);
+    r.threads = ws_threads(w.consumers);
+    r.pairs = static_cast<int>(std::min<int64_t>(w.pairs, (s.S + rows - 1) / rows));
     if (r.pairs < 1) return r;  // an empty sequence: nothing is launched
     r.order_offset = w.order_ptr[r.pairs - 1];
     r.items = w.items_upto[r.pairs];
@@ -270,9 +275,10 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
     r.k = map(hkv, a.k_sb, a.k_ss, a.k_offset);
     r.v = map(hkv, a.k_sb, a.k_ss, a.v_offset);
     if (w.splits) {
-        const size_t rows = static_cast<size_t>(s.B) * static_cast<size_t>(s.H) * static_cast<size_t>(w.slots) * kWsRows;
-        r.part_o_bytes = rows * static_cast<size_t>(s.D) * sizeof(float);
-        r.part_ml_bytes = rows * 2 * sizeof(float);
+        const size_t slot_rows =
+            static_cast<size_t>(s.B) * static_cast<size_t>(s.H) * static_cast<size_t>(w.slots) * rows;
+        r.part_o_bytes = slot_rows * static_cast<size_t>(s.D) * sizeof(float);
+        r.part_ml_bytes = slot_rows * 2 * sizeof(float);
     }
     return r;
 }

@@ -23,9 +23,10 @@ namespace stofc_ort {
 
 /// The warp-specialised kernel's tables (plan kind 2). Per format head f: items
 /// [f * n_items, ...) of 4 ints (pair row, begin, end, slot), orders [f * orders_per_head, ...),
-/// combine rows [f * n_split, ...) of 3 ints (pair row, first slot, chunks).
+/// combine rows [f * n_split, ...) of 3 ints (pair row, first slot, chunks). A pair row is
+/// the block's `consumers` (2 or 3) tile rows: ws_rows(consumers) query rows.
 struct WsTables {
-    int pairs = 0, slots = 0, n_items = 0, n_split = 0, split = 0, orders_per_head = 0;
+    int pairs = 0, slots = 0, n_items = 0, n_split = 0, split = 0, orders_per_head = 0, consumers = 0;
     std::vector<int32_t> entry_key, entry_part, items, orders, combine, order_ptr, items_upto;
     bool splits = false;  // some pair row is split: workspace and the combine kernel
 };
@@ -107,7 +108,8 @@ struct TensorMapShape {
 /// The ws launches' scalars beyond attention_scalars' (WsLaunchData.bind): the work items
 /// of the run's pair rows, the grids, head strides, tensor maps and workspace.
 struct WsLaunchScalars {
-    int pairs = 0;             // pair rows the run covers: min(pairs, ceil(S / 128))
+    int pairs = 0;             // pair rows the run covers: min(pairs, ceil(S / rows))
+    int threads = 0;           // ws_threads(consumers)
     int64_t order_offset = 0;  // elements into each head's orders: order_ptr[pairs - 1]
     int64_t items = 0;         // items per head launched: items_upto[pairs]
     int64_t n_work = 0;        // H * B * items: the works of the persistent grid

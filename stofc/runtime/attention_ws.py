@@ -16,12 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from stofc.kernels.attention.ws_launch import WsLaunchPlan
-from stofc.kernels.attention.ws_plan import WS_ROWS
 from stofc.runtime.launches import Operands, View, launches
 from stofc.runtime.module import BoundLaunch, LoadedKernel
 from stofc.runtime.tensor_map import TensorMapCache
 
-WS_THREADS = 384
 COMBINE_THREADS = 256
 BOX_COLS = 64            # a 128-byte swizzle panel of 16-bit elements
 BOX_ROWS = 64            # a warpgroup's rows / a key tile
@@ -77,8 +75,9 @@ class WsLaunchData:
         n_work = heads * batch * count     # work w: head w % H, batch (w / H) % B, item order
         slots = self.plan.slots
         if self.plan.splits:
-            part_o = cp.empty(batch * heads * slots * WS_ROWS * self.head_dim, dtype=cp.float32)
-            part_ml = cp.empty(batch * heads * slots * WS_ROWS * 2, dtype=cp.float32)
+            rows = batch * heads * slots * self.plan.rows
+            part_o = cp.empty(rows * self.head_dim, dtype=cp.float32)
+            part_ml = cp.empty(rows * 2, dtype=cp.float32)
         else:
             part_o = part_ml = cp.zeros(2, dtype=cp.float32)
         osb, oss, osh = (i64(x) for x in out_strides)
@@ -97,7 +96,8 @@ class WsLaunchData:
                 part_o, part_ml, i32(slots), *tail, f32(scale), i32(kv_group), f32(softcap),
                 i32(n_work))
         grid = min(n_work, self.sm_count)
-        return BoundLaunch(kernel, grid, WS_THREADS, args, result=out, then=then)
+        threads = 128 * (self.plan.consumers + 1)     # a producer and the consumer warpgroups
+        return BoundLaunch(kernel, grid, threads, args, result=out, then=then)
 
 
 @launches("attention_ws")

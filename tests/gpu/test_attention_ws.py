@@ -1,7 +1,8 @@
 """GPU correctness of the warp-specialised Hopper kernel (kind "ws") against float64.
 
 Skipped on GPUs other than sm_90. Every MASKS.md family, head_dims 64/128/256 and both
-dtypes, split rows merged by the combine kernel, ping-pong on and off, every ring depth,
+dtypes, blocks of two and three consumer warpgroups (three: head_dim 64), split rows merged
+by the combine kernel, ping-pong on and off, every ring depth,
 grouped-query attention, soft-capping, padding by lengths and 0/1 masks, bias, both
 layouts, packed QKV, per-head masks, rows without keys, and a run shorter than L_max.
 Outputs are NaN-poisoned before each launch; inputs are fresh per case.
@@ -29,9 +30,14 @@ def _hopper() -> bool:
 pytestmark = pytest.mark.skipif(not _hopper(), reason="the ws kernel needs an sm_90 GPU")
 
 
-def ws(stages: int = 2, split: int = 0, pingpong: bool = True, kstep: int = 1) -> AttentionConfig:
-    return AttentionConfig("ws", 64, 16, 12, max(stages, 2 * kstep), 1, mma="wgmma",
-                           split=split, pingpong=pingpong, kstep=kstep)
+def ws(stages: int = 2, split: int = 0, pingpong: bool = True, kstep: int = 1,
+       consumers: int = 2) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), max(stages, 2 * kstep), 1,
+                           mma="wgmma", split=split, pingpong=pingpong, kstep=kstep)
+
+
+# (kstep, consumers) of the head_dim 64 cases: three consumers run one tile per step
+STEPS = [(1, 2), (2, 2), (1, 3)]
 
 
 def _check(res, dtype, what=""):
@@ -39,25 +45,28 @@ def _check(res, dtype, what=""):
     assert res.err <= TOL[dtype], f"relative error {res.err:.2e} > {TOL[dtype]} {what}"
 
 
-@pytest.mark.parametrize("kstep", [1, 2])
+@pytest.mark.parametrize("kstep,consumers", STEPS)
 @pytest.mark.parametrize("split", [0, 8])
 @pytest.mark.parametrize("spec", FAMILIES)
-def test_every_family(spec, split, kstep):
+def test_every_family(spec, split, kstep, consumers):
     fmt, dense = encoded(spec, 1000)
-    res = run_case(fmt, dense, ws(split=split, kstep=kstep), batch=2, heads=3, seq=1000,
-                   head_dim=64, seed=_seed("ws", spec, split, kstep))
+    res = run_case(fmt, dense, ws(split=split, kstep=kstep, consumers=consumers), batch=2,
+                   heads=3, seq=1000, head_dim=64,
+                   seed=_seed("ws", spec, split, kstep, consumers))
     _check(res, "float16", spec)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim,kstep", [(64, 1), (64, 2), (128, 1), (128, 2), (256, 1)])
+@pytest.mark.parametrize("head_dim,kstep,consumers",
+                         [(64, 1, 2), (64, 2, 2), (64, 1, 3), (128, 1, 2), (128, 2, 2),
+                          (256, 1, 2)])
 @pytest.mark.parametrize("pingpong", [True, False])
-def test_head_dims_dtypes_pingpong(head_dim, kstep, dtype, pingpong):
+def test_head_dims_dtypes_pingpong(head_dim, kstep, consumers, dtype, pingpong):
     fmt, dense = encoded("longformer:window=100,global=20", 700)
-    res = run_case(fmt, dense, ws(split=8, pingpong=pingpong, kstep=kstep), batch=2, heads=2,
-                   seq=700, head_dim=head_dim, dtype=dtype,
-                   seed=_seed("wsd", head_dim, dtype, pingpong, kstep))
-    _check(res, dtype, f"D={head_dim} kstep={kstep} pingpong={pingpong}")
+    res = run_case(fmt, dense, ws(split=8, pingpong=pingpong, kstep=kstep, consumers=consumers),
+                   batch=2, heads=2, seq=700, head_dim=head_dim, dtype=dtype,
+                   seed=_seed("wsd", head_dim, dtype, pingpong, kstep, consumers))
+    _check(res, dtype, f"D={head_dim} kstep={kstep} consumers={consumers} pingpong={pingpong}")
 
 
 @pytest.mark.parametrize("stages", [2, 3, 4])
@@ -68,59 +77,64 @@ def test_ring_depths_on_long_rows(stages):
     _check(res, "bfloat16", f"stages={stages}")
 
 
-@pytest.mark.parametrize("kstep", [1, 2])
+@pytest.mark.parametrize("kstep,consumers", STEPS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_padding_bias_layouts(dtype, kstep):
-    check_padding_bias_layouts(ws(split=8, kstep=kstep), "ws", dtype, _seed("wspad", dtype, kstep))
+def test_padding_bias_layouts(dtype, kstep, consumers):
+    check_padding_bias_layouts(ws(split=8, kstep=kstep, consumers=consumers), "ws", dtype,
+                               _seed("wspad", dtype, kstep, consumers))
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2])
-def test_grouped_query_attention(kv_heads):
+@pytest.mark.parametrize("kv_heads,head_dim,consumers", [(1, 128, 2), (2, 128, 2), (2, 64, 3)])
+def test_grouped_query_attention(kv_heads, head_dim, consumers):
     fmt, dense = encoded("sliding:window=150,causal=true", 600)
-    res = run_case(fmt, dense, ws(), batch=2, heads=6, seq=600, head_dim=128, dtype="bfloat16",
-                   kv_heads=kv_heads, packed=kv_heads == 2, seq_lens=[600, 431],
-                   seed=_seed("wsgqa", kv_heads))
+    res = run_case(fmt, dense, ws(consumers=consumers), batch=2, heads=6, seq=600,
+                   head_dim=head_dim, dtype="bfloat16", kv_heads=kv_heads, packed=kv_heads == 2,
+                   seq_lens=[600, 431], seed=_seed("wsgqa", kv_heads, head_dim, consumers))
     _check(res, "bfloat16")
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_logit_softcap(head_dim):
+@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3)])
+def test_logit_softcap(head_dim, consumers):
     fmt, dense = encoded("longformer:window=64,global=8", 300)
     key_mask = np.ones((2, 300), np.int32)
     key_mask[1, 225:] = 0
-    res = run_case(fmt, dense, ws(), batch=2, heads=2, seq=300, head_dim=head_dim,
+    res = run_case(fmt, dense, ws(consumers=consumers), batch=2, heads=2, seq=300,
+                   head_dim=head_dim,
                    dtype="bfloat16", softcap=20.0, score_scale=8.0, key_mask=key_mask,
-                   bias_shape=(1, 2, 300, 300), seed=_seed("wscap", head_dim))
+                   bias_shape=(1, 2, 300, 300), seed=_seed("wscap", head_dim, consumers))
     _check(res, "bfloat16")
 
 
-def test_per_head_masks_and_split():
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_per_head_masks_and_split(consumers):
     heads = 3
     rng = np.random.default_rng(_seed("wsheads"))
     per_head = np.stack([np.tril(np.ones((900, 900), bool))] +
                         [rng.random((900, 900)) < p for p in (0.05, 0.3)])
     fmt = format_from_dense(per_head, 64)
-    res = run_case(fmt, per_head, ws(split=8), batch=2, heads=heads, seq=900, head_dim=64,
-                   seed=_seed("wsheads2"))
+    res = run_case(fmt, per_head, ws(split=8, consumers=consumers), batch=2, heads=heads,
+                   seq=900, head_dim=64, seed=_seed("wsheads2", consumers))
     _check(res, "float16")
 
 
-def test_empty_rows_give_zeros():
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_empty_rows_give_zeros(consumers):
     dense = np.zeros((300, 300), dtype=bool)
     dense[100:200, :50] = True                   # rows outside 100..199 have no key
     dense[250:, 250:] = np.tril(np.ones((50, 50), dtype=bool))
     fmt = format_from_dense(dense, 64)
-    res = run_case(fmt, dense, ws(), batch=2, heads=2, seq=300, head_dim=64, seed=_seed("wsempty"))
+    res = run_case(fmt, dense, ws(consumers=consumers), batch=2, heads=2, seq=300, head_dim=64,
+                   seed=_seed("wsempty", consumers))
     _check(res, "float16")
     assert np.all(res.out[:, :100] == 0.0) and np.all(res.out[:, 200:250] == 0.0)
 
 
-@pytest.mark.parametrize("kstep", [1, 2])
-def test_run_shorter_than_the_compiled_length(kstep):
+@pytest.mark.parametrize("kstep,consumers", STEPS)
+def test_run_shorter_than_the_compiled_length(kstep, consumers):
     """L_max 2048, run at 333: items past the run exit, split chunks past the keys are empty."""
     fmt, dense = encoded("longformer:window=128,global=16", 2048)
-    res = run_case(fmt, dense, ws(split=8, kstep=kstep), batch=3, heads=2, seq=333, head_dim=64,
-                   seed=_seed("wsshort", kstep))
+    res = run_case(fmt, dense, ws(split=8, kstep=kstep, consumers=consumers), batch=3, heads=2,
+                   seq=333, head_dim=64, seed=_seed("wsshort", kstep, consumers))
     _check(res, "float16")
 
 

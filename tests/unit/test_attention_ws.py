@@ -36,14 +36,15 @@ MASKS = [("causal", 1000), ("longformer:window=128,global=32", 2048),
          ("sliding:window=64", 700), ("dilated:window=256,dilation=2", 900), ("dense", 130)]
 
 
-def ws(stages=2, split=0, pingpong=True, kstep=1) -> AttentionConfig:
-    return AttentionConfig("ws", 64, 16, 12, stages, 1, mma="wgmma", split=split,
-                           pingpong=pingpong, kstep=kstep)
+def ws(stages=2, split=0, pingpong=True, kstep=1, consumers=2) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
+                           split=split, pingpong=pingpong, kstep=kstep)
 
 
 def decode(plan, fmt) -> np.ndarray:
     """The per-head dense mask the plan's items compute (each element at most once)."""
-    heads, n = plan.num_heads, plan.pairs * 128
+    heads, rows_, c = plan.num_heads, plan.rows, plan.consumers
+    n = plan.pairs * rows_
     out = np.zeros((heads, n, n), bool)
     seen = np.zeros_like(out)
     bits = unpack_bits(plan.bitmaps, 64) if plan.bitmaps.size else None
@@ -53,22 +54,25 @@ def decode(plan, fmt) -> np.ndarray:
                 continue
             for j in range(b, e):
                 k = int(plan.entry_key[j])
-                for w in (0, 1):
-                    part = int(plan.entry_part[2 * j + w])
+                for w in range(c):
+                    part = int(plan.entry_part[c * j + w])
                     if part == SKIP:
                         continue
-                    rows = slice(p * 128 + w * 64, p * 128 + w * 64 + 64)
+                    rows = slice(p * rows_ + w * 64, p * rows_ + w * 64 + 64)
                     assert not seen[h, rows, k:k + 64].any(), "a tile is computed twice"
                     seen[h, rows, k:k + 64] = True
                     out[h, rows, k:k + 64] = True if part == FULL else bits[part]
     return out[:, :fmt.seq_len, :fmt.seq_len]
 
 
+@pytest.mark.parametrize("consumers", [2, 3])
 @pytest.mark.parametrize("split", [0, 8, 16])
 @pytest.mark.parametrize("spec,L", MASKS)
-def test_plan_covers_every_allowed_element_once(spec, L, split):
+def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
     fmt = encode(spec, L)
-    plan = plan_ws(fmt, split_tiles=split)
+    plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
+    assert plan.rows == 64 * consumers and plan.pairs == -(-L // plan.rows)
+    assert plan.entry_part.size == consumers * plan.entry_key.size
     assert np.array_equal(decode(plan, fmt), dense_from_format(fmt))
     if split:
         lengths = plan.items[:, :, 2] - plan.items[:, :, 1]
@@ -79,19 +83,26 @@ def test_plan_covers_every_allowed_element_once(spec, L, split):
                 assert sorted(mine[:, 3].tolist()) == list(range(first, first + chunks))
 
 
-def test_plan_per_head_masks():
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_plan_per_head_masks(consumers):
     rng = np.random.default_rng(0)
     dense = np.stack([np.tril(np.ones((700, 700), bool)), rng.random((700, 700)) < 0.1])
     fmt = format_from_dense(dense, 64)
-    plan = plan_ws(fmt, split_tiles=8)
+    plan = plan_ws(fmt, split_tiles=8, consumers=consumers)
     assert np.array_equal(decode(plan, fmt), dense)
 
 
-def test_orders_are_longest_first_for_every_run_length():
+def test_plan_refuses_other_consumer_counts():
+    with pytest.raises(ValueError, match="2 or 3 consumer"):
+        plan_ws(encode("causal", 256), consumers=4)
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_orders_are_longest_first_for_every_run_length(consumers):
     fmt = encode("longformer:window=128,global=32", 2048)
-    plan = plan_ws(fmt, split_tiles=8)
+    plan = plan_ws(fmt, split_tiles=8, consumers=consumers)
     for P in range(1, plan.pairs + 1):
-        offset, count = plan.launch_items(P * 128)
+        offset, count = plan.launch_items(P * plan.rows)
         order = plan.orders[0, offset:offset + count]
         items = plan.items[0][order]
         assert (items[:, 0] < P).all() and len(set(order.tolist())) == count
@@ -126,6 +137,14 @@ def test_prune_and_search_space():
     assert {c.stages for c in space} == {2, 3, 4} and {c.pingpong for c in space} == {True, False}
     assert all(ws_smem_bytes(c.stages, 128) <= H100.smem_per_block for c in space)
     assert search_space("ws", 128, "bfloat16", A100) == []
+    # three consumer warpgroups (160 registers each): head_dim 64 with one tile per step
+    assert prune(ws(consumers=3), 64, H100) is None
+    assert "160 with 3 consumer" in prune(ws(consumers=3), 128, H100)
+    assert "160 with 3 consumer" in prune(ws(consumers=3, stages=4, kstep=2), 64, H100)
+    assert "2 or 3 consumer" in prune(AttentionConfig("ws", 64, 16, 20, 2, 1, mma="wgmma"),
+                                      64, H100)
+    assert {c.warps for c in search_space("ws", 64, "float16", H100)} == {12, 16}
+    assert {c.warps for c in space} == {12}
 
 
 def test_rendered_source_substitutes_only():
@@ -155,7 +174,9 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                 (2, True, "bfloat16", 256, True, True, True),
                 (2, False, "float16", 256, False, False, False))] + [
     KernelSpec(ws(stages=4, kstep=2), dt, d, False, True) for dt, d in (("bfloat16", 128),
-                                                                     ("float16", 64))]
+                                                                     ("float16", 64))] + [
+    KernelSpec(ws(stages=s, consumers=3), dt, 64, b, k, has_softcap=c)
+    for s, dt, b, k, c in ((2, "float16", False, True, False), (3, "bfloat16", True, True, True))]
 
 
 @pytest.mark.slow
@@ -168,7 +189,8 @@ def test_every_variant_compiles_without_spills_or_serialised_wgmma(spec):
     assert not re.search(r"C75(0[89]|1\d|20)", report), report
 
 
-def test_launch_arguments_match_the_template(monkeypatch):
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_launch_arguments_match_the_template(monkeypatch, consumers):
     fake = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: fake)
     monkeypatch.setattr(rt, "device_arch", lambda: "sm_90")
@@ -177,7 +199,7 @@ def test_launch_arguments_match_the_template(monkeypatch):
     monkeypatch.setattr(tensor_map.TensorMapCache, "get",
                         lambda self, *a: tensor_map.TensorMap(bytes(128)))
     fmt = encode("longformer:window=64,global=16", 1024)
-    op = rt.AttentionOp(fmt, ws(split=8), "float16", 64, profile=H100)
+    op = rt.AttentionOp(fmt, ws(split=8, consumers=consumers), "float16", 64, profile=H100)
     op._kernel = lambda *a: ("kernel", "combine")     # the main kernel, then the combine
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 900, 2, 64)).astype(np.float16) for _ in range(3))
@@ -186,7 +208,10 @@ def test_launch_arguments_match_the_template(monkeypatch):
     kinds = ["map" if isinstance(a, tensor_map.TensorMap) else _kind(a) for a in launch.args]
     assert kinds == ["map" if n.startswith("tma_") else t for n, t in main]
     args = dict(zip([n for n, _ in main], launch.args, strict=True))
-    assert launch.block == 384
+    assert launch.block == 128 * (consumers + 1)
+    plan = op._launch.ws.plan
+    assert plan.consumers == consumers and plan.pairs == -(-1024 // (64 * consumers))
+    assert np.asarray(args["part_o"]).size == 2 * 2 * plan.slots * 64 * consumers * 64
     _, count = op._launch.ws.plan.launch_items(900)
     assert launch.grid == min(2 * 2 * count, H100.sm_count)     # persistent
     assert int(args["n_work"]) == 2 * 2 * count

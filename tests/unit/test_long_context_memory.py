@@ -26,7 +26,7 @@ from onnx import numpy_helper
 
 from stofc import pipeline
 from stofc.frontend import load_model
-from stofc.kernels.attention.ws_plan import WS_ROWS, default_split, plan_ws
+from stofc.kernels.attention.ws_plan import default_split, plan_ws
 from stofc.masks import encode
 from stofc.package.positions import max_positions
 from stofc.pipeline import Instruments, compile_model
@@ -126,8 +126,8 @@ def test_ws_workspace_follows_the_split_tiles(name):
         assert plan.slots <= 2 * pair_entries / split + 1
     else:
         assert plan.slots == 1
-    scratch = 12 * plan.slots * WS_ROWS * (64 + 2) * 4      # part_o + part_ml, 12 heads
+    scratch = 12 * plan.slots * plan.rows * (64 + 2) * 4      # part_o + part_ml, 12 heads
     assert scratch < L * L // 4
     plan_bytes = sum(a.nbytes for a in (plan.entry_key, plan.entry_part, plan.bitmaps,
                                         plan.items, plan.orders, plan.combine))
-    assert plan_bytes < 64 * (tiles + (L // WS_ROWS) ** 2) + fmt.part_bitmaps.nbytes
+    assert plan_bytes < 64 * (tiles + (L // plan.rows) ** 2) + fmt.part_bitmaps.nbytes

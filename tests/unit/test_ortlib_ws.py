@@ -51,9 +51,9 @@ WS_ABI, COMBINE_ABI = "STOFC_ATTENTION_WS_ABI", "STOFC_ATTENTION_WS_COMBINE_ABI"
 TEMPLATE = "block_ws.cu.j2"
 
 
-def ws(split=0, stages=2, kstep=1, pingpong=True) -> AttentionConfig:
-    return AttentionConfig("ws", 64, 16, 12, stages, 1, mma="wgmma", split=split,
-                           pingpong=pingpong, kstep=kstep)
+def ws(split=0, stages=2, kstep=1, pingpong=True, consumers=2) -> AttentionConfig:
+    return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
+                           split=split, pingpong=pingpong, kstep=kstep)
 
 
 def launch_numbers(config: AttentionConfig, head_dim: int) -> tuple[int, int, int]:
@@ -205,7 +205,7 @@ def test_per_head_plan_and_its_strides(ws_runtime, tmp_path):
 def test_plan_header_and_names():
     fmt = encode("causal", 256)
     blob = encode_attention_plan(launch_data(fmt, ws()))
-    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 2
+    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 3
     assert int.from_bytes(blob[12:16], "little") == PLAN_HEADER_BYTES == 256
     assert int.from_bytes(blob[16:20], "little") == 2                      # kind ws
     assert int.from_bytes(blob[36:40], "little") == 8                      # arrays
@@ -282,7 +282,7 @@ def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):
     blob[8:12] = (1).to_bytes(4, "little")
     (tmp_path / "old.plan.bin").write_bytes(bytes(blob))
     (line,) = ask(driver, ("plan", {"path": str(tmp_path / "old.plan.bin")}))
-    assert "has layout version 1, this library reads 2" in line, line
+    assert "has layout version 1, this library reads 3" in line, line
 
 
 # ---------------------------------------------------------------- launch scalars = bind
@@ -300,19 +300,21 @@ def _views(B, S, H, Hkv, D, packed, rng):
     return (rng.standard_normal((B, S, h, D)).astype(np.float16) for h in (H, Hkv, Hkv))
 
 
-SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed, SMs)
-    ("longformer:window=128,global=32", 8, 2, 2000, 4, 4, 64, False, 132),   # grid = 132 SMs
-    ("longformer:window=128,global=32", 8, 3, 200, 4, 2, 128, True, 132),    # GQA, packed
-    ("causal", 0, 1, 1000, 2, 1, 64, False, 7),                              # MQA, 7 SMs
-    ("per-head", 8, 2, 650, 2, 2, 128, True, 114),
+SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed, SMs, consumers)
+    ("longformer:window=128,global=32", 8, 2, 2000, 4, 4, 64, False, 132, 2),   # 132 SMs
+    ("longformer:window=128,global=32", 8, 3, 200, 4, 2, 128, True, 132, 2),    # GQA, packed
+    ("causal", 0, 1, 1000, 2, 1, 64, False, 7, 2),                              # MQA, 7 SMs
+    ("per-head", 8, 2, 650, 2, 2, 128, True, 114, 2),
+    ("longformer:window=128,global=32", 8, 2, 2000, 4, 2, 64, True, 132, 3),    # 192-row blocks
+    ("per-head", 8, 2, 650, 2, 2, 64, False, 114, 3),
 ]
 
 
-@pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed,sms", SCALAR_CASES)
+@pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed,sms,consumers", SCALAR_CASES)
 def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, spec, split,
-                                                  B, S, H, Hkv, D, packed, sms):
+                                                  B, S, H, Hkv, D, packed, sms, consumers):
     fmt = per_head_format(700) if spec == "per-head" else encode(spec, 2048 if split else 1000)
-    config = ws(split=split)
+    config = ws(split=split, consumers=consumers)
     path = write_attention_plan(launch_data(fmt, config), tmp_path / "w.plan.bin")
     op = ws_op(fmt, config, head_dim=D, sm_count=sms)
     rng = np.random.default_rng(2)
@@ -330,8 +332,9 @@ def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, 
         assert int(got[name]) == int(want[name]), name
     for name in ("o_sb", "o_ss", "o_sh"):
         assert int(got[name]) == int(want[name]), name
-    offset, count = plan_ws(fmt, split_tiles=split).launch_items(S)
+    offset, count = plan_ws(fmt, split_tiles=split, consumers=consumers).launch_items(S)
     assert (int(got["order_offset"]), int(got["items"])) == (offset, count)
+    assert int(got["threads"]) == launch.block == 128 * (consumers + 1)
     # the tensor maps WsLaunchData encodes: q, k, v in that order
     maps = ws_runtime[-3:]
     for (address, dtype, dims, strides, box), t, view in zip(maps, "qkv", (q, k, v), strict=True):
@@ -364,16 +367,17 @@ def test_ws_plan_matches_plan_ws_directly():
 
 def _every_ws_variant() -> list:
     """One KernelSpec per distinct ws source shape of the search space (stages, pingpong,
-    kstep, head_dim: ``split`` changes the plan only), the dtype and the bias / key-bits /
+    kstep, consumer warpgroups, head_dim: ``split`` changes the plan only), the dtype and the bias / key-bits /
     soft-capping flags cycling so that each of their 16 combinations is compiled too."""
     from stofc.kernels.attention import KernelSpec, search_space
 
-    shapes = sorted({(d, c.stages, c.pingpong, c.kstep) for d in (64, 128, 256)
+    shapes = sorted({(d, c.stages, c.pingpong, c.kstep, c.warps // 4 - 1) for d in (64, 128, 256)
                      for c in search_space("ws", d, "float16", H100)})
     flags = itertools.cycle(itertools.product(("float16", "bfloat16"), (False, True),
                                               (False, True), (False, True)))
-    return [KernelSpec(ws(stages=s, pingpong=pp, kstep=k), dt, d, b, kb, has_softcap=c)
-            for (d, s, pp, k), (dt, b, kb, c) in zip(shapes, flags, strict=False)]
+    return [KernelSpec(ws(stages=s, pingpong=pp, kstep=k, consumers=n), dt, d, b, kb,
+                       has_softcap=c)
+            for (d, s, pp, k, n), (dt, b, kb, c) in zip(shapes, flags, strict=False)]
 
 
 @pytest.mark.slow
@@ -382,7 +386,8 @@ def test_package_compiles_every_ws_variant_for_sm_90a():
     builds with NVRTC for the arch-specific sm_90a / compute_90a (setmaxnreg, wgmma and the
     TMA need it), both entry points in the cubin and the PTX."""
     specs = _every_ws_variant()
-    assert len(specs) == 18 and len({(s.dtype, s.has_bias, s.has_key_bits, s.has_softcap)
+    # 18 two-consumer shapes (head_dims 64/128/256) and 6 three-consumer ones (head_dim 64)
+    assert len(specs) == 24 and len({(s.dtype, s.has_bias, s.has_key_bits, s.has_softcap)
                                      for s in specs}) == 16
     family, fmt, targets = attention_family("ws"), encode("causal", 256), ("sm_90", "compute_90")
     rendered = [render_kernel(family.kernels(AttentionProblem(

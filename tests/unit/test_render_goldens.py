@@ -7,7 +7,7 @@ residual, LayerNorm / RMSNorm, the pre-norm store), dtypes, GEMM+GEMM's direct a
 workspace modes, Add+Norm's float32 inputs and parameters, and the attention
 kernels' tiles, query split, pipeline depth, occupancy bound, wgmma, soft-capping, head_dim
 256 (Q re-read from shared memory) and inputs, and the warp-specialised kernel's stages,
-ping-pong, split and two-tile steps.
+ping-pong, split, two-tile steps and three consumer warpgroups.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def _attention() -> list[Source]:
         S(A("ws", 64, 16, 12, 2, mma="wgmma"), "float16", 128, has_key_bits=True),
         S(A("ws", 64, 16, 12, 4, mma="wgmma", split=16, pingpong=False, kstep=2), "bfloat16",
           64, has_bias=True, has_softcap=True),
+        S(A("ws", 64, 16, 16, 3, mma="wgmma", split=8), "float16", 64, has_key_bits=True),
     ]
     return [render_kernel(s) for s in specs]
 

@@ -137,7 +137,8 @@ std::string run(const std::string& parser, const MapSource& a) {
         const AttentionLaunchScalars c = attention_scalars(*p, s);
         if (p->kind == KernelKind::kWs) {  // the ws launches' scalars and tensor maps
             const WsLaunchScalars w = ws_scalars(*p, s, c, a.ints.count("sm") ? a.i("sm") : 132);
-            out << "pairs=" << w.pairs << " order_offset=" << w.order_offset << " items=" << w.items
+            out << "pairs=" << w.pairs << " threads=" << w.threads << " order_offset=" << w.order_offset
+                << " items=" << w.items
                 << " n_work=" << w.n_work << " grid=" << w.grid << " combine_grid=" << w.combine_grid << " items_head_stride=" << w.items_head_stride
                 << " order_head_stride=" << w.order_head_stride << " combine_head_stride=" << w.combine_head_stride
                 << " slots=" << w.slots << " part_o_bytes=" << w.part_o_bytes << " part_ml_bytes=" << w.part_ml_bytes;

@@ -1,11 +1,15 @@
 """The warp-specialised Hopper kernel (``kind="ws"``): its shape, resources and pruning.
 
-``templates/attention/block_ws.cu.j2`` runs 384 threads: a producer warpgroup that
-keeps 40 registers per thread and streams K/V with the Tensor Memory Accelerator,
-and two consumer warpgroups that take 232 each (``setmaxnreg``), own 64 query rows
-each and walk the pair rows of :mod:`.ws_plan`. Shared memory holds Q for 128 rows,
-``stages`` K and V tiles of 64 keys (128-byte swizzled panels), two part-tile
-bitmaps per stage and the ring's mbarriers. One block per SM.
+``templates/attention/block_ws.cu.j2`` runs a producer warpgroup that keeps few
+registers per thread and streams K/V with the Tensor Memory Accelerator, and two or
+three consumer warpgroups (``warps`` 12 or 16) that take the rest (``setmaxnreg``:
+40 / 232 with two, 32 / 160 with three, FlashAttention-3's split), own 64 query rows
+each and walk the pair rows of :mod:`.ws_plan`. Three consumers put three warps of
+softmax on each scheduler instead of two (more latency hidden; FlashAttention-3 runs
+head_dim 64 so); their 160 registers hold head_dim 64's arrays, not 128's (pruned by
+:func:`ws_registers`). Shared memory holds Q for the block's rows, ``stages`` K and V
+tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
+stage and the ring's mbarriers. One block per SM.
 
 Registered as the family ``attention_ws`` (:class:`AttentionWs`). Its launch data is
 the pair-row walk of :mod:`.ws_plan` (:class:`~.ws_launch.WsLaunchPlan`): the CuPy
@@ -26,6 +30,7 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
+from stofc.kernels.attention.ws_plan import consumers_of
 from stofc.kernels.registry import register
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
@@ -33,10 +38,9 @@ from stofc.targets import GpuProfile
 WS_CC = (9, 0)                 # setmaxnreg, wgmma and the TMA path: sm_90a only
 WS_HEAD_DIMS = (64, 128, 256)  # whole 128-byte swizzle panels
 WS_TILE = 64
-WS_WARPS = 12                  # producer + two consumer warpgroups
+WS_WARPS = (12, 16)            # producer + two or three consumer warpgroups
 WS_STAGES = (2, 3, 4)
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
+REG_SPLITS = {2: (40, 232), 3: (32, 160)}   # consumers -> (producer, consumer) registers
 MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel merges
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step
@@ -44,18 +48,25 @@ Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
 REG_OVERHEAD = 40              # addresses, loop state, masks, softmax state
 
 
-def ws_reg_split(kstep: int) -> tuple[int, int]:
-    """(producer, consumer) registers per thread after ``setmaxnreg``: two 64-key tiles per
-    step fit the same split once Q moves to shared memory (:func:`ws_q_in_regs`)."""
-    return (PRODUCER_REGS, CONSUMER_REGS)
+def ws_reg_split(consumers: int) -> tuple[int, int]:
+    """(producer, consumer) registers per thread after ``setmaxnreg`` for a block of
+    ``consumers`` consumer warpgroups (the register file: 128 x producer + 128 x consumers
+    x consumer <= 64K). Two 64-key tiles per step fit two consumers' split once Q moves
+    to shared memory (:func:`ws_q_in_regs`)."""
+    return REG_SPLITS[consumers]
 
 
-def ws_smem_bytes(stages: int, head_dim: int) -> int:
+def ws_consumers(config: AttentionConfig) -> int:
+    """Consumer warpgroups of a ws config (``warps`` 12: two, 16: three)."""
+    return consumers_of(config.warps)
+
+
+def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
     """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack included)."""
     panels = head_dim // 64
-    q = panels * 128 * 128
+    q = panels * WS_TILE * consumers * 128
     kv = stages * 2 * panels * WS_TILE * 128
-    bitmaps = stages * 2 * (WS_TILE // 8) ** 2 * 8
+    bitmaps = stages * consumers * (WS_TILE // 8) ** 2 * 8
     barriers = (4 * stages + 2) * 8
     return q + kv + bitmaps + barriers + 1024
 
@@ -84,8 +95,9 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: head_dim must be 64, 128 or 256 (whole 128-byte swizzle panels)"
     if c.tile != WS_TILE:
         return "ws: a consumer warpgroup owns one 64-row tile row (mask tile 64)"
-    if (c.warps, c.warp_m, c.q_split, c.min_blocks) != (WS_WARPS, 16, 1, 1):
-        return "ws: 3 warpgroups (producer + 2 consumers), 64 rows each, one block per SM"
+    if c.warps not in WS_WARPS or (c.warp_m, c.q_split, c.min_blocks) != (16, 1, 1):
+        return ("ws: a producer and 2 or 3 consumer warpgroups (12 or 16 warps) of 64 rows "
+                "each, one block per SM")
     if c.gather or c.permute:
         return "ws: the TMA producer loads contiguous 64-key tiles (no gathered or permuted walk)"
     if c.stages not in WS_STAGES:
@@ -98,12 +110,13 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: split is 0 (never) or at least 8 tiles per chunk"
     if c.mma != "wgmma":
         return "ws: the consumers use wgmma"
-    smem = ws_smem_bytes(c.stages, head_dim)
+    smem = ws_smem_bytes(c.stages, head_dim, ws_consumers(c))
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
-    regs, cap = ws_registers(head_dim, c.kstep), ws_reg_split(c.kstep)[1]
+    regs, cap = ws_registers(head_dim, c.kstep), ws_reg_split(ws_consumers(c))[1]
     if regs > cap:
-        return f"needs about {regs} registers per consumer thread (> {cap})"
+        return (f"needs about {regs} registers per consumer thread (> {cap} with "
+                f"{ws_consumers(c)} consumer warpgroups)")
     return None
 
 
@@ -137,16 +150,17 @@ class AttentionWs(AttentionFamily):
         return f"{'_pp' if config.pingpong else ''}{'_k2' if config.kstep == 2 else ''}"
 
     def rows_per_block(self, config: AttentionConfig) -> int:
-        return 2 * config.tile
+        return ws_consumers(config) * config.tile
 
     def describe(self, config: AttentionConfig) -> str:
         c = config
-        return (f"warp-specialised T={c.tile} rows/block=128 stages={c.stages}"
+        return (f"warp-specialised T={c.tile} rows/block={self.rows_per_block(c)} "
+                f"stages={c.stages}"
                 f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
                 f"{f' split={c.split}' if c.split else ''}")
 
     def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
-        return ws_smem_bytes(config.stages, head_dim)
+        return ws_smem_bytes(config.stages, head_dim, ws_consumers(config))
 
     def registers(self, config: AttentionConfig, head_dim: int) -> int:
         return ws_registers(head_dim)
@@ -159,9 +173,9 @@ class AttentionWs(AttentionFamily):
         out: list[AttentionConfig] = []
         if tile != WS_TILE:
             return out
-        for stages, pingpong, split, kstep in itertools.product(WS_STAGES, (True, False),
-                                                                SPLITS, KSTEPS):
-            cfg = AttentionConfig("ws", WS_TILE, 16, WS_WARPS, stages, 1, mma="wgmma",
+        for warps, stages, pingpong, split, kstep in itertools.product(
+                WS_WARPS, WS_STAGES, (True, False), SPLITS, KSTEPS):
+            cfg = AttentionConfig("ws", WS_TILE, 16, warps, stages, 1, mma="wgmma",
                                   split=split, pingpong=pingpong, kstep=kstep)
             if prune(cfg, head_dim, profile) is None:
                 out.append(cfg)
@@ -173,9 +187,10 @@ class AttentionWs(AttentionFamily):
     def template_values(self, spec: KernelSpec) -> dict[str, Any]:
         """Every value ``block_ws.cu.j2`` substitutes."""
         c = spec.config
-        producer, consumer = ws_reg_split(c.kstep)
+        producer, consumer = ws_reg_split(ws_consumers(c))
         return dict(kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
                     stages=c.stages, pingpong=FLAG[c.pingpong], kstep=c.kstep,
+                    consumers=ws_consumers(c),
                     producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
                     has_softcap=FLAG[spec.has_softcap],
@@ -184,7 +199,8 @@ class AttentionWs(AttentionFamily):
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
                         seq_len: int, head_dim: int) -> AttentionConfig | None:
-        return ws_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim)
+        return ws_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim,
+                         seq_len=seq_len)
 
     def unavailable(self, fmt: MaskFormat, head_dim: int) -> str:
         return "warp-specialised needs a Hopper GPU, T=64 and head_dim 64, 128 or 256"
@@ -197,7 +213,7 @@ class AttentionWs(AttentionFamily):
     def advantage(self, fmt: MaskFormat) -> str:
         return "TMA-fed warpgroup MMA on the contiguous 64x64 tiles of the walk"
 
-    # -- launch: 384 threads, one block per work item (the plan's), the ws walk --------
+    # -- launch: 384 or 512 threads, one block per work item (the plan's), the ws walk --
     def blocks_per_tile_row(self, config: AttentionConfig) -> int:
         """1: the attribute's fixed value for ws, whose grid is set by the plan's work
         items (``H * B * items_upto[P]``, at most one block per SM), not by tile rows."""
@@ -207,5 +223,6 @@ class AttentionWs(AttentionFamily):
         return ws_launch_data(fmt, config)
 
     def launch_key(self, config: AttentionConfig) -> str:
-        """One plan file per split: the only config field the walk uses."""
-        return f"ws{f'-split{config.split}' if config.split else ''}"
+        """One plan file per split and block height: the config fields the walk uses."""
+        rows = "" if ws_consumers(config) == 2 else f"-c{ws_consumers(config)}"
+        return f"ws{rows}{f'-split{config.split}' if config.split else ''}"

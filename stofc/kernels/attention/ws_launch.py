@@ -3,10 +3,10 @@
 :func:`ws_launch_data` (the family's :meth:`~.ws.AttentionWs.launch_data`) gives the
 arrays and scalars that :class:`stofc.runtime.attention_ws.WsLaunchData` uploads and
 the package writes for the CUDA twin, one computation for both, for a ``kind="ws"``
-config (:func:`stofc.kernels.attention.ws_plan.plan_ws` with the config's ``split``):
-the merged pair-row walk (``entry_key`` + sentinel 0,
-``entry_part`` two per entry + two sentinels -2), the part-tile bitmaps (at least
-two words), the work items ``(pair row, begin, end, slot)``, the longest-first item
+config (:func:`stofc.kernels.attention.ws_plan.plan_ws` with the config's ``split`` and
+consumer warpgroups): the merged pair-row walk (``entry_key`` + sentinel 0,
+``entry_part`` one per consumer warpgroup and entry + one sentinel -2 each), the
+part-tile bitmaps (at least two words), the work items ``(pair row, begin, end, slot)``, the longest-first item
 orders of every run length with their offsets (``order_ptr``) and counts
 (``items_upto``), and the combine table ``(pair row, first slot, chunks)``. The C++
 CUDA twin uploads the first six arrays and reads the two per-run-length tables on the
@@ -23,7 +23,7 @@ import numpy as np
 
 from stofc.kernels.attention.config import AttentionConfig
 from stofc.kernels.attention.launch import LaunchData
-from stofc.kernels.attention.ws_plan import WS_ROWS, plan_ws
+from stofc.kernels.attention.ws_plan import WS_TILE, consumers_of, plan_ws
 from stofc.masks.format import MaskFormat
 
 
@@ -42,7 +42,7 @@ class WsLaunchPlan(LaunchData):
         ("entry_key", "<i4"), ("entry_part", "<i4"), ("bitmaps", "<u8"), ("items", "<i4"),
         ("orders", "<i4"), ("combine", "<i4"), ("order_ptr", "<i4"), ("items_upto", "<i4"))
     SCALARS: ClassVar[tuple[str, ...]] = ("pairs", "slots", "n_items", "n_split", "split",
-                                          "orders_per_head")
+                                          "orders_per_head", "consumers")
 
     kind: str                # always "ws"
     tile: int
@@ -50,12 +50,13 @@ class WsLaunchPlan(LaunchData):
     seq_len: int
     num_heads: int
     spec_hash: str
-    pairs: int               # ceil(L_max / 128)
+    pairs: int               # ceil(L_max / rows): blocks of 64 * consumers query rows
     slots: int               # workspace slots per (batch, head)
     n_items: int             # items per format head (padded)
     n_split: int             # combine rows per format head (padded, >= 1)
     split: int               # the config's split (tiles per chunk; 0 = none)
     orders_per_head: int     # order_ptr[-1]
+    consumers: int           # consumer warpgroups per block (2 or 3)
     entry_key: np.ndarray
     entry_part: np.ndarray
     bitmaps: np.ndarray
@@ -68,8 +69,13 @@ class WsLaunchPlan(LaunchData):
     def launch_items(self, seq_len: int) -> tuple[int, int]:
         """(offset into each head's orders, items launched per head) of a run of ``seq_len``:
         ``WsPlan.launch_items``."""
-        p = min(self.pairs, -(-seq_len // WS_ROWS))
+        p = min(self.pairs, -(-seq_len // self.rows))
         return int(self.order_ptr[p - 1]), int(self.items_upto[p])
+
+    @property
+    def rows(self) -> int:
+        """Query rows per block: 64 per consumer warpgroup."""
+        return WS_TILE * self.consumers
 
     @property
     def items_head_stride(self) -> int:
@@ -103,7 +109,7 @@ def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
     """What a ws kernel of ``config`` on ``fmt`` is launched with: :func:`plan_ws` with the
     config's ``split``, flattened for upload (empty bitmaps become two zero words, empty
     orders one zero), for the CuPy runtime and the CUDA twin alike."""
-    plan = plan_ws(fmt, split_tiles=config.split)
+    plan = plan_ws(fmt, split_tiles=config.split, consumers=consumers_of(config.warps))
 
     def flat(a, dtype) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=dtype).ravel()
@@ -114,6 +120,7 @@ def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
         num_heads=plan.num_heads, spec_hash=fmt.spec_hash, pairs=plan.pairs, slots=plan.slots,
         n_items=int(plan.items.shape[1]), n_split=int(plan.combine.shape[1]),
         split=int(config.split), orders_per_head=int(plan.orders.shape[1]),
+        consumers=plan.consumers,
         entry_key=flat(plan.entry_key, np.int32), entry_part=flat(plan.entry_part, np.int32),
         bitmaps=flat(words if words.size else np.zeros(2, np.uint64), np.uint64),
         items=flat(plan.items, np.int32),

@@ -1,13 +1,14 @@
-"""The warp-specialised kernel's walk: tile-row pairs, work items and their split.
+"""The warp-specialised kernel's walk: block rows of tile rows, work items and their split.
 
-The warp-specialised (``ws``) kernel gives a thread block 128 query rows, two
-64-row mask tile rows ``2p`` and ``2p + 1`` (a *pair row* ``p``), one per consumer
-warpgroup. Both warpgroups read the K/V tiles one producer warp streams through
-a shared-memory ring, so they walk ONE list: the union of the two tile rows'
-columns in ascending key order. Each entry says, per warpgroup, whether that
+The warp-specialised (``ws``) kernel gives a thread block ``64 * C`` query rows: the
+``C`` consumer warpgroups (``consumers``, 2 or 3) each own one 64-row mask tile row,
+``C p .. C p + C - 1`` for the block's *pair row* ``p`` (the name of the two-consumer
+case, kept for every ``C``). The warpgroups read the K/V tiles one producer warp
+streams through a shared-memory ring, so they walk ONE list: the union of their tile
+rows' columns in ascending key order. Each entry says, per warpgroup, whether that
 warpgroup computes the tile and how (:data:`SKIP`, :data:`FULL` or the row of the
-part tile's 8x8 bitmaps). A band of width 64 costs each warpgroup its own 3 tiles
-while the block loads 4.
+part tile's 8x8 bitmaps). A band of width 64 costs each of two warpgroups its own 3
+tiles while the block loads 4.
 
 A pair row whose list is much longer than the others (global tokens, BigBird's
 global blocks, causal rows at small batch) would be the critical path of the
@@ -32,7 +33,7 @@ import numpy as np
 from stofc.masks.format import MaskFormat
 
 WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows, 64-key steps
-WS_ROWS = 128         # query rows per thread block (two warpgroups)
+CONSUMERS = (2, 3)    # consumer warpgroups per block (64 query rows each)
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 4       # (pair row, begin, end, slot); slot -1 writes the output directly
 
@@ -53,11 +54,11 @@ class WsPlan:
     """
 
     num_heads: int
-    pairs: int                # pair rows of L_max: ceil(L_max / 128)
+    pairs: int                # pair rows of L_max: ceil(L_max / rows)
     split_tiles: int          # 0: no split
     pair_ptr: np.ndarray      # int32 [num_heads, pairs + 1]
     entry_key: np.ndarray     # int32 [n + 1]: first key of the entry's tile (+ sentinel 0)
-    entry_part: np.ndarray    # int32 [2 * (n + 1)]: per entry, warpgroup 0 then 1
+    entry_part: np.ndarray    # int32 [C * (n + 1)]: per entry, warpgroup 0, 1 (, 2)
     bitmaps: np.ndarray       # uint64 [n_part, 64]: the format's part bitmaps
     items: np.ndarray         # int32 [num_heads, n_items, 4]
     order_ptr: np.ndarray     # int32 [pairs + 1]: offsets of each P's order (same per head)
@@ -66,10 +67,16 @@ class WsPlan:
     combine: np.ndarray       # int32 [num_heads, n_split, 3]
     slots: int                # workspace slots per (batch, head)
     tiles_per_pair: np.ndarray  # int64 [num_heads, pairs]: entries per pair row
+    consumers: int = 2        # consumer warpgroups (tile rows) per block
+
+    @property
+    def rows(self) -> int:
+        """Query rows per block (and per pair row): 64 per consumer warpgroup."""
+        return WS_TILE * self.consumers
 
     def launch_items(self, seq_len: int) -> tuple[int, int]:
         """(offset into ``orders``' rows, number of items) of a run of length ``seq_len``."""
-        p = min(self.pairs, -(-seq_len // WS_ROWS))
+        p = min(self.pairs, -(-seq_len // self.rows))
         return int(self.order_ptr[p - 1]), int(self.items_upto[p])
 
     def work(self) -> int:
@@ -77,12 +84,13 @@ class WsPlan:
         return int(self.tiles_per_pair.sum())
 
 
-def _pair_lists(fmt: MaskFormat, head: int, pair: int) -> tuple[np.ndarray, np.ndarray]:
-    """The merged entries of one pair row: keys [m] and parts [m, 2]."""
+def _pair_lists(fmt: MaskFormat, head: int, pair: int, consumers: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The merged entries of one pair row: keys [m] and parts [m, consumers]."""
     ptr = fmt.load_row_ptr[head]
     cols, parts = [], []
-    for w in (0, 1):
-        r = 2 * pair + w
+    for w in range(consumers):
+        r = consumers * pair + w
         if r >= fmt.tile_rows:
             cols.append(np.zeros(0, np.int64))
             parts.append(np.zeros(0, np.int64))
@@ -90,9 +98,9 @@ def _pair_lists(fmt: MaskFormat, head: int, pair: int) -> tuple[np.ndarray, np.n
         a, b = int(ptr[r]), int(ptr[r + 1])
         cols.append(np.asarray(fmt.load_col_idx[a:b], np.int64))
         parts.append(np.asarray(fmt.load_part_idx[a:b], np.int64))
-    union = np.union1d(cols[0], cols[1])
-    out = np.full((union.size, 2), SKIP, np.int64)
-    for w in (0, 1):
+    union = np.unique(np.concatenate(cols))
+    out = np.full((union.size, consumers), SKIP, np.int64)
+    for w in range(consumers):
         pos = np.searchsorted(union, cols[w])
         out[pos, w] = parts[w]                     # -1 (full) or the part row
     return union * fmt.tile, out
@@ -107,12 +115,20 @@ def _chunks(n: int, split_tiles: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0) -> WsPlan:
-    """The ws kernel's walk of ``fmt`` (tile 64), with rows longer than ``split_tiles``
-    entries split into chunks (0: never split). Raises ValueError for another tile."""
+def consumers_of(warps: int) -> int:
+    """Consumer warpgroups of a ws block of ``warps`` warps (one producer warpgroup)."""
+    return warps // 4 - 1
+
+
+def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2) -> WsPlan:
+    """The ws kernel's walk of ``fmt`` (tile 64) for blocks of ``consumers`` warpgroups,
+    with rows longer than ``split_tiles`` entries split into chunks (0: never split).
+    Raises ValueError for another tile or consumer count."""
     if fmt.tile != WS_TILE:
         raise ValueError(f"the ws kernel walks 64x64 tiles, the format has T={fmt.tile}")
-    heads, pairs = fmt.num_heads, -(-fmt.seq_len // WS_ROWS)
+    if consumers not in CONSUMERS:
+        raise ValueError(f"a ws block has 2 or 3 consumer warpgroups, not {consumers}")
+    heads, pairs = fmt.num_heads, -(-fmt.seq_len // (WS_TILE * consumers))
     ptr = np.zeros((heads, pairs + 1), np.int64)
     keys: list[np.ndarray] = []
     parts: list[np.ndarray] = []
@@ -126,7 +142,7 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0) -> WsPlan:
         head_combine: list[tuple[int, int, int]] = []
         slot = 0
         for p in range(pairs):
-            k, pt = _pair_lists(fmt, h, p)
+            k, pt = _pair_lists(fmt, h, p, consumers)
             ptr[h, p] = total
             keys.append(k)
             parts.append(pt)
@@ -173,7 +189,8 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0) -> WsPlan:
             chosen = np.concatenate([idx, rest])[:upto[p]]
             orders[h, order_ptr[p - 1]:order_ptr[p]] = chosen
     entry_key = np.concatenate([*keys, [0]]).astype(np.int32)
-    entry_part = np.concatenate([*(x.reshape(-1) for x in parts), [SKIP, SKIP]]).astype(np.int32)
+    entry_part = np.concatenate([*(x.reshape(-1) for x in parts),
+                                 [SKIP] * consumers]).astype(np.int32)
     words = np.asarray(fmt.part_bitmaps, dtype=np.uint64).reshape(-1, (WS_TILE // 8) ** 2)
 
     def ro(a: np.ndarray) -> np.ndarray:
@@ -187,21 +204,27 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0) -> WsPlan:
         bitmaps=ro(words), items=ro(item_arr), order_ptr=ro(order_ptr), orders=ro(orders),
         items_upto=ro(upto), combine=ro(comb_arr),
         slots=max(1, *slots_per_head),
-        tiles_per_pair=ro(tiles))
+        tiles_per_pair=ro(tiles), consumers=consumers)
 
 
-def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int) -> int:
-    """``split_tiles`` that keeps every item below about a quarter of one SM's share of
-    the work (0 when no pair row is that long): with ``W`` entries over every pair row,
-    ``batch`` and ``heads``, an SM's share is ``W / sm_count``; a row longer than a
-    quarter of it would leave SMs idle at the end of the launch. At least 8 entries
-    per chunk, so the combine's extra traffic stays small."""
-    plan = plan_ws(fmt)
+def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
+                  consumers: int = 2) -> int:
+    """``split_tiles`` for the rows that would be the launch's critical path: 0 unless the
+    longest pair row is both longer than a quarter of one SM's share of the work (``W``
+    entries over every pair row, ``batch`` and ``heads``: ``W / sm_count``) and more than
+    twice the mean pair row (an outlier: global tokens, BigBird's global blocks). Rows of
+    similar length (windows, causal) are already balanced by the longest-first order, and
+    splitting them only adds chunks and the combine (a +-256 window split at 8 ran 1.6x
+    slower, ws-diag-h100-2026-11-26). At least 8 entries per chunk, so the combine's extra
+    traffic stays small."""
+    plan = plan_ws(fmt, consumers=consumers)
     per_head = heads if fmt.num_heads == 1 else 1
     work = plan.work() * per_head * batch
     share = work / max(1, sm_count)
-    longest = int(plan.tiles_per_pair.max()) if plan.tiles_per_pair.size else 0
+    tiles = plan.tiles_per_pair
+    longest = int(tiles.max()) if tiles.size else 0
+    mean = float(tiles.mean()) if tiles.size else 0.0
     limit = max(8, int(share // 4))
-    if longest <= limit:
+    if longest <= limit or longest <= 2 * mean:
         return 0
     return 1 << (limit.bit_length() - 1)            # a power of two <= limit

@@ -1,18 +1,18 @@
 // stofc warp-specialised block-wise sparse attention (Hopper, sm_90a), generated.
 //
-// One thread block = 3 warpgroups: a producer and two consumers. It owns one work
-// item of stofc.kernels.attention.ws_plan: 128 query rows (pair row p: mask tile rows
-// 2p and 2p+1, one per consumer warpgroup) and a range of the pair row's merged walk
-// list. One producer thread streams Q (once), then K and V of every listed 64-key tile
-// with the Tensor Memory Accelerator into a STAGES-deep ring of 128-byte-swizzled
-// shared-memory panels, each K tile with the part-tile bitmaps of both warpgroups
-// (bulk copies), every copy completing an mbarrier; the consumers release each slot
-// on an "empty" mbarrier. The producer gives its registers to the consumers
-// (setmaxnreg). A consumer warpgroup keeps its 64 rows of Q in registers (head_dim
-// <= 128; above, Q is read from smem), computes S = Q K^T with register-A wgmma while
-// the previous tile's O += P V runs (intra-warpgroup overlap), and with PINGPONG the
-// two warpgroups take turns issuing their GEMMs, so one's softmax runs under the
-// other's tensor-core work. A warpgroup skips the tiles its own tile row does not
+// One thread block = a producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups.
+// It owns one work item of stofc.kernels.attention.ws_plan: 64 * CONSUMERS query rows
+// (pair row p: mask tile rows C p .. C p + C - 1, one per consumer warpgroup) and a
+// range of the pair row's merged walk list. One producer thread streams Q (once), then
+// K and V of every listed 64-key tile with the Tensor Memory Accelerator into a
+// STAGES-deep ring of 128-byte-swizzled shared-memory panels, each K tile with the
+// part-tile bitmaps of every warpgroup (bulk copies), every copy completing an
+// mbarrier; the consumers release each slot on an "empty" mbarrier. The producer gives
+// its registers to the consumers (setmaxnreg). A consumer warpgroup keeps its 64 rows
+// of Q in registers (head_dim <= 128; above, Q is read from smem), computes S = Q K^T
+// with register-A wgmma while the previous tile's O += P V runs (intra-warpgroup
+// overlap), and with PINGPONG the warpgroups take turns (round robin) issuing their
+// GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
 // hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
 // granularity; key padding, bias and soft-capping are block_tile.cuh's.
 // A whole pair row writes O normalised; a chunk of a split row writes its unnormalised
@@ -38,6 +38,7 @@ constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 constexpr int MAX_CHUNKS = 64;      // chunks of one split row (combine)
 constexpr int KSTEP = 2;                // 64-key tiles per softmax step
+constexpr int CONSUMERS = 2;        // consumer warpgroups: 64 query rows each
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -46,9 +47,10 @@ constexpr int NS = KSTEP * NB;             // n8 blocks of S per softmax step
 constexpr int KC = D / 16;                 // k16 steps of Q K^T
 constexpr int ND = D / 8;                  // n8 blocks of O
 constexpr int PANELS = D / 64;             // 64-column swizzle panels per row
-constexpr int NT = 384;
-constexpr int ROWS = 128;                  // query rows per block
-constexpr int Q_PANEL = ROWS * 128;        // bytes of one Q panel (both warpgroups)
+constexpr int NT = 128 * (CONSUMERS + 1);
+constexpr int ROWS = TILE * CONSUMERS;     // query rows per block
+constexpr int Q_PANEL = ROWS * 128;        // bytes of one Q panel (every warpgroup's rows)
+constexpr int Q_WG = TILE * 128;           // bytes of one warpgroup's rows of a Q panel
 constexpr int KV_PANEL = TILE * 128;       // bytes of one K (or V) panel
 constexpr int KV_BYTES = PANELS * KV_PANEL;
 constexpr int BM_BYTES = ITN * ITN * 8;    // one part tile's bitmaps
@@ -57,7 +59,7 @@ constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots
                                                      // back to back (two tiles = 128 key rows)
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
 constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
-constexpr int OFF_BAR = OFF_BM + STAGES * 2 * BM_BYTES;
+constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
               BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + 1;
 constexpr int SKIP = -2;                   // entry_part: this warpgroup skips the tile
@@ -66,7 +68,8 @@ static_assert(STAGES >= 2, "the ring needs two stages");
 static_assert(Q_IN_REGS || D >= 128, "Q leaves the registers only for large head_dims");
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
+static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
 constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
 constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never used if KSTEP 1)
 
@@ -118,6 +121,22 @@ __device__ __forceinline__ void s_pair(float (&sc)[N][4], const u32 (&qf)[QF][4]
                                  kc > 0 ? 1 : 0);
         }
     }
+}
+
+/// A position in the K/V ring: its slot and the phase parity of that slot's mbarriers.
+struct Ring {
+    int slot;
+    u32 par;
+};
+
+/// The position k <= STAGES tiles after r (compare and subtract: no division by STAGES).
+__device__ __forceinline__ Ring ring_at(Ring r, int k) {
+    r.slot += k;
+    if (r.slot >= STAGES) {
+        r.slot -= STAGES;
+        r.par ^= 1u;
+    }
+    return r;
 }
 
 }  // namespace
@@ -173,11 +192,11 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bar(BAR_FULL_K + s), 1);
             mbar_init(bar(BAR_FULL_V + s), 1);
-            mbar_init(bar(BAR_EMPTY_K + s), 8);    // one arrival per consumer warp (bitmap reads)
-            mbar_init(bar(BAR_EMPTY_V + s), 8);    // one arrival per consumer warp (wgmma reads)
+            mbar_init(bar(BAR_EMPTY_K + s), 4 * CONSUMERS);  // one arrival per consumer warp
+            mbar_init(bar(BAR_EMPTY_V + s), 4 * CONSUMERS);  // (bitmap reads; wgmma reads)
         }
         mbar_init(bar(BAR_Q), 1);
-        mbar_init(bar(BAR_Q_EMPTY), 8);            // one arrival per consumer warp
+        mbar_init(bar(BAR_Q_EMPTY), 4 * CONSUMERS);        // one arrival per consumer warp
         mbar_fence_init();
     }
     __syncthreads();
@@ -195,16 +214,16 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         int ring = 0, q_use = 0;                   // tiles loaded so far, Q loads so far
         for (int wk = blockIdx.x; wk < n_work; wk += gridDim.x) {
             const Work x = work_at(wk);
-            if (x.prow < 0) continue;
+            if (x.prow < 0 || x.n == 0) continue;     // nothing to load (see the consumers)
             const int hkv = x.h / kv_group;
             if (q_use > 0) mbar_wait(bar(BAR_Q_EMPTY), (q_use - 1) & 1);
             ++q_use;
             mbar_arrive_expect_tx(bar(BAR_Q), PANELS * Q_PANEL);
 #pragma unroll
-            for (int w = 0; w < 2; ++w)
+            for (int w = 0; w < CONSUMERS; ++w)
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(sQ + pn * Q_PANEL + w * (Q_PANEL / 2), &tma_q, bar(BAR_Q), pn * 64,
+                    tma_load_4d(sQ + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q), pn * 64,
                                 x.h, x.prow * ROWS + w * TILE, x.b);
             auto load_v = [&](int i) {                 // V of entry begin + i
                 const int g = ring + i;
@@ -224,20 +243,25 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
                 if (use > 0) mbar_wait(bar(BAR_EMPTY_K + s), (use - 1) & 1);
                 const int j = x.begin + i;
                 const int key = entry_key[j];
-                const int p0 = entry_part[2 * j], p1 = entry_part[2 * j + 1];
+                int part[CONSUMERS];
+                u32 bytes = KV_BYTES;
+#pragma unroll
+                for (int w = 0; w < CONSUMERS; ++w) {
+                    part[w] = entry_part[CONSUMERS * j + w];
+                    bytes += part[w] >= 0 ? BM_BYTES : 0;
+                }
                 const u32 full = bar(BAR_FULL_K + s);
-                mbar_arrive_expect_tx(full, KV_BYTES + (p0 >= 0 ? BM_BYTES : 0) +
-                                                (p1 >= 0 ? BM_BYTES : 0));
+                mbar_arrive_expect_tx(full, bytes);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(base + OFF_K + pn * K_PANEL_STRIDE + s * KV_PANEL, &tma_k, full, pn * 64,
                                 hkv, key, x.b);
-                const u32 sbm = base + OFF_BM + s * 2 * BM_BYTES;
-                if (p0 >= 0)
-                    bulk_load(sbm, bitmaps + static_cast<long long>(p0) * ITN * ITN, BM_BYTES, full);
-                if (p1 >= 0)
-                    bulk_load(sbm + BM_BYTES, bitmaps + static_cast<long long>(p1) * ITN * ITN,
-                              BM_BYTES, full);
+                const u32 sbm = base + OFF_BM + s * CONSUMERS * BM_BYTES;
+#pragma unroll
+                for (int w = 0; w < CONSUMERS; ++w)
+                    if (part[w] >= 0)
+                        bulk_load(sbm + w * BM_BYTES, bitmaps + static_cast<long long>(part[w]) * ITN * ITN,
+                                  BM_BYTES, full);
                 if (i > 0) load_v(i - 1);              // K of this tile before V of the last one
             }
             if (n_load > 0) load_v(n_load - 1);
@@ -254,16 +278,17 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int t4 = lane & 3;
-    const int bar_mine = 1 + w, bar_other = 2 - w;   // named barriers of the ping-pong
+    const int bar_mine = 1 + w, bar_other = 1 + (w + 1) % CONSUMERS;   // ping-pong turns
 
     const float sl = scale * STOFC_LOG2E;            // scores -> log2 units
     const float inv_scale = 1.0f / scale;            // bias in raw score units
     const float cap = softcap / scale;               // soft-capping in raw score units
     const float inv_cap = scale / softcap;
-    const u32 q_wg = sQ + w * (Q_PANEL / 2);         // this warpgroup's 64 rows of each Q panel
+    const u32 q_wg = sQ + w * Q_WG;                  // this warpgroup's 64 rows of each Q panel
 
     // the current work's values (set at each work; the step lambdas below read them)
-    int ring = 0, q_use = 0;                       // tiles consumed so far, Q loads so far
+    int q_use = 0;                                 // Q loads consumed so far
+    Ring cur{0, 0u};                               // the ring position of the next step
     int begin = 0, n = 0, kvl = 0;
     const u64* kbits = key_bits;
     const T* br0 = nullptr;
@@ -275,25 +300,27 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     float alpha_prev[2];
     bool rescale_prev = false;                     // some row of this warp moved its max
     bool prev_any = false;
-    int prev_i0 = 0;                               // first entry of the previous step
+    Ring prev_i0 = cur;                            // the previous step's ring position
 
     // every warp releases the Q buffer once its lanes are done with it
     auto release_q = [&]() {
         __syncwarp();
         if (lane == 0) mbar_arrive(bar(BAR_Q_EMPTY));
     };
-    auto slot_of = [&](int i) { return (ring + i) % STAGES; };
+    // slot / phase parity of tile hh of the step at ring position p (no division: STAGES
+    // need not be a power of two)
+    auto slot_of = [&](Ring p, int hh) { return ring_at(p, hh).slot; };
     const u64 desc_k0 = sw128_desc(base + OFF_K, 16, 1024);          // K slot 0 panel 0, K-major
     const u64 desc_v0 = sw128_desc(base + OFF_V, KV_PANEL, 1024);    // V slot 0, N-major
     const u64 desc_q = sw128_desc(q_wg, 16, 1024);                   // Q (when read from smem)
-    auto parity_of = [&](int i) { return ((ring + i) / STAGES) & 1; };
+    auto parity_of = [&](Ring p, int hh) { return ring_at(p, hh).par; };
     // A K slot also holds the step's bitmaps, read by every thread in mask_step: each warp
     // releases it once all its lanes are past their reads.
-    auto release_k = [&](int i0) {
+    auto release_k = [&](Ring i0) {
         __syncwarp();
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh)
-            if (lane == 0) mbar_arrive(bar(BAR_EMPTY_K + slot_of(i0 + hh)));
+            if (lane == 0) mbar_arrive(bar(BAR_EMPTY_K + slot_of(i0, hh)));
     };
     // A V slot is released only once it is full (also when this warpgroup skipped the
     // step): otherwise a warpgroup walking skipped tiles could arrive for a later use of
@@ -303,38 +330,38 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     // and a warp still behind (a bias load) then waited on the refill's phase parity, which
     // reads as "not yet", for ever (seen with a bias). A leader-only wait avoided that but
     // made the release divergent, which cost 10-17% on dense tiles (H100, 2026-11-25).
-    auto release_v = [&](int i0) {
+    auto release_v = [&](Ring i0) {
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh) {
-            mbar_wait(bar(BAR_FULL_V + slot_of(i0 + hh)), parity_of(i0 + hh));
-            if (lane == 0) mbar_arrive(bar(BAR_EMPTY_V + slot_of(i0 + hh)));
+            mbar_wait(bar(BAR_FULL_V + slot_of(i0, hh)), parity_of(i0, hh));
+            if (lane == 0) mbar_arrive(bar(BAR_EMPTY_V + slot_of(i0, hh)));
         }
     };
     // Every step issues its GEMMs and retires them inside ONE branch (ptxas otherwise
     // cannot prove the accumulators retired and serialises every wgmma). The pins order
     // register updates (rescale) before each wgmma.fence. S of tile hh fills the n8
     // blocks hh*NB.. of sc (the start value is ignored: the first k-step overwrites).
-    auto issue_s = [&](float (&sc)[NS][4], int i0) {
+    auto issue_s = [&](float (&sc)[NS][4], Ring i0) {
         wgmma_pin(sc);
         wgmma_fence();
         if (KSTEP == 2)                            // slots 2i, 2i+1: one 128-row B operand
-            s_pair(sc, qf, desc_at(desc_k0, slot_of(i0) * KV_PANEL), desc_q);
+            s_pair(sc, qf, desc_at(desc_k0, slot_of(i0, 0) * KV_PANEL), desc_q);
         else
-            s_tile<0>(sc, qf, desc_at(desc_k0, slot_of(i0) * KV_PANEL), desc_q);
+            s_tile<0>(sc, qf, desc_at(desc_k0, slot_of(i0, 0) * KV_PANEL), desc_q);
         wgmma_commit();
     };
     // O = alpha * O + P V of the previous step: V N-major (transposed), P from registers
-    auto issue_pv = [&](int i0) {
+    auto issue_pv = [&](Ring i0) {
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh)
-            mbar_wait(bar(BAR_FULL_V + slot_of(i0 + hh)), parity_of(i0 + hh));
+            mbar_wait(bar(BAR_FULL_V + slot_of(i0, hh)), parity_of(i0, hh));
         if (rescale_prev) rescale_rows<ND>(acc, alpha_prev);   // warp-uniform (a vote)
         wgmma_pin(acc);
         wgmma_keep(pf_prev);
         wgmma_fence();
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh) {
-            const u64 dv = desc_at(desc_v0, slot_of(i0 + hh) * KV_BYTES);
+            const u64 dv = desc_at(desc_v0, slot_of(i0, hh) * KV_BYTES);
 #pragma unroll
             for (int kk = 0; kk < NB / 2; ++kk)
                 wgmma_rs_tb<T, D>(acc, pf_prev[hh * (NB / 2) + kk], desc_at(dv, kk * 16 * 128));
@@ -343,7 +370,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     };
     // masks (a tile this warpgroup skips: every score -inf), then the online-softmax step
     // (P in place, as floats) and the rescale alpha
-    auto softmax = [&](float (&sc)[NS][4], int i0, const int (&key)[KSTEP],
+    auto softmax = [&](float (&sc)[NS][4], Ring i0, const int (&key)[KSTEP],
                        const int (&part)[KSTEP], float (&alpha)[2]) -> bool {
         if (HAS_SOFTCAP) soft_cap_step<NS>(sc, cap, inv_cap);
 #pragma unroll
@@ -360,7 +387,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             if (part[hh] >= 0 || need_keys || HAS_BIAS) {
                 const u32* bm32 = part[hh] >= 0
                     ? reinterpret_cast<const u32*>(base_ptr + OFF_BM +
-                                                   (slot_of(i0 + hh) * 2 + w) * BM_BYTES) + (g >> 2)
+                                                   (slot_of(i0, hh) * CONSUMERS + w) * BM_BYTES) + (g >> 2)
                     : nullptr;
                 const StepKeys keys{key[hh], nullptr, kvl, kbits, kword};
                 if (hh == 0)
@@ -386,7 +413,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             const int i = t * KSTEP + hh;
             const int j = begin + min(i, max(n - 1, 0));
             key[hh] = entry_key[j];
-            part[hh] = i < n ? __shfl_sync(0xffffffffu, entry_part[2 * j + w], 0) : SKIP;
+            part[hh] = i < n ? __shfl_sync(0xffffffffu, entry_part[CONSUMERS * j + w], 0) : SKIP;
         }
     };
 
@@ -394,6 +421,9 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     for (int wk = blockIdx.x; wk < n_work; wk += gridDim.x) {
         const Work x = work_at(wk);
         if (x.prow < 0) continue;
+        // An item with no tile left (keys past the run: a long package's split global row
+        // run short) loads no Q and walks nothing; it only writes its empty result.
+        const bool empty = x.n == 0;
         begin = x.begin;
         n = x.n;
         kvl = x.kvl;
@@ -406,8 +436,8 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             br0 = bias_row(rq0);
             br1 = bias_row(rq0 + 8);
         }
-        mbar_wait(bar(BAR_Q), q_use & 1);
-        if (Q_IN_REGS) {
+        if (!empty) mbar_wait(bar(BAR_Q), q_use & 1);
+        if (Q_IN_REGS && !empty) {
 #pragma unroll
             for (int kc = 0; kc < (Q_IN_REGS ? KC : 1); ++kc) {
                 const int row = w * TILE + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -425,19 +455,18 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         alpha_prev[0] = alpha_prev[1] = 1.0f;
         rescale_prev = false;
         prev_any = false;
-        prev_i0 = 0;
 
         const int steps = (n + KSTEP - 1) / KSTEP;
         int key[KSTEP], part[KSTEP];
         if (steps > 0) fetch(0, key, part);
         for (int t = 0; t < steps; ++t) {
-            const int i0 = t * KSTEP;
+            const Ring i0 = cur;
             int nkey[KSTEP], npart[KSTEP];
             if (t + 1 < steps) fetch(t + 1, nkey, npart);            // latency hidden by this step
             bool any = false;
     #pragma unroll
             for (int hh = 0; hh < KSTEP; ++hh) {
-                mbar_wait(bar(BAR_FULL_K + slot_of(i0 + hh)), parity_of(i0 + hh));
+                mbar_wait(bar(BAR_FULL_K + slot_of(i0, hh)), parity_of(i0, hh));
                 any = any || part[hh] != SKIP;
             }
             if (PINGPONG) named_bar_sync(bar_mine, 256);
@@ -482,6 +511,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             }
             prev_any = any;
             prev_i0 = i0;
+            cur = ring_at(cur, KSTEP);
     #pragma unroll
             for (int hh = 0; hh < KSTEP; ++hh) {
                 key[hh] = nkey[hh];
@@ -497,7 +527,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             release_v(prev_i0);
         }
 
-        if (!Q_IN_REGS) release_q();               // the last S = Q K^T has retired
+        if (!Q_IN_REGS && !empty) release_q();     // the last S = Q K^T has retired
         // ---- epilogue: a whole row writes O; a chunk writes its partial result
         if (x.slot < 0) {
             store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, o + x.b * o_sb + x.h * o_sh, o_ss, L, t4);
@@ -505,11 +535,13 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         const long long ws = (static_cast<long long>(x.b) * H + x.h) * slots + x.slot;
         const int lr0 = w * TILE + warp * 16 + g;      // rows inside the block
         float* po = part_o + ws * ROWS * D;
+        if (!empty) {                                  // an empty chunk's weight is 0: never read
     #pragma unroll
-        for (int nn = 0; nn < ND; ++nn) {
-            const int col = nn * 8 + 2 * t4;
-            *reinterpret_cast<float2*>(po + lr0 * D + col) = make_float2(acc[nn][0], acc[nn][1]);
-            *reinterpret_cast<float2*>(po + (lr0 + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
+            for (int nn = 0; nn < ND; ++nn) {
+                const int col = nn * 8 + 2 * t4;
+                *reinterpret_cast<float2*>(po + lr0 * D + col) = make_float2(acc[nn][0], acc[nn][1]);
+                *reinterpret_cast<float2*>(po + (lr0 + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
+            }
         }
         const float l0 = quad_sum(row_l[0]), l1 = quad_sum(row_l[1]);
         if (t4 == 0) {
@@ -519,8 +551,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         }
         }
 
-        ring += (n + KSTEP - 1) / KSTEP * KSTEP;
-        ++q_use;
+        if (!empty) ++q_use;
     }
     if (PINGPONG && w == 0) named_bar_sync(bar_mine, 256);    // consume the last arrival
 }
@@ -562,6 +593,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0_combine(T* __restrict__ o
         if (qr >= L) continue;
         float2 sum = make_float2(0.0f, 0.0f);
         for (int c = 0; c < chunks; ++c) {
+            if (weight[c][r] == 0.0f) continue;        // an empty chunk wrote no partial O
             const float2 x = *reinterpret_cast<const float2*>(part_o + ((ws0 + c) * ROWS + r) * D + col);
             sum.x = fmaf(weight[c][r], x.x, sum.x);
             sum.y = fmaf(weight[c][r], x.y, sum.y);

@@ -1,0 +1,603 @@
+// stofc warp-specialised block-wise sparse attention (Hopper, sm_90a), generated.
+//
+// One thread block = a producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups.
+// It owns one work item of stofc.kernels.attention.ws_plan: 64 * CONSUMERS query rows
+// (pair row p: mask tile rows C p .. C p + C - 1, one per consumer warpgroup) and a
+// range of the pair row's merged walk list. One producer thread streams Q (once), then
+// K and V of every listed 64-key tile with the Tensor Memory Accelerator into a
+// STAGES-deep ring of 128-byte-swizzled shared-memory panels, each K tile with the
+// part-tile bitmaps of every warpgroup (bulk copies), every copy completing an
+// mbarrier; the consumers release each slot on an "empty" mbarrier. The producer gives
+// its registers to the consumers (setmaxnreg). A consumer warpgroup keeps its 64 rows
+// of Q in registers (head_dim <= 128; above, Q is read from smem), computes S = Q K^T
+// with register-A wgmma while the previous tile's O += P V runs (intra-warpgroup
+// overlap), and with PINGPONG the warpgroups take turns (round robin) issuing their
+// GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
+// hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
+// granularity; key padding, bias and soft-capping are block_tile.cuh's.
+// A whole pair row writes O normalised; a chunk of a split row writes its unnormalised
+// O, row max and row sum to its workspace slot, merged by stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_combine.
+#include <stofc/block_tile.cuh>
+#include <stofc/wgmma.cuh>
+#include <stofc/ws.cuh>
+
+using namespace stofc;
+
+namespace {
+
+typedef __half T;
+
+constexpr int D = 64;
+constexpr int STAGES = 3;
+constexpr bool HAS_BIAS = false;
+constexpr bool HAS_KEY_BITS = true;
+constexpr bool HAS_SOFTCAP = false;     // logit soft-capping (Gemma 2)
+constexpr bool Q_IN_REGS = true;       // else S = Q K^T reads Q from smem
+constexpr bool PINGPONG = true;         // the consumers alternate their GEMMs
+constexpr int PRODUCER_REGS = 32;
+constexpr int CONSUMER_REGS = 160;
+constexpr int MAX_CHUNKS = 64;      // chunks of one split row (combine)
+constexpr int KSTEP = 1;                // 64-key tiles per softmax step
+constexpr int CONSUMERS = 3;        // consumer warpgroups: 64 query rows each
+
+constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
+constexpr int ITN = TILE / 8;
+constexpr int NB = TILE / 8;               // n8 blocks of S per tile
+constexpr int NS = KSTEP * NB;             // n8 blocks of S per softmax step
+constexpr int KC = D / 16;                 // k16 steps of Q K^T
+constexpr int ND = D / 8;                  // n8 blocks of O
+constexpr int PANELS = D / 64;             // 64-column swizzle panels per row
+constexpr int NT = 128 * (CONSUMERS + 1);
+constexpr int ROWS = TILE * CONSUMERS;     // query rows per block
+constexpr int Q_PANEL = ROWS * 128;        // bytes of one Q panel (every warpgroup's rows)
+constexpr int Q_WG = TILE * 128;           // bytes of one warpgroup's rows of a Q panel
+constexpr int KV_PANEL = TILE * 128;       // bytes of one K (or V) panel
+constexpr int KV_BYTES = PANELS * KV_PANEL;
+constexpr int BM_BYTES = ITN * ITN * 8;    // one part tile's bitmaps
+constexpr int OFF_K = PANELS * Q_PANEL;
+constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots of a panel
+                                                     // back to back (two tiles = 128 key rows)
+constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
+constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
+constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
+constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
+              BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + 1;
+constexpr int SKIP = -2;                   // entry_part: this warpgroup skips the tile
+static_assert(D % 64 == 0, "head_dim must fill 128-byte swizzle panels");
+static_assert(STAGES >= 2, "the ring needs two stages");
+static_assert(Q_IN_REGS || D >= 128, "Q leaves the registers only for large head_dims");
+static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
+static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
+static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
+constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never used if KSTEP 1)
+
+/// Issue S of tile HH of a step into sc's n8 blocks HH*NB..: Q from registers (or smem
+/// panels at q_wg), K from the slot at sK.
+/// The descriptor of smem operand bytes `off` past the one `desc` describes: the start
+/// address field counts 16-byte units and shared memory is below 256 KB, so adding to the
+/// descriptor never carries out of the field (the uniform datapath does one add, not the
+/// masks and shifts of sw128_desc per k-step).
+__device__ __forceinline__ u64 desc_at(u64 desc, u32 off) { return desc + (off >> 4); }
+
+template <int HH>
+__device__ __forceinline__ void s_tile(float (&sc)[NS][4], const u32 (&qf)[QF][4], u64 dk,
+                                       u64 dq) {
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        const u64 db = desc_at(dk, (kc >> 2) * K_PANEL_STRIDE + (kc & 3) * 32);
+        if (Q_IN_REGS)
+            wgmma_rs_at<T, HH * NB>(sc, qf[Q_IN_REGS ? kc : 0], db, kc > 0 ? 1 : 0);
+        else
+            wgmma_ss_at<T, HH * NB>(sc, desc_at(dq, (kc >> 2) * Q_PANEL + (kc & 3) * 32), db,
+                                    kc > 0 ? 1 : 0);
+    }
+}
+
+/// Mask tile HH of a step (n8 blocks HH*NB..): part tile bitmaps at bm32 (or nullptr),
+/// the runtime key word and the bias; see block_tile.cuh mask_step.
+template <int HH>
+__device__ __forceinline__ void mask_tile(float (&sc)[NS][4], const u32* bm32, int ir,
+                                          bool need_keys, const StepKeys& keys, const T* br0,
+                                          const T* br1, float inv_scale, int g, int t4) {
+    mask_step<T, NB, ITN, HAS_BIAS, HAS_KEY_BITS, NS, HH * NB>(
+        sc, bm32, 0, ir, need_keys, keys, br0, br1, inv_scale, g, t4);
+}
+
+/// S of both tiles of a two-tile step as ONE m64n128 GEMM per k-step: their K panels lie
+/// back to back (slots 2i, 2i+1 of each panel), so 128 key rows form one B operand.
+template <int N>
+__device__ __forceinline__ void s_pair(float (&sc)[N][4], const u32 (&qf)[QF][4], u64 dk,
+                                       u64 dq) {
+    if constexpr (N == 16) {
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc) {
+            const u64 db = desc_at(dk, (kc >> 2) * K_PANEL_STRIDE + (kc & 3) * 32);
+            if (Q_IN_REGS)
+                wgmma_rs_n128<T>(sc, qf[Q_IN_REGS ? kc : 0], db, kc > 0 ? 1 : 0);
+            else
+                wgmma_ss_n128<T>(sc, desc_at(dq, (kc >> 2) * Q_PANEL + (kc & 3) * 32), db,
+                                 kc > 0 ? 1 : 0);
+        }
+    }
+}
+
+/// A position in the K/V ring: its slot and the phase parity of that slot's mbarriers.
+struct Ring {
+    int slot;
+    u32 par;
+};
+
+/// The position k <= STAGES tiles after r (compare and subtract: no division by STAGES).
+__device__ __forceinline__ Ring ring_at(Ring r, int k) {
+    r.slot += k;
+    if (r.slot >= STAGES) {
+        r.slot -= STAGES;
+        r.par ^= 1u;
+    }
+    return r;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaDesc tma_q, const __grid_constant__ TmaDesc tma_k,
+                  const __grid_constant__ TmaDesc tma_v,
+                  T* __restrict__ o, long long o_sb, long long o_ss, long long o_sh,
+                  const int* __restrict__ entry_key, const int* __restrict__ entry_part,
+                  const u64* __restrict__ bitmaps, const int* __restrict__ items,
+                  const int* __restrict__ item_order, int items_head_stride,
+                  int order_head_stride,
+                  const int* __restrict__ kv_len, const u64* __restrict__ key_bits,
+                  int key_words,
+                  const T* __restrict__ bias, long long bias_sb, long long bias_sh,
+                  long long bias_sq,
+                  float* __restrict__ part_o, float* __restrict__ part_ml, int slots,
+                  int B, int H, int L, float scale, int kv_group, float softcap,
+                  int n_work) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw = smem_addr(smem_raw);
+    const u32 base = (raw + 1023u) & ~1023u;       // swizzle panels: 1024-byte aligned
+    unsigned char* base_ptr = smem_raw + (base - raw);
+    const u32 sQ = base;
+    auto bar = [&](int i) { return base + OFF_BAR + 8u * static_cast<u32>(i); };
+
+    // Work w -> (head, batch, item): heads of one batch are neighbours, items longest first.
+    // The grid is persistent (at most one block per SM): block c takes works c, c + grid,
+    // ...; producer and consumers walk the same sequence, so the ring continues across
+    // works and the next work's loads overlap this one's last steps and its epilogue.
+    struct Work {
+        int h, b, prow, begin, n, slot, kvl;
+    };
+    auto work_at = [&](int wk) {
+        Work x;
+        int idx = wk;
+        x.h = idx % H; idx /= H;
+        x.b = idx % B; idx /= B;
+        const int* it4 = items + x.h * items_head_stride + 4 * item_order[x.h * order_head_stride + idx];
+        x.prow = it4[0];
+        x.begin = it4[1];
+        int end = it4[2];
+        x.slot = it4[3];
+        x.kvl = min(kv_len[x.b], L);
+        if (x.prow < 0 || x.prow * ROWS >= L) x.prow = -1;   // padding, or rows past this run
+        end = trim_walk(entry_key, x.begin, end, x.kvl);   // tiles past the keys
+        x.n = max(end - x.begin, 0);
+        return x;
+    };
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bar(BAR_FULL_K + s), 1);
+            mbar_init(bar(BAR_FULL_V + s), 1);
+            mbar_init(bar(BAR_EMPTY_K + s), 4 * CONSUMERS);  // one arrival per consumer warp
+            mbar_init(bar(BAR_EMPTY_V + s), 4 * CONSUMERS);  // (bitmap reads; wgmma reads)
+        }
+        mbar_init(bar(BAR_Q), 1);
+        mbar_init(bar(BAR_Q_EMPTY), 4 * CONSUMERS);        // one arrival per consumer warp
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    // warp-uniform in the compiler's eyes (a shuffle from lane 0): wgmma issued under
+    // conditions on it stays in a non-divergent path and is not serialised
+    const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+    if (wg == 0) {
+        // ================================================================ producer
+        regs_release<PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        tma_prefetch(&tma_q);
+        tma_prefetch(&tma_k);
+        tma_prefetch(&tma_v);
+        int ring = 0, q_use = 0;                   // tiles loaded so far, Q loads so far
+        for (int wk = blockIdx.x; wk < n_work; wk += gridDim.x) {
+            const Work x = work_at(wk);
+            if (x.prow < 0 || x.n == 0) continue;     // nothing to load (see the consumers)
+            const int hkv = x.h / kv_group;
+            if (q_use > 0) mbar_wait(bar(BAR_Q_EMPTY), (q_use - 1) & 1);
+            ++q_use;
+            mbar_arrive_expect_tx(bar(BAR_Q), PANELS * Q_PANEL);
+#pragma unroll
+            for (int w = 0; w < CONSUMERS; ++w)
+#pragma unroll
+                for (int pn = 0; pn < PANELS; ++pn)
+                    tma_load_4d(sQ + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q), pn * 64,
+                                x.h, x.prow * ROWS + w * TILE, x.b);
+            auto load_v = [&](int i) {                 // V of entry begin + i
+                const int g = ring + i;
+                const int s = g % STAGES, use = g / STAGES;
+                if (use > 0) mbar_wait(bar(BAR_EMPTY_V + s), (use - 1) & 1);
+                mbar_arrive_expect_tx(bar(BAR_FULL_V + s), KV_BYTES);
+                const int key = entry_key[x.begin + i];
+#pragma unroll
+                for (int pn = 0; pn < PANELS; ++pn)
+                    tma_load_4d(base + OFF_V + s * KV_BYTES + pn * KV_PANEL, &tma_v,
+                                bar(BAR_FULL_V + s), pn * 64, hkv, key, x.b);
+            };
+            const int n_load = (x.n + KSTEP - 1) / KSTEP * KSTEP;   // whole steps (pad: a real tile)
+            for (int i = 0; i < n_load; ++i) {
+                const int g = ring + i;
+                const int s = g % STAGES, use = g / STAGES;
+                if (use > 0) mbar_wait(bar(BAR_EMPTY_K + s), (use - 1) & 1);
+                const int j = x.begin + i;
+                const int key = entry_key[j];
+                int part[CONSUMERS];
+                u32 bytes = KV_BYTES;
+#pragma unroll
+                for (int w = 0; w < CONSUMERS; ++w) {
+                    part[w] = entry_part[CONSUMERS * j + w];
+                    bytes += part[w] >= 0 ? BM_BYTES : 0;
+                }
+                const u32 full = bar(BAR_FULL_K + s);
+                mbar_arrive_expect_tx(full, bytes);
+#pragma unroll
+                for (int pn = 0; pn < PANELS; ++pn)
+                    tma_load_4d(base + OFF_K + pn * K_PANEL_STRIDE + s * KV_PANEL, &tma_k, full, pn * 64,
+                                hkv, key, x.b);
+                const u32 sbm = base + OFF_BM + s * CONSUMERS * BM_BYTES;
+#pragma unroll
+                for (int w = 0; w < CONSUMERS; ++w)
+                    if (part[w] >= 0)
+                        bulk_load(sbm + w * BM_BYTES, bitmaps + static_cast<long long>(part[w]) * ITN * ITN,
+                                  BM_BYTES, full);
+                if (i > 0) load_v(i - 1);              // K of this tile before V of the last one
+            }
+            if (n_load > 0) load_v(n_load - 1);
+            ring += n_load;
+        }
+        return;
+    }
+
+    // ==================================================================== consumers
+    regs_acquire<CONSUMER_REGS>();
+    const int w = wg - 1;                          // this warpgroup's tile row: 2p + w
+    const int tid = threadIdx.x & 127;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int t4 = lane & 3;
+    const int bar_mine = 1 + w, bar_other = 1 + (w + 1) % CONSUMERS;   // ping-pong turns
+
+    const float sl = scale * STOFC_LOG2E;            // scores -> log2 units
+    const float inv_scale = 1.0f / scale;            // bias in raw score units
+    const float cap = softcap / scale;               // soft-capping in raw score units
+    const float inv_cap = scale / softcap;
+    const u32 q_wg = sQ + w * Q_WG;                  // this warpgroup's 64 rows of each Q panel
+
+    // the current work's values (set at each work; the step lambdas below read them)
+    int q_use = 0;                                 // Q loads consumed so far
+    Ring cur{0, 0u};                               // the ring position of the next step
+    int begin = 0, n = 0, kvl = 0;
+    const u64* kbits = key_bits;
+    const T* br0 = nullptr;
+    const T* br1 = nullptr;
+    u32 qf[Q_IN_REGS ? KC : 1][4];
+    float acc[ND][4];
+    float row_m[2], row_l[2];
+    u32 pf_prev[NS / 2][4];
+    float alpha_prev[2];
+    bool rescale_prev = false;                     // some row of this warp moved its max
+    bool prev_any = false;
+    Ring prev_i0 = cur;                            // the previous step's ring position
+
+    // every warp releases the Q buffer once its lanes are done with it
+    auto release_q = [&]() {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar(BAR_Q_EMPTY));
+    };
+    // slot / phase parity of tile hh of the step at ring position p (no division: STAGES
+    // need not be a power of two)
+    auto slot_of = [&](Ring p, int hh) { return ring_at(p, hh).slot; };
+    const u64 desc_k0 = sw128_desc(base + OFF_K, 16, 1024);          // K slot 0 panel 0, K-major
+    const u64 desc_v0 = sw128_desc(base + OFF_V, KV_PANEL, 1024);    // V slot 0, N-major
+    const u64 desc_q = sw128_desc(q_wg, 16, 1024);                   // Q (when read from smem)
+    auto parity_of = [&](Ring p, int hh) { return ring_at(p, hh).par; };
+    // A K slot also holds the step's bitmaps, read by every thread in mask_step: each warp
+    // releases it once all its lanes are past their reads.
+    auto release_k = [&](Ring i0) {
+        __syncwarp();
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh)
+            if (lane == 0) mbar_arrive(bar(BAR_EMPTY_K + slot_of(i0, hh)));
+    };
+    // A V slot is released only once it is full (also when this warpgroup skipped the
+    // step): otherwise a warpgroup walking skipped tiles could arrive for a later use of
+    // the slot before the other one released this use (seen without the ping-pong).
+    // Every warp waits and arrives for itself (the slot counts 8 arrivals): with one
+    // arrival per warpgroup, the producer could refill the slot once the leader arrived,
+    // and a warp still behind (a bias load) then waited on the refill's phase parity, which
+    // reads as "not yet", for ever (seen with a bias). A leader-only wait avoided that but
+    // made the release divergent, which cost 10-17% on dense tiles (H100, 2026-11-25).
+    auto release_v = [&](Ring i0) {
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh) {
+            mbar_wait(bar(BAR_FULL_V + slot_of(i0, hh)), parity_of(i0, hh));
+            if (lane == 0) mbar_arrive(bar(BAR_EMPTY_V + slot_of(i0, hh)));
+        }
+    };
+    // Every step issues its GEMMs and retires them inside ONE branch (ptxas otherwise
+    // cannot prove the accumulators retired and serialises every wgmma). The pins order
+    // register updates (rescale) before each wgmma.fence. S of tile hh fills the n8
+    // blocks hh*NB.. of sc (the start value is ignored: the first k-step overwrites).
+    auto issue_s = [&](float (&sc)[NS][4], Ring i0) {
+        wgmma_pin(sc);
+        wgmma_fence();
+        if (KSTEP == 2)                            // slots 2i, 2i+1: one 128-row B operand
+            s_pair(sc, qf, desc_at(desc_k0, slot_of(i0, 0) * KV_PANEL), desc_q);
+        else
+            s_tile<0>(sc, qf, desc_at(desc_k0, slot_of(i0, 0) * KV_PANEL), desc_q);
+        wgmma_commit();
+    };
+    // O = alpha * O + P V of the previous step: V N-major (transposed), P from registers
+    auto issue_pv = [&](Ring i0) {
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh)
+            mbar_wait(bar(BAR_FULL_V + slot_of(i0, hh)), parity_of(i0, hh));
+        if (rescale_prev) rescale_rows<ND>(acc, alpha_prev);   // warp-uniform (a vote)
+        wgmma_pin(acc);
+        wgmma_keep(pf_prev);
+        wgmma_fence();
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh) {
+            const u64 dv = desc_at(desc_v0, slot_of(i0, hh) * KV_BYTES);
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; ++kk)
+                wgmma_rs_tb<T, D>(acc, pf_prev[hh * (NB / 2) + kk], desc_at(dv, kk * 16 * 128));
+        }
+        wgmma_commit();
+    };
+    // masks (a tile this warpgroup skips: every score -inf), then the online-softmax step
+    // (P in place, as floats) and the rescale alpha
+    auto softmax = [&](float (&sc)[NS][4], Ring i0, const int (&key)[KSTEP],
+                       const int (&part)[KSTEP], float (&alpha)[2]) -> bool {
+        if (HAS_SOFTCAP) soft_cap_step<NS>(sc, cap, inv_cap);
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh) {
+            if (part[hh] == SKIP) {
+#pragma unroll
+                for (int nn = 0; nn < NB; ++nn)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sc[hh * NB + nn][e] = STOFC_NEG_INF;
+                continue;
+            }
+            const u64 kword = step_key_word<HAS_KEY_BITS>(key[hh], kvl, kbits);
+            const bool need_keys = kword != ~0ull;
+            if (part[hh] >= 0 || need_keys || HAS_BIAS) {
+                const u32* bm32 = part[hh] >= 0
+                    ? reinterpret_cast<const u32*>(base_ptr + OFF_BM +
+                                                   (slot_of(i0, hh) * CONSUMERS + w) * BM_BYTES) + (g >> 2)
+                    : nullptr;
+                const StepKeys keys{key[hh], nullptr, kvl, kbits, kword};
+                if (hh == 0)
+                    mask_tile<0>(sc, bm32, 2 * warp, need_keys, keys, br0, br1, inv_scale, g, t4);
+                else
+                    mask_tile<H1>(sc, bm32, 2 * warp, need_keys, keys, br0, br1, inv_scale, g, t4);
+            }
+        }
+        return softmax_exp_lazy<NS>(sc, row_m, row_l, sl, alpha);
+    };
+    // P becomes the next P V's A fragments only once the last P V retired (FA3's order:
+    // defining a wgmma's input registers while another is in flight serialises them)
+    auto keep_probs = [&](const float (&sc)[NS][4], const float (&alpha)[2], bool moved) {
+        pack_probs<T, NS>(sc, pf_prev);
+        alpha_prev[0] = alpha[0];
+        alpha_prev[1] = alpha[1];
+        rescale_prev = __any_sync(0xffffffffu, moved);
+    };
+    // the entries of step t (key, this warpgroup's part; SKIP past the walk), prefetched
+    auto fetch = [&](int t, int (&key)[KSTEP], int (&part)[KSTEP]) {
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh) {
+            const int i = t * KSTEP + hh;
+            const int j = begin + min(i, max(n - 1, 0));
+            key[hh] = entry_key[j];
+            part[hh] = i < n ? __shfl_sync(0xffffffffu, entry_part[CONSUMERS * j + w], 0) : SKIP;
+        }
+    };
+
+    if (PINGPONG && w == 0) named_bar_arrive(bar_mine, 256);   // warpgroup 0 issues first
+    for (int wk = blockIdx.x; wk < n_work; wk += gridDim.x) {
+        const Work x = work_at(wk);
+        if (x.prow < 0) continue;
+        // An item with no tile left (keys past the run: a long package's split global row
+        // run short) loads no Q and walks nothing; it only writes its empty result.
+        const bool empty = x.n == 0;
+        begin = x.begin;
+        n = x.n;
+        kvl = x.kvl;
+        kbits = key_bits + (HAS_KEY_BITS ? x.b * key_words : 0);
+        const int rq0 = x.prow * ROWS + w * TILE + warp * 16 + g;   // this thread's query rows
+        if (HAS_BIAS) {
+            auto bias_row = [&](int qr) {
+                return bias + x.b * bias_sb + x.h * bias_sh + min(max(qr, 0), L - 1) * bias_sq;
+            };
+            br0 = bias_row(rq0);
+            br1 = bias_row(rq0 + 8);
+        }
+        if (!empty) mbar_wait(bar(BAR_Q), q_use & 1);
+        if (Q_IN_REGS && !empty) {
+#pragma unroll
+            for (int kc = 0; kc < (Q_IN_REGS ? KC : 1); ++kc) {
+                const int row = w * TILE + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int chunk = (kc & 3) * 2 + (lane >> 4);
+                ldmatrix_x4(qf[kc], sQ + (kc >> 2) * Q_PANEL + sw128_offset(row, chunk));
+            }
+            release_q();                           // Q lives in registers now
+        }
+#pragma unroll
+        for (int nn = 0; nn < ND; ++nn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nn][e] = 0.0f;
+        row_m[0] = row_m[1] = STOFC_NEG_INF;
+        row_l[0] = row_l[1] = 0.0f;
+        alpha_prev[0] = alpha_prev[1] = 1.0f;
+        rescale_prev = false;
+        prev_any = false;
+
+        const int steps = (n + KSTEP - 1) / KSTEP;
+        int key[KSTEP], part[KSTEP];
+        if (steps > 0) fetch(0, key, part);
+        for (int t = 0; t < steps; ++t) {
+            const Ring i0 = cur;
+            int nkey[KSTEP], npart[KSTEP];
+            if (t + 1 < steps) fetch(t + 1, nkey, npart);            // latency hidden by this step
+            bool any = false;
+    #pragma unroll
+            for (int hh = 0; hh < KSTEP; ++hh) {
+                mbar_wait(bar(BAR_FULL_K + slot_of(i0, hh)), parity_of(i0, hh));
+                any = any || part[hh] != SKIP;
+            }
+            if (PINGPONG) named_bar_sync(bar_mine, 256);
+            float sc[NS][4];
+            if (any && prev_any) {
+                // S of this step and P V of the last one in flight; softmax under the P V GEMM
+                issue_s(sc, i0);
+                issue_pv(prev_i0);
+                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                wgmma_wait<1>();
+                wgmma_pin(sc);
+                float alpha[2];
+                const bool moved = softmax(sc, i0, key, part, alpha);   // reads the bitmaps: then
+                release_k(i0);                                            // release the K slots
+                wgmma_wait<0>();                       // P V done: its P may be overwritten now
+                wgmma_pin(acc);
+                wgmma_keep(pf_prev);
+                release_v(prev_i0);
+                keep_probs(sc, alpha, moved);
+            } else if (any) {
+                issue_s(sc, i0);
+                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                wgmma_wait<0>();
+                wgmma_pin(sc);
+                if (t > 0) release_v(prev_i0);
+                float alpha[2];
+                const bool moved = softmax(sc, i0, key, part, alpha);
+                release_k(i0);
+                keep_probs(sc, alpha, moved);
+            } else if (prev_any) {
+                issue_pv(prev_i0);
+                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                wgmma_wait<0>();
+                wgmma_pin(acc);
+                wgmma_keep(pf_prev);
+                release_k(i0);
+                release_v(prev_i0);
+            } else {
+                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                release_k(i0);
+                if (t > 0) release_v(prev_i0);
+            }
+            prev_any = any;
+            prev_i0 = i0;
+            cur = ring_at(cur, KSTEP);
+    #pragma unroll
+            for (int hh = 0; hh < KSTEP; ++hh) {
+                key[hh] = nkey[hh];
+                part[hh] = npart[hh];
+            }
+        }
+        if (steps > 0) {                               // the last step's O += P V
+            if (prev_any) {
+                issue_pv(prev_i0);
+                wgmma_wait<0>();
+                wgmma_pin(acc);
+            }
+            release_v(prev_i0);
+        }
+
+        if (!Q_IN_REGS && !empty) release_q();     // the last S = Q K^T has retired
+        // ---- epilogue: a whole row writes O; a chunk writes its partial result
+        if (x.slot < 0) {
+            store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, o + x.b * o_sb + x.h * o_sh, o_ss, L, t4);
+        } else {
+        const long long ws = (static_cast<long long>(x.b) * H + x.h) * slots + x.slot;
+        const int lr0 = w * TILE + warp * 16 + g;      // rows inside the block
+        float* po = part_o + ws * ROWS * D;
+        if (!empty) {                                  // an empty chunk's weight is 0: never read
+    #pragma unroll
+            for (int nn = 0; nn < ND; ++nn) {
+                const int col = nn * 8 + 2 * t4;
+                *reinterpret_cast<float2*>(po + lr0 * D + col) = make_float2(acc[nn][0], acc[nn][1]);
+                *reinterpret_cast<float2*>(po + (lr0 + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
+            }
+        }
+        const float l0 = quad_sum(row_l[0]), l1 = quad_sum(row_l[1]);
+        if (t4 == 0) {
+            float* pml = part_ml + ws * ROWS * 2;
+            *reinterpret_cast<float2*>(pml + 2 * lr0) = make_float2(row_m[0], l0);
+            *reinterpret_cast<float2*>(pml + 2 * (lr0 + 8)) = make_float2(row_m[1], l1);
+        }
+        }
+
+        if (!empty) ++q_use;
+    }
+    if (PINGPONG && w == 0) named_bar_sync(bar_mine, 256);    // consume the last arrival
+}
+
+// Merge the chunks of every split pair row: O = sum_c 2^(m_c - M) O_c / sum_c 2^(m_c - M) l_c
+// (M = max_c m_c, log2 units); a row whose chunks saw no allowed key writes 0.
+extern "C" __global__ void __launch_bounds__(256)
+stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_combine(T* __restrict__ o, long long o_sb, long long o_ss, long long o_sh,
+                          const int* __restrict__ combine, int combine_head_stride,
+                          const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                          int slots, int B, int H, int L) {
+    __shared__ float weight[MAX_CHUNKS][ROWS];
+    int idx = blockIdx.x;
+    const int h = idx % H; idx /= H;
+    const int b = idx % B; idx /= B;
+    const int* c3 = combine + h * combine_head_stride + 3 * idx;
+    const int prow = c3[0], first = c3[1], chunks = min(c3[2], MAX_CHUNKS);
+    if (prow < 0 || prow * ROWS >= L) return;
+    const long long ws0 = (static_cast<long long>(b) * H + h) * slots + first;
+    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
+        float mx = STOFC_NEG_INF;
+        for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, part_ml[((ws0 + c) * ROWS + r) * 2]);
+        float total = 0.0f;
+        for (int c = 0; c < chunks; ++c) {
+            const float2 ml = *reinterpret_cast<const float2*>(part_ml + ((ws0 + c) * ROWS + r) * 2);
+            const float e = mx == STOFC_NEG_INF ? 0.0f : exp2f(ml.x - mx);
+            weight[c][r] = e;
+            total += e * ml.y;
+        }
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int c = 0; c < chunks; ++c) weight[c][r] *= inv;
+    }
+    __syncthreads();
+    typedef DTypeTraits<T> DT;
+    T* ob = o + b * o_sb + h * o_sh;
+    for (int i = threadIdx.x; i < ROWS * (D / 2); i += blockDim.x) {
+        const int r = i / (D / 2), col = 2 * (i % (D / 2));
+        const int qr = prow * ROWS + r;
+        if (qr >= L) continue;
+        float2 sum = make_float2(0.0f, 0.0f);
+        for (int c = 0; c < chunks; ++c) {
+            if (weight[c][r] == 0.0f) continue;        // an empty chunk wrote no partial O
+            const float2 x = *reinterpret_cast<const float2*>(part_o + ((ws0 + c) * ROWS + r) * D + col);
+            sum.x = fmaf(weight[c][r], x.x, sum.x);
+            sum.y = fmaf(weight[c][r], x.y, sum.y);
+        }
+        *reinterpret_cast<u32*>(ob + qr * o_ss + col) = DT::pack(sum.x, sum.y);
+    }
+}
