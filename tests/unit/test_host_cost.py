@@ -39,7 +39,7 @@ def package(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("hostcost")
     model = root / "model.onnx"
     onnx.save(build_model(layers=2, hidden=256, heads=4, seq=512), str(model))
-    return compile_model(model, "sliding:window=128", gpu="h100", max_seq_len=512,
+    return compile_model(model, "sliding:window=256", gpu="h100", max_seq_len=512,
                          out_dir=root / "pkg", instruments=Instruments(progress=False),
                          seq_lens=())
 

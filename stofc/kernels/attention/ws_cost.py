@@ -1,77 +1,141 @@
 """The warp-specialised kernel's starting config and time estimate (for the selector).
 
-Calibrated on an H100 (bench/results/mha-hopper-*-2026-11-25: the ws kernel at B=1 H=16
-L=8192, D=128 bf16 and B=2 H=12 L=8192, D=64 fp16): a full 64x64 tile step of one
-consumer warpgroup runs at ``ws_efficiency(D)`` of the fp16 tensor peak (about 505
-TFLOP/s dense at D=128, 340 at D=64: the softmax of a 64-key step is not hidden as well
-under a D=64 GEMM); part tiles cost MASKED_TILE_COST full ones; each thread block
-(one work item) pays WS_BLOCK_US of start and end (barriers, Q load, pipeline fill,
-epilogue), measured from local windows (4 tiles per pair row: 11 us per wave of 132).
-The grid runs one block per SM; the longest item bounds the time from below, which
-the row split (:func:`~stofc.kernels.attention.ws_plan.default_split`) keeps short.
+Two calibrations, both from H100 runs of the kernel on the MASKS.md families:
+
+* **head_dim 64** (``bench/results/ws-diag-h100-2026-11-26.jsonl``: B=4 L=4K, B=2 L=16K,
+  B=1 L=8K, H=12, fp16; dense, causal, windows +-64 / +-256, Longformer, BigBird; a
+  least-squares fit, ``bench/ws_calibrate.py``): a block's step over one entry of its
+  merged walk costs about the same whether one warpgroup computes the tile or all do,
+  so the model charges each item ``ENTRY_NS`` per entry, ``ACTIVE_NS`` per warpgroup
+  that computes it and ``MASKED_NS`` per part tile (bitmap tests), per SM, and
+  ``WAVE_US`` per wave of items (start, Q load, epilogue). Three consumer warpgroups
+  (192-row blocks) walk fewer, longer entries: 15% faster on dense rows, slower where
+  the three rows' columns differ (BigBird's random blocks).
+* **head_dim 128 and 256** (two consumers only; ``bench/results/mha-hopper-*-2026-11-25``:
+  B=1 H=16 L=8192 bf16): a full 64x64 tile step of one consumer warpgroup runs at
+  ``WS_EFFICIENCY_D128`` of the fp16 tensor peak, part tiles cost MASKED_TILE_COST full
+  ones, each block pays WS_BLOCK_US.
+
+Both are per-SM times on the calibration H100; another Hopper GPU scales them by its
+per-SM tensor rate. The grid runs one block per SM; the longest item bounds the time
+from below, which the row split (:func:`~stofc.kernels.attention.ws_plan.default_split`)
+keeps short.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from stofc.kernels.attention.config import AttentionConfig, prune
-from stofc.kernels.attention.ws_plan import SKIP, WS_ROWS, WsPlan, default_split, plan_ws
+from stofc.kernels.attention.ws_plan import (
+    CONSUMERS,
+    SKIP,
+    WsPlan,
+    consumers_of,
+    default_split,
+    plan_ws,
+)
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
 
-WS_EFFICIENCY_D64 = 0.34
 WS_EFFICIENCY_D128 = 0.51
 WS_BLOCK_US = 6.0
+# A launch's fixed cost beyond the model's per-entry and per-wave terms (the first items'
+# Q and K/V loads and the last epilogue, overlapped with nothing), net of the block-wise
+# model's own bias at the same shapes: runs of one to three waves, (1, 128), (2, 512) and
+# (8, 512) at H=12, measured 6.5-8 us above the fitted terms, where the block-wise
+# estimate is 3-4 us short too (bench/results/ws-diag-short-h100-2026-11-26.jsonl). So
+# the two compare as measured there: ws ahead at (2, 512), level at (1, 128).
+LAUNCH_US = 4.0
 MASKED_TILE_COST = 1.45
+CALIBRATION_SM_TFLOPS = 989.0 / 132     # H100 SXM: dense fp16 tensor peak per SM
 
 
-def ws_efficiency(head_dim: int) -> float:
-    """Fraction of the fp16 tensor peak a full tile step reaches (measured at 64 and 128)."""
-    if head_dim <= 64:
-        return WS_EFFICIENCY_D64
-    return WS_EFFICIENCY_D128
+@dataclass(frozen=True)
+class EntryCost:
+    """Per-SM nanoseconds of one walk entry (head_dim 64, fitted) and of a wave of items."""
+
+    entry_ns: float
+    active_ns: float
+    masked_ns: float
+    wave_us: float
 
 
-def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-              head_dim: int) -> AttentionConfig | None:
-    """The starting ws config (2-stage ring, ping-pong, one tile per step: the fastest or
-    within noise of it in the H100 sweep), rows split for this batch and head count; None
-    where :func:`~stofc.kernels.attention.config.prune` refuses it (not Hopper, tile or
-    head_dim)."""
-    probe = AttentionConfig("ws", 64, 16, 12, 2, 1, mma="wgmma", pingpong=True)
-    if fmt.tile != 64 or prune(probe, head_dim, profile) is not None:
-        return None
-    split = default_split(fmt, batch=batch, heads=heads, sm_count=profile.sm_count)
-    return AttentionConfig("ws", 64, 16, 12, 2, 1, mma="wgmma", pingpong=True, split=split)
+# bench/ws_calibrate.py over ws-diag-h100-2026-11-26 (3-stage ring, ping-pong)
+D64_COSTS = {2: EntryCost(611.0, 77.0, 114.0, 3.36), 3: EntryCost(632.0, 123.0, 49.0, 5.32)}
+D64_STAGES = 3          # the 3-stage ring: 1-10% faster than 2 at head_dim 64 (same run)
+STAGES = 2              # head_dim 128 / 256: the 11-25 sweep's fastest
 
 
-def _item_work(plan: WsPlan, head: int, seq_len: int) -> np.ndarray:
-    """Weighted warpgroup-tiles of every item of ``head`` that a run of ``seq_len`` does."""
-    parts = np.asarray(plan.entry_part[:-2]).reshape(-1, 2)
-    keys = np.asarray(plan.entry_key[:-1])
-    live = keys < seq_len
+def _entry_flags(plan: WsPlan, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per entry of the walk: live (key inside the run), active warpgroups, part tiles."""
+    c = plan.consumers
+    parts = np.asarray(plan.entry_part[:-c]).reshape(-1, c)
+    live = np.asarray(plan.entry_key[:-1]) < seq_len
     active = ((parts != SKIP) & live[:, None]).sum(axis=1).astype(np.float64)
-    masked = ((parts >= 0) & live[:, None]).sum(axis=1) * (MASKED_TILE_COST - 1.0)
-    work = np.concatenate([[0.0], np.cumsum(active + masked)])
+    masked = ((parts >= 0) & live[:, None]).sum(axis=1).astype(np.float64)
+    return live.astype(np.float64), active, masked
+
+
+def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: float) -> np.ndarray:
+    """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does."""
+    live, active, masked = _entry_flags(plan, seq_len)
+    if head_dim <= 64:
+        k = D64_COSTS[plan.consumers]
+        per_entry = (k.entry_ns * live + k.active_ns * active + k.masked_ns * masked)
+        per_entry *= CALIBRATION_SM_TFLOPS / sm_tflops
+    else:
+        tile_flops = 4.0 * 64 * 64 * head_dim
+        work = active + (MASKED_TILE_COST - 1.0) * masked
+        per_entry = work * tile_flops / (WS_EFFICIENCY_D128 * sm_tflops * 1e12) * 1e9
+    cum = np.concatenate([[0.0], np.cumsum(per_entry)])
     items = plan.items[head]
-    ok = (items[:, 0] >= 0) & (items[:, 0] * WS_ROWS < seq_len)
-    return np.where(ok, work[items[:, 2]] - work[items[:, 1]], 0.0)
+    ok = (items[:, 0] >= 0) & (items[:, 0] * plan.rows < seq_len)
+    return np.where(ok, cum[items[:, 2]] - cum[items[:, 1]], 0.0)
 
 
 def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, batch: int,
                 heads: int, seq_len: int, head_dim: int) -> float:
     """Estimated microseconds of the ws kernel (and its combine) for one launch."""
-    plan = plan_ws(fmt, split_tiles=cfg.split)
+    consumers = consumers_of(cfg.warps)
+    plan = plan_ws(fmt, split_tiles=cfg.split, consumers=consumers)
     per_fmt_head = heads if fmt.num_heads == 1 else 1
-    tile_flops = 4.0 * 64 * 64 * head_dim
-    rate = ws_efficiency(head_dim) * profile.fp16_tflops * 1e12
-    works = [_item_work(plan, h, seq_len) for h in range(plan.num_heads)]
-    total = sum(float(w.sum()) for w in works) * per_fmt_head * batch * tile_flops
-    longest = max(float(w.max()) if w.size else 0.0 for w in works) * tile_flops
-    blocks = sum(int((w > 0).sum()) for w in works) * per_fmt_head * batch
+    sm_tflops = profile.fp16_tflops / profile.sm_count
+    costs = [_item_ns(plan, h, seq_len, head_dim, sm_tflops) for h in range(plan.num_heads)]
+    total = sum(float(c.sum()) for c in costs) * per_fmt_head * batch
+    longest = max(float(c.max()) if c.size else 0.0 for c in costs)
+    blocks = sum(int((c > 0).sum()) for c in costs) * per_fmt_head * batch
     waves = math.ceil(blocks / profile.sm_count) if blocks else 0
-    us = max(total / rate, longest / (rate / profile.sm_count)) * 1e6
-    return us + waves * WS_BLOCK_US
+    wave_us = D64_COSTS[consumers].wave_us if head_dim <= 64 else WS_BLOCK_US
+    return max(total / profile.sm_count, longest) * 1e-3 + waves * wave_us + LAUNCH_US
+
+
+def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
+              head_dim: int, seq_len: int | None = None) -> AttentionConfig | None:
+    """The starting ws config: ping-pong, one tile per step, the ring depth measured fastest
+    for the head_dim, and of the consumer counts that
+    :func:`~stofc.kernels.attention.config.prune` allows (three only at head_dim 64) the
+    one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
+    split for this batch and head count; None where no ws config runs (not Hopper, tile
+    or head_dim)."""
+    if fmt.tile != 64:
+        return None
+    stages = D64_STAGES if head_dim <= 64 else STAGES
+    best: tuple[float, AttentionConfig] | None = None
+    for consumers in CONSUMERS:
+        probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
+                                pingpong=True)
+        if prune(probe, head_dim, profile) is not None:
+            continue
+        split = default_split(fmt, batch=batch, heads=heads, sm_count=profile.sm_count,
+                              consumers=consumers)
+        cfg = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
+                              pingpong=True, split=split)
+        us = ws_estimate(fmt, profile, cfg, batch=batch, heads=heads,
+                         seq_len=seq_len or fmt.seq_len, head_dim=head_dim)
+        if best is None or us < best[0]:
+            best = (us, cfg)
+    return None if best is None else best[1]
