@@ -98,13 +98,21 @@ def relerr(out, ref, rows) -> float:
 
 
 def ws_configs(fmt, B, H, profile, quick, sweep=False):
-    split = default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count)
-    grid = [(2, True, 1), (4, True, 2), (4, False, 2)] if not quick else [(2, True, 1), (4, True, 2)]
+    """ws configs timed beside the selector's pick: (consumer warpgroups, ring depth,
+    ping-pong, tiles per step), each consumer count with its own default split; those
+    ``prune`` refuses at this head_dim (three consumers above 64) are dropped."""
+    grid = [(2, 2, True, 1), (2, 3, True, 1), (3, 3, True, 1), (2, 4, True, 2)]
+    if quick:
+        grid = [(2, 2, True, 1), (3, 3, True, 1)]
     if sweep:
-        grid = [(s, pp, 1) for s in (2, 3, 4) for pp in (True, False)] + \
-            [(4, pp, 2) for pp in (True, False)]
-    cfgs = [AttentionConfig("ws", 64, 16, 12, s, 1, mma="wgmma", split=split, pingpong=pp,
-                            kstep=ks) for s, pp, ks in grid]
+        grid = [(c, s, pp, 1) for c in (2, 3) for s in (2, 3, 4) for pp in (True, False)] + \
+            [(2, 4, pp, 2) for pp in (True, False)]
+    cfgs = []
+    for consumers, stages, pp, ks in grid:
+        split = default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count,
+                              consumers=consumers)
+        cfgs.append(AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
+                                    split=split, pingpong=pp, kstep=ks))
     return [c for c in cfgs if prune(c, D_OF[0], profile) is None]
 
 
