@@ -3,7 +3,7 @@
 Each is registered for its kinds with :func:`emits` (a second emitter for a kind is a
 :class:`~stofc.errors.RegistryError` at import); :func:`emit_segment` writes a segment
 through the one registered for its kind and returns what it emitted. A new segment kind
-(a gated MLP, say) adds one ``@emits("kind")`` function here; the rewrite
+(a gated MLP: ``gemm_glu``, GatedGemm) adds one ``@emits("kind")`` function here; the rewrite
 (:mod:`stofc.lower.rewrite`) does not change.
 """
 
@@ -305,3 +305,17 @@ def _emit_add_norm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
         ops += _emit_fp32_tail(em, x, out, bias=None, act="none", residual=residual)
         note = "residual add without a norm: a float32 ONNX Add"
     return ops, note, None
+
+
+@emits("gemm_glu")
+def _emit_gated_gemm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+                     attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """GatedGemm: ``act(x @ [Wg | Wu] + [bg | bu])`` halves multiplied (OPS.md)."""
+    w, b = _need(seg, "w0"), seg.binding("b0")
+    inputs = [em.half(_need(seg, "x")),
+              em.weight(w, transpose=_layouts(graph, seg.layer).get(w, "KN") == "NK")]
+    if b:
+        inputs.append(em.weight(b))
+    em.node("GatedGemm", inputs, [em.output(_need(seg, "out"))], domain=DOMAIN,
+            stem="GatedGemm", activation=seg.epilogues[0].act, kernel=kernel)
+    return ["ai.stofc:GatedGemm"], "", None

@@ -15,6 +15,10 @@ Families and the operator sequences they execute (``?`` optional, in order):
 * ``ort``        — one activation no template implements (QuickGelu, SiLU, ...):
   ONNX Runtime runs the model's own nodes for it, the fused segments around it
   read and write its values (the plan never picks a segment it cannot generate)
+* ``gemm_glu``   — gemm, bias?, gated: a gated FFN's packed gate/up projection
+  (``n0 = 2F``) with ``act(gate) * up`` as its epilogue (SwiGLU, GeGLU, ReGLU;
+  :mod:`stofc.kernels.glu`); the epilogue's ``bias`` and ``act`` are the gated
+  activation's, the output is ``[tokens, F]``
 
 A segment kind that is not a chain of the grammar above (the attention operator, an
 activation left to ONNX Runtime, a gated MLP's two GEMMs and product...) is claimed by a
@@ -145,6 +149,40 @@ def _left_to_ort(seg: SegmentOps) -> SegmentMatch | None:
     flow = seg.flows[seg.idx[0]]
     return SegmentMatch(seg.ordinal, seg.idx, "ort", (), (), (), 0.0, (seg.ops[0].role,),
                         flow.inputs, (flow.output,))
+
+
+@matches("gemm_glu")
+def _gated_gemm(seg: SegmentOps) -> SegmentMatch | None:
+    """A gated FFN's projection: gemm (gate and up packed, 2F wide), bias?, gated."""
+    if not any(o.kind == OpKind.GATED for o in seg.ops):
+        return None
+    kinds = [o.kind for o in seg.ops]
+    if kinds not in ([OpKind.GEMM, OpKind.GATED],
+                     [OpKind.GEMM, OpKind.BIAS_ADD, OpKind.GATED]):
+        raise seg.reject("a gated activation runs in the epilogue of the GEMM producing its "
+                         "gate and up halves: the segment must be gemm, bias?, gated")
+    flows = [seg.flows[i] for i in seg.idx]
+    reason = _chain_reason(list(seg.ops), flows)
+    if reason:
+        raise seg.reject(reason)
+    gemm, gated = seg.ops[0], seg.ops[-1]
+    n, k = int(gemm.param("out_features")), int(gemm.param("in_features"))
+    if n != 2 * int(gated.param("features")):
+        raise seg.reject(f"the gated operator halves {gated.param('features')} x 2 columns "
+                         f"but its GEMM has {n}")
+    for flow in flows[:-1]:
+        if any(u not in seg.idx for u in seg.users.get(flow.output, ())):
+            raise seg.reject(f"value {flow.output!r} (operator #{flow.index}) is read outside "
+                             "the segment, but the gated GEMM stores only act(gate) * up")
+    bindings = [("x", flows[0].inputs[0]), ("w0", str(gemm.param("weight")))]
+    if len(seg.ops) == 3:
+        bindings.append(("b0", str(seg.ops[1].param("bias"))))
+    out = flows[-1].output
+    bindings.append(("out", out))
+    return SegmentMatch(seg.ordinal, seg.idx, "gemm_glu",
+                        (Epilogue(bias=len(seg.ops) == 3, act=str(gated.param("act"))),),
+                        tuple(bindings), (("k0", k), ("n0", n)), 0.0, (gemm.role,),
+                        (flows[0].inputs[0],), (out,))
 
 
 def activation_of(op: ChainOp) -> str | None:
