@@ -85,7 +85,7 @@ class GatedConfig:
 def _gated_constraints(env: dict) -> None:
     check(env["tpr"] * env["rows"] <= 1024, "at most 1024 threads per block")
     check(env["tpr"] * env["rows"] >= 64, "fewer than 2 warps per block under-fills the SM")
-    check(env["tpr"] * VEC <= 2 * env["f"],
+    check(env["tpr"] == 32 or env["tpr"] * VEC <= 2 * env["f"],
           "over half the row's threads would have no 16-byte vector to work on")
 
 
