@@ -1,10 +1,15 @@
 """Assemble a layer's operator chain around its attention block.
 
 Order of discovery (dataflow only): the Q/K/V projections behind the block's
-inputs and their common input ``h``; a norm producing ``h`` (pre-LN lead norm);
-the output projection after the block; the residual Add, whose other operand
-says the order (``h``: post-LN; the lead norm's input: pre-LN); then norm, FFN
-in, activation, FFN out, residual, and (post-LN) the closing norm.
+inputs (behind RoPE too: the head split and the rotation stay with ONNX Runtime; one
+packed Q|K|V projection whose parts are split off before the rotation, ModernBERT's
+and Phi-3's, counts) and their common input ``h``; a norm producing ``h`` (pre-LN
+lead norm); the output projection after the block; the residual Add, whose other
+operand says the order (``h``: post-LN; the lead norm's input: pre-LN); then norm, FFN
+in, activation (or a gated FFN's ``act(gate) * up`` on the halves of a packed FFN-in
+projection, :mod:`stofc.frontend.gated`), FFN out, residual, and (post-LN) the closing
+norm. A layer taken for post-LN whose FFN residual adds the un-normed stream is pre-LN
+(ModernBERT's first layer, whose attention norm is an Identity).
 
 When a step does not match, the chain stops there and the reason is reported
 as :class:`Unsupported` (the rest of the layer is left to ONNX Runtime).

@@ -281,3 +281,25 @@ def test_rewritten_gated_ffn_matches_the_original(name, dtype, tmp_path, library
     assert not [n for n in rewritten.graph.node if n.op_type in ("Split", "Slice", "Sigmoid")]
     glu = [e for e in emitted if e.family == "gemm_glu"]
     assert len(glu) == len(layers) and all(e.ops == ("ai.stofc:GatedGemm",) for e in glu)
+
+
+def test_the_tuners_space_of_a_gated_segment():
+    """The tuner merges both families' candidates (cuBLASLt ranks x gated-kernel shapes,
+    cuBLAS, the mma.sync tiles); the analytical default is the plan's (vendor_glu, rank 0)
+    and every config maps back to its family's spec."""
+    from stofc.tune.spaces import SpaceFactory
+
+    layer = llama_layer(hidden=512, heads=8, ffn=1408)
+    scheme = initial_scheme(layer, tokens=4096)
+    (match,) = [m for m in match_segments(layer, scheme) if m.family == "gemm_glu"]
+    space = SpaceFactory(layer, 4, 1024, "bfloat16", H100)(match)
+    configs = space.configs()
+    impls = {c["impl"] for c in configs}
+    assert impls == {"cublas", "mma"} and space.default_config() in configs
+    assert space.default_config()["impl"] == "cublas" and space.default_config()["lt"]
+    assert space.problem[:5] == ("tokens", 4096, 2 * 1408, 512, "bfloat16")
+    for config in configs[:: max(1, len(configs) // 40)]:
+        spec = space.kernel_spec(config)
+        fam = catalog.family_of(spec)
+        assert fam.name == ("vendor_glu" if config["impl"] == "cublas" else "gemm_glu")
+        assert spec.family == "gemm_glu"
