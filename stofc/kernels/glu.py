@@ -4,7 +4,8 @@ A ``gemm_glu`` segment is a gated FFN's packed gate/up projection (``w0`` =
 ``[Wg | Wu]``, ``[K, 2F]``; ``b0`` = ``[bg | bu]`` when the model has biases) with
 the gated activation as its epilogue (``epilogues[0]``: its ``bias`` and ``act``:
 ``silu`` SwiGLU, ``gelu_erf`` / ``gelu_tanh`` GeGLU, ``relu`` ReGLU); the output is
-``[tokens, F]``. Two families run it:
+``[tokens, F]``. Two families run it (and ``glu``, :class:`GatedAct`, runs the gated
+activation alone when a scheme splits it from its GEMM: ``bias?, gated``):
 
 * ``vendor_glu`` (preference 0, the analytical default, as for plain GEMMs:
   :mod:`stofc.kernels.vendor_gemm`): cuBLASLt computes ``t = x [Wg | Wu] (+ b)``
@@ -332,6 +333,57 @@ class GemmGlu(GluSegmentFamily):
 
     def render(self, kernel: KernelInstance) -> Source:
         return render_gemm_glu(kernel.problem, kernel.config)
+
+
+@register
+class GatedAct(KernelFamily[GatedProblem, GatedConfig]):
+    """``glu`` segments (bias?, gated: the gated activation without its GEMM, a split
+    scheme's) in one memory pass: the gated-activation kernel on ``[tokens, 2F]``."""
+
+    name = "glu"
+    segments = ("glu",)
+    templates = (ACT_TEMPLATE,)
+    config_type = GatedConfig
+    preference = 10
+
+    def problem(self, seg: SegmentView, ctx: PlanContext) -> GatedProblem:
+        ep = seg.epilogues[0]
+        return GatedProblem(ctx.tokens, seg.dim("n") // 2, ctx.dtype, ep.act, ep.bias)
+
+    def space(self, problem: GatedProblem, profile: GpuProfile) -> Space:
+        return gated_space(problem)
+
+    def default(self, problem: GatedProblem, profile: GpuProfile) -> GatedConfig:
+        return gated_default(problem)
+
+    def spec(self, problem: GatedProblem, config: GatedConfig) -> KernelSpec:
+        return KernelSpec("glu", ACT_TEMPLATE, (("dtype", problem.dtype), ("f", problem.f),
+                                                ("tpr", config.tpr), ("rows", config.rows)))
+
+    def config_of(self, spec: KernelSpec, problem: GatedProblem | None) -> GatedConfig:
+        return GatedConfig(int(spec.param("tpr")), int(spec.param("rows")))
+
+    def tuning_key(self, problem: GatedProblem, profile: GpuProfile,
+                   identities: tuple[Any, ...]) -> tuple[Any, ...]:
+        p = problem
+        return ("tokens", p.m, 2 * p.f, p.dtype, "glu", p.act, p.bias, *identities,
+                profile.arch)
+
+    def widths(self, seg: SegmentView) -> tuple[int, int]:
+        return seg.dim("n"), seg.dim("n") // 2
+
+    def reference(self, seg: SegmentView, act: Any, param: Any, kn: Any,
+                  extra: dict[str, Any]) -> tuple[np.ndarray, None]:
+        ep = seg.epilogues[0]
+        x = act("x")
+        return gated(x + param("bias") if ep.bias else x, ep.act), None
+
+    def kernels(self, problem: GatedProblem, config: GatedConfig
+                ) -> tuple[KernelInstance, ...]:
+        return (KernelInstance(self.name, problem, config, gated_kernel_name(problem, config)),)
+
+    def render(self, kernel: KernelInstance) -> Source:
+        return render_gated(kernel.problem, kernel.config)
 
 
 __all__ = ["GatedConfig", "GatedProblem", "GluProblem", "VendorGluConfig", "gated_default",

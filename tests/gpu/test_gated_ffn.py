@@ -4,7 +4,8 @@ Llama-like layers (pre-RMSNorm, no biases, SwiGLU) and GeGLU/ReGLU variants with
 at Llama-7B's FFN shape (hidden 4096, F 11008) and a small one, through both families of
 the segment kind: ``vendor_glu`` (cuBLASLt with its BIAS epilogue, then the gated-activation
 kernel; ``nolt``: plain cuBLAS, the kernel adding the bias) and the hand-written
-``gemm_glu`` (mma.sync, the product in the epilogue, interleaved weights). Every value the
+``gemm_glu`` (mma.sync, the product in the epilogue, interleaved weights); and the gated
+activation alone (``glu``) when a scheme splits it from its GEMM. Every value the
 layer's segments store is checked with ``check_chain`` (``tests/gpu/downstream_cases.py``:
 poisoned outputs, ``2 r u + sqrt(K) 2^-22`` relative Frobenius bound).
 """
@@ -15,6 +16,7 @@ import pytest
 
 from stofc.kernels import catalog
 from stofc.plan.moves import initial_scheme
+from stofc.plan.scheme import FusionScheme
 from stofc.plan.synthetic import llama_layer
 from tests.gpu.downstream_cases import check_chain, make_plan
 
@@ -50,3 +52,15 @@ def test_gated_chain_matches_float64_reference(case):
                          seed=hash(case) % 2**31)
     assert seg.binding("out") in errors
     print(case, {k.split("/")[-1]: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("bias,dtype", [(True, "float16"), (False, "bfloat16")])
+def test_split_gated_activation_matches_float64_reference(bias, dtype):
+    """Every operator its own segment: the gated activation alone (family ``glu``, the
+    gated-activation kernel adding the bias when the scheme gives it one) after a plain
+    GEMM of the packed projection."""
+    layer = llama_layer(hidden=512, heads=8, ffn=1408, glu="gelu_tanh", bias=bias)
+    plan = make_plan(layer, FusionScheme.unfused(len(layer.chain)), dtype=dtype, tokens=300)
+    assert "glu" in {s.family for s in plan.segments}
+    errors = check_chain(layer, plan, batch=3, seq_len=100, dtype=dtype, seed=7)
+    assert errors

@@ -136,14 +136,19 @@ def test_the_gated_segment_is_gemm_bias_gated():
     assert [layer.chain[i].kind for i in glu.ops] == [OpKind.GEMM, OpKind.BIAS_ADD, OpKind.GATED]
     assert glu.binding("b0") and glu.dims == (("k0", 64), ("n0", 2 * FFN))
     assert glu.epilogues[0].act == "silu" and glu.epilogues[0].bias
-    for move in neighbours(layer, scheme):    # every move keeps the gated segment whole
-        assert "gemm_glu" in {m.family for m in match_segments(layer, move.scheme)}
+    g = glu.ops[-1]
+    moves = neighbours(layer, scheme)
+    kinds = set()
+    for move in moves:     # the gated operator stays with its GEMM, or runs alone (split)
+        (seg,) = [m for m in match_segments(layer, move.scheme) if g in m.ops]
+        kinds.add(seg.family)
+    assert kinds == {"gemm_glu", "glu"}
 
 
 @pytest.mark.parametrize("segments,reason", [
-    (lambda g: [[g - 2, g - 1], [g]], r"the segment must be gemm, bias\?, gated"),
+    (lambda g: [[g - 2], [g - 1, g, g + 1]], r"the segment must be gemm, bias\?, gated"),
     (lambda g: [[g - 2, g - 1, g, g + 1]], r"the segment must be gemm, bias\?, gated"),
-], ids=["gated-alone", "with-ffn-out"])
+], ids=["bias-gated-ffn_out", "with-ffn-out"])
 def test_other_cuts_around_the_gated_operator_are_rejected(segments, reason):
     layer = llama_layer(hidden=64, heads=4, ffn=FFN, bias=True)
     g = [o.kind for o in layer.chain].index(OpKind.GATED)
@@ -152,6 +157,44 @@ def test_other_cuts_around_the_gated_operator_are_rejected(segments, reason):
                                                                          len(layer.chain))]
     with pytest.raises(SchemeRejected, match=reason):
         match_segments(layer, FusionScheme.from_segments(runs))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_split_scheme_runs_the_gated_activation_alone(bias):
+    """Every operator its own segment: the gated operator (with the bias before it when the
+    scheme keeps them together) is a ``glu`` segment, 2F wide in, F out, whose reference is
+    the chain's."""
+    layer = llama_layer(hidden=64, heads=4, ffn=FFN, glu="gelu_erf", bias=bias)
+    g = [o.kind for o in layer.chain].index(OpKind.GATED)
+    rng = np.random.default_rng(2)
+    weights = {k: v.astype(np.float64) for k, v in random_weights(layer, rng).items()}
+    env = reference_chain(layer, {layer.chain[0].inputs[0]: rng.standard_normal((5, 64))},
+                          weights, attention=lambda ins: ins[0][:, :64])
+    schemes = [FusionScheme.unfused(len(layer.chain))]
+    if bias:   # the bias and the gated operator in one glu segment
+        schemes.append(FusionScheme.unfused(len(layer.chain)).with_boundaries(
+            [i for i in range(1, len(layer.chain)) if i != g]))
+    for scheme in schemes:
+        lp = plan_layer(layer, scheme, tokens=64, profile=H100, dtype="float16")
+        (seg,) = [s for s in lp.segments if s.family == "glu"]
+        assert catalog.family_of(seg.kernel).name == "glu" and seg.dim("n") == 2 * FFN
+        assert seg.epilogues[0].bias == (len(seg.ops) == 2)
+        got = reference_segment(layer, seg, env, weights)
+        np.testing.assert_allclose(got[seg.binding("out")], env[seg.binding("out")],
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_unfused_package_matches_the_original(dtype, tmp_path, library):
+    """The plan's other extreme: the gated activation alone is float32 ONNX ops after the
+    gate/up FusedGemm; the package still matches."""
+    options, _ = GATED["geglu_erf_split"]
+    model = graphs.build(layers=({},), ffn=FFN, **options)
+    rewritten, emitted = rewrite_and_compare(model, tmp_path, library, dtype=dtype,
+                                             unfused=True)
+    (glu,) = [e for e in emitted if e.family == "glu"]
+    assert "onnx:Split" in glu.ops and "float32 ONNX ops" in glu.note
+    assert not [n for n in rewritten.graph.node if n.op_type == "GatedGemm"]
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_erf", "gelu_tanh", "relu"])

@@ -42,6 +42,7 @@ BUILTIN = {
     "gemm_gemm": "stofc.kernels.gemm_gemm",
     "gemm_glu": "stofc.kernels.glu",
     "gemm_norm": "stofc.kernels.gemm_norm",
+    "glu": "stofc.kernels.glu",
     "ort": "stofc.kernels.ort",
     "vendor_gemm": "stofc.kernels.vendor_gemm",
     "vendor_glu": "stofc.kernels.glu",
