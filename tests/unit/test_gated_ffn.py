@@ -346,3 +346,20 @@ def test_the_tuners_space_of_a_gated_segment():
         fam = catalog.family_of(spec)
         assert fam.name == ("vendor_glu" if config["impl"] == "cublas" else "gemm_glu")
         assert spec.family == "gemm_glu"
+
+
+def test_packing_before_opset_13_writes_the_split_sizes_as_an_attribute(tmp_path):
+    model = graphs.build(layers=({},), ffn=FFN, opset=12, glu="separate", act="silu",
+                         norm="ln_decomposed", mask="none", order="pre")
+    packed = pack_gate_up(canonicalize(model)).model
+    (split,) = [n for n in packed.graph.node if n.op_type == "Split"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
+    assert len(split.input) == 1 and attrs == {"axis": -1, "split": [FFN, FFN]}
+    x = np.random.default_rng(0).standard_normal((2, 5, 64)).astype(np.float32)
+    before, after = (ort.InferenceSession(m.SerializeToString(),
+                                          providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                     for m in (canonicalize(model), packed))
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert any(o.kind == OpKind.GATED for o in load_model(path).layers[0].chain)
