@@ -18,15 +18,13 @@
 // in float (Ctype = Dtype = CUDA_R_32F, A/B bf16, CUBLAS_COMPUTE_32F), no residual.
 // Both: ORT's compute stream, scratch and cuBLASLt workspace from ORT's allocator,
 // no device synchronisation; the cuBLASLt handle (one per context) and each
-// shape's descriptors and algorithm are created at the first run of that shape.
-// The algorithm is the heuristic's best (result 0), or for an M listed in
-// lt_algo_m its result number lt_algo_rank (the tuner's choice; OPS.md).
+// shape's descriptors and algorithm are created at the first run of that shape
+// (cuda_lt_gemm.h, shared with GatedGemm). The algorithm is the heuristic's best
+// (result 0), or for an M listed in lt_algo_m its result number lt_algo_rank (the
+// tuner's choice; OPS.md).
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
 #include <vector>
 
 #include "cublas_lt.h"
