@@ -315,6 +315,41 @@ EpilogueLaunch parse_epilogue_launch(const AttrSource& a, const char* op) {
     return l;
 }
 
+GluLaunch parse_glu_launch(const AttrSource& a, const std::string& activation) {
+    require_cuda_abi(a, "GatedGemm");
+    GluLaunch l;
+    std::string ref;
+    if (!a.get_string("epilogue_kernel", ref) || ref.empty())
+        throw AttrError("attribute 'epilogue_kernel' (FILE.cubin:ENTRY of the gated-activation kernel) is "
+                        "required to run GatedGemm on the CUDA execution provider; rewrite the package");
+    l.kernel = parse_kernel_ref(ref, "epilogue_kernel");
+    const std::string f16 = "stofc_glu_float16_", bf16 = "stofc_glu_bfloat16_";
+    std::string rest;
+    if (l.kernel.entry.rfind(f16, 0) == 0) rest = l.kernel.entry.substr(f16.size());
+    else if (l.kernel.entry.rfind(bf16, 0) == 0) rest = l.kernel.entry.substr(bf16.size()), l.bf16 = true;
+    else
+        throw AttrError("attribute 'epilogue_kernel' names '" + l.kernel.entry +
+                        "', not a stofc gated-activation kernel (stofc_glu_<float16|bfloat16>_...)");
+    if (rest.rfind(activation + "_", 0) != 0)
+        throw AttrError("attribute 'epilogue_kernel' names '" + l.kernel.entry + "', compiled for another "
+                        "activation than the node's '" + activation + "'; rewrite the package");
+    const auto parts = split(rest.substr(activation.size() + 1), '_');
+    if (!parts.empty() && parts[0] == "b")
+        throw AttrError("attribute 'epilogue_kernel' names '" + l.kernel.entry + "', which adds the bias; "
+                        "GatedGemm's CUDA twin has cuBLASLt add it (a kernel without '_b'); rewrite the package");
+    const std::string& f = parts.empty() ? std::string() : parts[0];
+    if (f.size() < 2 || f[0] != 'f' || f.find_first_not_of("0123456789", 1) != std::string::npos || f.size() > 10)
+        throw AttrError("attribute 'epilogue_kernel' names '" + l.kernel.entry +
+                        "', whose name does not give its row width (..._f<F>_t<tpr>x<rows>)");
+    l.features = std::stoll(f.substr(1));
+    l.threads = get_positive(a, "epilogue_threads", "GatedGemm", 1024);
+    l.rows = get_positive(a, "epilogue_rows", "GatedGemm", 1024);
+    if (l.threads % l.rows || (l.threads / l.rows) % 32)
+        throw AttrError("attributes epilogue_threads=" + std::to_string(l.threads) + " / epilogue_rows=" +
+                        std::to_string(l.rows) + " do not give whole warps per row; rewrite the package");
+    return l;
+}
+
 GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_residual,
                            bool residual_after_activation) {
     if (act != "none" && act != "gelu_erf" && act != "gelu_tanh")

@@ -138,6 +138,18 @@ EpilogueTag add_layer_norm_epilogue(bool has_residual, bool rms, bool has_beta, 
 /// Checks that `launch` fits the epilogue `want` (creation-time and run-time check).
 void check_epilogue_matches(const EpilogueLaunch& launch, const EpilogueTag& want, const char* op);
 
+/// The gated-activation kernel a GatedGemm CUDA twin launches after cuBLASLt (attributes
+/// epilogue_kernel, epilogue_threads, epilogue_rows; OPS.md). The entry name
+/// stofc_glu_{float16|bfloat16}_{act}_f{F}_t{tpr}x{rows} (stofc.kernels.glu) must name the
+/// node's activation and no bias ("_b": cuBLASLt adds it here); F is checked per run.
+struct GluLaunch {
+    KernelRef kernel;
+    bool bf16 = false;
+    int64_t features = 0;
+    int64_t threads = 0, rows = 0;
+};
+GluLaunch parse_glu_launch(const AttrSource& attrs, const std::string& activation);
+
 /// FusedGemm's cuBLASLt algorithm choice (attributes lt_algo_m, lt_algo_rank; OPS.md):
 /// a run with M rows uses the heuristic's result number rank_for(M), 0 (its best) for
 /// an M that is not listed.

@@ -18,18 +18,17 @@
 // in float (Ctype = Dtype = CUDA_R_32F, A/B bf16, CUBLAS_COMPUTE_32F), no residual.
 // Both: ORT's compute stream, scratch and cuBLASLt workspace from ORT's allocator,
 // no device synchronisation; the cuBLASLt handle (one per context) and each
-// shape's descriptors and algorithm are created at the first run of that shape.
-// The algorithm is the heuristic's best (result 0), or for an M listed in
-// lt_algo_m its result number lt_algo_rank (the tuner's choice; OPS.md).
+// shape's descriptors and algorithm are created at the first run of that shape
+// (cuda_lt_gemm.h, shared with GatedGemm). The algorithm is the heuristic's best
+// (result 0), or for an M listed in lt_algo_m its result number lt_algo_rank (the
+// tuner's choice; OPS.md).
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
 #include <vector>
 
 #include "cublas_lt.h"
+#include "cuda_lt_gemm.h"
 #include "cuda_module.h"
 #include "ops.h"
 
@@ -66,38 +65,21 @@ std::string dtype_mismatch(const EpilogueLaunch& e) {
            " but the node's data has the other type; rewrite the package for this dtype";
 }
 
-/// cuBLASLt state of one context: the handle and, per shape, descriptors + algorithm.
-struct LtPlan {
-    LtDesc desc = nullptr;
-    LtLayout a = nullptr, b = nullptr, c = nullptr;
-    alignas(8) unsigned char heuristic[kLtHeuristicBytes] = {};  // its algo is uint64_t[8]
-    size_t workspace = 0;
-    const void* bias = nullptr;  // the bias pointer the descriptor holds
-};
-struct LtContext {
-    CUcontext ctx = nullptr;
-    LtHandle handle = nullptr;
-    /// (M, N, K, A/B dtype, C/D dtype, Lt epilogue, heuristic rank) -> plan. The rank
-    /// follows from M (lt_algo_m / lt_algo_rank), so each M's plan holds its own algorithm.
-    std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int64_t>, std::unique_ptr<LtPlan>> plans;
-};
-
 }  // namespace
 
 struct FusedGemmCuda {
     GemmAttrs attrs;
     EpilogueLaunch epi;
-    LtAlgoChoice algo;  // lt_algo_m / lt_algo_rank: which heuristic result each M uses
+    LtGemm lt;  // cuBLASLt, with lt_algo_m / lt_algo_rank: which heuristic result each M uses
     std::unique_ptr<CudaModule> module;
     std::mutex mu;
-    std::vector<std::unique_ptr<LtContext>> lts;
     ScratchAllocator scratch_alloc;  // ORT's allocator, asked once
     StreamContext streams;           // ORT's stream -> its CUDA context
 
     FusedGemmCuda(const OrtKernelInfo* info, const std::string& dir)
         : attrs(info),
           epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "FusedGemm"); })),
-          algo(checked_attrs([&] { return parse_lt_algo_choice(OrtAttrSource(info)); })) {
+          lt(checked_attrs([&] { return parse_lt_algo_choice(OrtAttrSource(info)); })) {
         const std::string act = act_name(attrs.activation);
         // Without an epilogue kernel only cuBLASLt can apply the activation: the tanh GELU
         // (split_fused_gemm; every run checks the split against its inputs).
@@ -111,69 +93,6 @@ struct FusedGemmCuda {
                               "GEMM result in the input type; rewrite the package",
                           ORT_INVALID_GRAPH);
         if (epi.present) module = load_package_module(dir, epi.kernel);
-    }
-
-    /// The descriptors and algorithm of one shape: cuBLASLt's heuristic asked for rank + 1
-    /// results (rank = lt_algo_rank of this M, else 0), result `rank` taken, or the last
-    /// one returned when there are fewer. A and B are `dtype`; C and D are `out_dtype`
-    /// (= dtype, or CUDA_R_32F for a bf16 GEMM with a float bias: cuBLASLt's bias then is
-    /// float too, its default bias type being D's).
-    LtPlan& plan(LtContext& lt, int64_t M, int64_t N, int64_t K, int dtype, int out_dtype, int epilogue,
-                 const void* bias) {
-        const int64_t rank = algo.rank_for(M);
-        auto& slot = lt.plans[{M, N, K, dtype, out_dtype, epilogue, rank}];
-        if (slot) return *slot;
-        const CublasLt& L = cublas_lt();
-        auto p = std::make_unique<LtPlan>();
-        L.check(L.MatmulDescCreate(&p->desc, kLtComputeF32, kCudaR32F), "cublasLtMatmulDescCreate");
-        const int32_t opn = kOpN;
-        const uint32_t ep = static_cast<uint32_t>(epilogue);
-        L.check(L.MatmulDescSetAttribute(p->desc, kLtTransA, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
-        L.check(L.MatmulDescSetAttribute(p->desc, kLtTransB, &opn, sizeof opn), "cublasLtMatmulDescSetAttribute");
-        L.check(L.MatmulDescSetAttribute(p->desc, kLtEpilogue, &ep, sizeof ep), "cublasLtMatmulDescSetAttribute");
-        if (bias) {  // as segment_cublas.CublasLt._plan: the bias pointer is set before the heuristic
-            L.check(L.MatmulDescSetAttribute(p->desc, kLtBiasPointer, &bias, sizeof bias),
-                    "cublasLtMatmulDescSetAttribute");
-            p->bias = bias;
-        }
-        // Column-major views: w [K, N] row-major = N x K (ld N); x [M, K] = K x M; y [M, N] = N x M.
-        L.check(L.MatrixLayoutCreate(&p->a, dtype, N, K, N), "cublasLtMatrixLayoutCreate");
-        L.check(L.MatrixLayoutCreate(&p->b, dtype, K, M, K), "cublasLtMatrixLayoutCreate");
-        L.check(L.MatrixLayoutCreate(&p->c, out_dtype, N, M, N), "cublasLtMatrixLayoutCreate");
-        LtPref pref = nullptr;
-        L.check(L.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-        const uint64_t max_ws = kLtMaxWorkspace;
-        L.check(L.MatmulPreferenceSetAttribute(pref, kLtPrefMaxWorkspace, &max_ws, sizeof max_ws),
-                "cublasLtMatmulPreferenceSetAttribute");
-        const int requested = static_cast<int>(rank) + 1;
-        std::vector<uint64_t> results(kLtHeuristicBytes / 8 * static_cast<size_t>(requested));  // 8-aligned
-        int count = 0;
-        L.check(L.MatmulAlgoGetHeuristic(lt.handle, p->desc, p->a, p->b, p->c, p->c, pref, requested, results.data(),
-                                         &count),
-                "cublasLtMatmulAlgoGetHeuristic");
-        if (count < 1)
-            throw OpError("cuBLASLt has no algorithm for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
-                              std::to_string(K) + " epilogue " + std::to_string(epilogue),
-                          ORT_FAIL);
-        const int chosen = std::min(requested, count) - 1;
-        std::memcpy(p->heuristic, reinterpret_cast<const unsigned char*>(results.data()) + chosen * kLtHeuristicBytes,
-                    kLtHeuristicBytes);
-        std::memcpy(&p->workspace, p->heuristic + kLtHeuristicWorkspaceOffset, sizeof(size_t));
-        slot = std::move(p);
-        return *slot;
-    }
-
-    LtContext& lt_context(CUcontext ctx, CUstream stream) {
-        for (auto& l : lts)
-            if (l->ctx == ctx) return *l;
-        require_not_capturing(stream, "creating the cuBLASLt handle");
-        const CublasLt& L = cublas_lt();
-        auto l = std::make_unique<LtContext>();
-        l->ctx = ctx;
-        ScopedContext scope(driver(), ctx);
-        L.check(L.Create(&l->handle), "cublasLtCreate");
-        lts.push_back(std::move(l));
-        return *lts.back();
     }
 
     void compute(OrtKernelContext* context) {
@@ -202,28 +121,18 @@ struct FusedGemmCuda {
         const CUcontext cuctx = streams.of(stream);
         CUfunction fn = module ? module->function(cuctx, stream) : nullptr;
         std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
-        LtContext& lt = lt_context(cuctx, stream);
         const void* bias_ptr = bias.present() ? bias.value.GetTensorRawData() : nullptr;
-        LtPlan& p = plan(lt, M, N, K, dtype, f32_out ? kCudaR32F : dtype, split.lt_epilogue, bias_ptr);
+        const LtBound plan = lt.bind(cuctx, stream, M, N, K, dtype, f32_out ? kCudaR32F : dtype, split.lt_epilogue,
+                                     bias_ptr);
         const bool direct = split.rest_is_identity();
         const size_t gemm_bytes = direct ? 0 : align256(static_cast<size_t>(M * N) * elem);
         Scratch scratch(scratch_alloc.get(ctx, x.value.GetTensorMemoryInfo().GetDeviceId()),
-                        gemm_bytes + std::max<size_t>(p.workspace, 256));
+                        gemm_bytes + std::max<size_t>(plan.workspace(), 256));
         void* y = out.GetTensorMutableRawData();
         void* gemm_out = direct ? y : reinterpret_cast<void*>(scratch.at(0));
         void* workspace = reinterpret_cast<void*>(scratch.at(gemm_bytes));
-        const CublasLt& L = cublas_lt();
-        if (bias_ptr && bias_ptr != p.bias) {  // an initializer: set once, not at every run
-            L.check(L.MatmulDescSetAttribute(p.desc, kLtBiasPointer, &bias_ptr, sizeof bias_ptr),
-                    "cublasLtMatmulDescSetAttribute");
-            p.bias = bias_ptr;
-        }
-        const float one = 1.0f, zero = 0.0f;
-        const void* c_ptr = split.lt_residual ? res.value.GetTensorRawData() : gemm_out;
-        L.check(L.Matmul(lt.handle, p.desc, &one, w.value.GetTensorRawData(), p.a, x.value.GetTensorRawData(), p.b,
-                         split.lt_residual ? &one : &zero, c_ptr, p.c, gemm_out, p.c, p.heuristic, workspace,
-                         p.workspace, stream),
-                "cublasLtMatmul");
+        lt.matmul(plan, w.value.GetTensorRawData(), x.value.GetTensorRawData(), bias_ptr,
+                  split.lt_residual ? res.value.GetTensorRawData() : nullptr, gemm_out, workspace, stream);
         if (direct) return;
         launch_add_norm(fn, epi, stream, gemm_out, split.rest.residual ? res.value.GetTensorRawData() : nullptr,
                         nullptr, nullptr, y, nullptr, M, N, 0.0f);

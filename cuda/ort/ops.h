@@ -110,6 +110,34 @@ struct FusedGemmCpu {
     OrtStatusPtr ComputeV2(OrtKernelContext* context);
 };
 
+/// GatedGemm's activation of the gate half (OPS.md): SwiGLU, GeGLU (erf / tanh), ReGLU.
+enum class GatedActivation { kSilu, kGeluErf, kGeluTanh, kRelu };
+/// "silu", "gelu_erf", "gelu_tanh" or "relu".
+const char* gated_activation_name(GatedActivation a);
+/// act(x) in float, as the CPU twin and the gated-activation kernel compute it.
+float gated_activation(float x, GatedActivation a);
+
+struct GatedAttrs {
+    GatedActivation activation = GatedActivation::kSilu;
+    std::string kernel_ref;
+    explicit GatedAttrs(const OrtKernelInfo* info);
+};
+
+/// GatedGemm's shapes, checked once for both twins: x [..., K], w [K, 2F] (= [Wg | Wu]),
+/// bias [2F]; y = [..., F]. Element types: w and bias are x's type.
+struct GatedShapes {
+    int64_t M, K, F;
+    std::vector<int64_t> y;
+};
+GatedShapes check_gated_gemm(const Input& x, const Input& w, const Input& bias);
+
+template <typename T>
+struct GatedGemmCpu {
+    GatedAttrs attrs;
+    explicit GatedGemmCpu(const OrtKernelInfo* info) : attrs(info) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
+
 struct NormAttrs {
     float epsilon = 1e-5f;
     bool rms = false;
@@ -128,6 +156,7 @@ struct AddLayerNormCpu {
 struct SparseAttentionCuda;
 struct FusedGemmCuda;
 struct AddLayerNormCuda;
+struct GatedGemmCuda;
 struct KeyPrepCuda;
 SparseAttentionCuda* make_sparse_attention_cuda(const OrtKernelInfo* info, const std::string& package_dir);
 KeyPrepCuda* make_key_prep_cuda(const OrtKernelInfo* info, const std::string& package_dir);
@@ -135,6 +164,9 @@ OrtStatusPtr compute(KeyPrepCuda* k, OrtKernelContext* context);
 void destroy(KeyPrepCuda* k);
 FusedGemmCuda* make_fused_gemm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
 AddLayerNormCuda* make_add_layer_norm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+GatedGemmCuda* make_gated_gemm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+OrtStatusPtr compute(GatedGemmCuda* k, OrtKernelContext* context);
+void destroy(GatedGemmCuda* k);
 OrtStatusPtr compute(SparseAttentionCuda* k, OrtKernelContext* context);
 OrtStatusPtr compute(FusedGemmCuda* k, OrtKernelContext* context);
 OrtStatusPtr compute(AddLayerNormCuda* k, OrtKernelContext* context);
@@ -177,6 +209,8 @@ constexpr OpSignature kSparseAttentionSig{"SparseAttention", 6, 3, (1u << 1) | (
 constexpr OpSignature kKeyPrepSig{"KeyPrep", 1, 1, 0u, 1u << 0, 1, 0u};
 constexpr OpSignature kFusedGemmSig{"FusedGemm", 4, 2, 0u, 0u, 1, 0u};
 constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 3), 0u, 2, 1u << 1};
+// GatedGemm(x, w, bias?) -> y: act(x @ w[:, :F] + b[:F]) * (x @ w[:, F:] + b[F:]) (OPS.md).
+constexpr OpSignature kGatedGemmSig{"GatedGemm", 3, 2, 0u, 0u, 1, 0u};
 
 /// Every (op, element type, execution provider) RegisterCustomOps registers, in order.
 /// stofc_ort.cc registers exactly these; the unit test binary prints them.
@@ -211,6 +245,9 @@ constexpr Registration kRegistrations[] = {
     {&kFusedGemmSig, kBF16, true, kGemmF32In, kGemmF32Out, 0u},
     {&kAddLayerNormSig, kBF16, true, kNormF32In, 0u, kNormAnyIn},
     {&kKeyPrepSig, kU8, false},          {&kKeyPrepSig, kU8, true},
+    {&kGatedGemmSig, kF32, false},       {&kGatedGemmSig, kF16, false},
+    {&kGatedGemmSig, kBF16, false},      {&kGatedGemmSig, kF16, true},
+    {&kGatedGemmSig, kBF16, true},
 };
 
 /// One registered op: a signature, an element type, an execution provider and a

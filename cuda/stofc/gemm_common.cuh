@@ -68,6 +68,8 @@ template <int ACT> __device__ __forceinline__ float activate(float x) {
     return 0.5f * x * (1.0f + tanhf(u));
   } else if constexpr (ACT == 3) {  // relu
     return fmaxf(x, 0.0f);
+  } else if constexpr (ACT == 4) {  // silu: x * sigmoid(x)
+    return x / (1.0f + __expf(-x));
   } else {
     return x;
   }

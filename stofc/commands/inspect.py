@@ -155,7 +155,8 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
             details = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                 for k, v in p.items()
                                 if k in ("in_features", "out_features", "weight_layout",
-                                         "epsilon", "approximation", "form", "op", "features"))
+                                         "epsilon", "approximation", "form", "op", "act",
+                                         "features"))
             table.add_row(str(op["index"]), op["kind"], op["role"], seg_of.get(op["index"], ""),
                           details, str(len(op["nodes"])))
         console.print(table)

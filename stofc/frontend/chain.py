@@ -1,10 +1,15 @@
 """Assemble a layer's operator chain around its attention block.
 
 Order of discovery (dataflow only): the Q/K/V projections behind the block's
-inputs and their common input ``h``; a norm producing ``h`` (pre-LN lead norm);
-the output projection after the block; the residual Add, whose other operand
-says the order (``h``: post-LN; the lead norm's input: pre-LN); then norm, FFN
-in, activation, FFN out, residual, and (post-LN) the closing norm.
+inputs (behind RoPE too: the head split and the rotation stay with ONNX Runtime; one
+packed Q|K|V projection whose parts are split off before the rotation, ModernBERT's
+and Phi-3's, counts) and their common input ``h``; a norm producing ``h`` (pre-LN
+lead norm); the output projection after the block; the residual Add, whose other
+operand says the order (``h``: post-LN; the lead norm's input: pre-LN); then norm, FFN
+in, activation (or a gated FFN's ``act(gate) * up`` on the halves of a packed FFN-in
+projection, :mod:`stofc.frontend.gated`), FFN out, residual, and (post-LN) the closing
+norm. A layer taken for post-LN whose FFN residual adds the un-normed stream is pre-LN
+(ModernBERT's first layer, whose attention norm is an Identity).
 
 When a step does not match, the chain stops there and the reason is reported
 as :class:`Unsupported` (the rest of the layer is left to ONNX Runtime).
@@ -12,6 +17,7 @@ as :class:`Unsupported` (the rest of the layer is left to ONNX Runtime).
 
 from __future__ import annotations
 
+from stofc.frontend.gated import gated_fwd
 from stofc.frontend.graph import GraphIndex
 from stofc.frontend.ops import (
     Piece,
@@ -40,6 +46,10 @@ def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], s
             raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
                             "the packed QKV projection is not a MatMul/Gemm with constant weight")
         return got
+    if block.rope:
+        packed = _packed_behind_rope(idx, block)
+        if packed is not None:
+            return packed
     pieces, inputs = [], set()
     for role, value in (("q", block.q_input), ("k", block.k_input), ("v", block.v_input)):
         got = linear_back(idx, _before_rope(idx, block, value), role)
@@ -73,6 +83,42 @@ def _before_rope(idx: GraphIndex, block: AttentionBlock, value: str) -> str:
         value = node.input[0]
         node = idx.produced_by(value)
     return value
+
+
+_VIEWS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split", "Slice", "Gather",
+          "Identity")
+
+
+def _behind_views(idx: GraphIndex, value: str) -> str:
+    """The value behind the head split of ``value``: Reshape/Transpose/(Un)squeeze, and the
+    Split, Slice or Gather taking one part of a packed projection (their data input)."""
+    node = idx.produced_by(value)
+    for _ in range(12):
+        if node is None or node.op_type not in _VIEWS:
+            break
+        value = node.input[0]
+        node = idx.produced_by(value)
+    return value
+
+
+def _packed_behind_rope(idx: GraphIndex, block: AttentionBlock
+                        ) -> tuple[list[Piece], str] | None:
+    """The one packed Q|K|V projection behind RoPE'd Q/K and V (ModernBERT's ``Wqkv``,
+    Phi-3's ``qkv_proj``): its pieces (role ``qkv``) and input, or None.
+
+    The head split, the parts' Split/Slice and the rotation between it and the attention
+    stay with ONNX Runtime; the projection is the chain's when Q, K and V all come from
+    it and its width is (H + 2 Hkv) D.
+    """
+    values = {_behind_views(idx, _before_rope(idx, block, v))
+              for v in (block.q_input, block.k_input, block.v_input)}
+    if len(values) != 1:
+        return None
+    got = linear_back(idx, values.pop(), "qkv")
+    width = (block.num_heads + 2 * block.kv_heads) * block.head_dim
+    if got is None or got[0][0].params.get("out_features") != width:
+        return None
+    return got
 
 
 def _producer(idx: GraphIndex, value: str) -> str:
@@ -115,11 +161,13 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
                                  "RoPE are left to ONNX Runtime")
         stops.append(reason)
     if h is not None and block.rope:
+        split = " (and the split of the packed Q|K|V projection)" if any(
+            p.role == "qkv" for p in proj) else ""
         stops.append(Unsupported(block.rope[0].nodes[-1] if block.rope[0].nodes else
                                  block.rope[0].output, "RoPE",
-                                 "rotary position embedding (RoPE) on Q/K: the rotation "
-                                 "between the projections and the attention is left to "
-                                 "ONNX Runtime"))
+                                 "rotary position embedding (RoPE) on Q/K: the rotation"
+                                 f"{split} between the projections and the attention is left "
+                                 "to ONNX Runtime"))
     lead = norm_back(idx, h) if h is not None else None
     pieces: list[Piece] = [*proj, attention]
     order = "post"
@@ -153,7 +201,7 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
         elif h is None and norm_fwd(idx, other) is not None:
             order = "pre"  # the stream also feeds a norm: the (unmatched) lead norm
         pieces.append(piece)
-        _ffn(idx, value, order, pieces)
+        order = _ffn(idx, value, order, pieces)
     except ChainStop as stop:
         stops.append(stop.unsupported)
     return order, pieces, stops
@@ -177,10 +225,12 @@ def _linear_users(idx: GraphIndex, value: str) -> int:
     return count
 
 
-def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
+def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> str:
     """From the first residual's output: norm, FFN, residual (and closing norm if post-LN).
 
-    Appends to ``pieces`` as it goes, so a stop keeps what was matched.
+    Appends to ``pieces`` as it goes, so a stop keeps what was matched. Returns the norm
+    order, "pre" when a layer taken for post-LN (no lead norm: ModernBERT's first layer,
+    whose attention norm is an Identity) adds the FFN to the un-normed stream.
     """
     norm = norm_fwd(idx, value)
     for step in idx.data_users(value) if norm is None else ():
@@ -200,18 +250,20 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
     normed = norm[1]
     stream = normed if order == "post" else value
     if _linear_users(idx, normed) > 1:
-        raise _stop_with(pieces, idx, normed, "gated FFN (SwiGLU/GeGLU: separate gate and up "
-                         "projections) is left to ONNX Runtime")
+        raise _stop_with(pieces, idx, normed, "two projections read the FFN input and they are "
+                         "not the gate and up projections of a gated FFN stofc packs "
+                         "(SwiGLU/GeGLU/ReGLU): the FFN is left to ONNX Runtime")
     got = linear_fwd(idx, normed, "ffn_in")
     if got is None:
         raise _stop_with(pieces, idx, normed, "no FFN input projection after the norm")
     pieces.extend(got[0])
     act = activation_fwd(idx, got[1])
-    if act is None:
-        halves = [u for u in idx.data_users(got[1]) if u.op_type in ("Split", "Slice")]
-        raise _stop_with(pieces, idx, got[1], "gated FFN (SwiGLU/GeGLU: gate and up packed in "
-                         "one projection) is left to ONNX Runtime" if halves else
-                         "FFN activation not recognised")
+    if act is None:  # a gated FFN: act(gate) * up on the halves of the packed projection
+        gated = gated_fwd(idx, got[1], int(got[0][0].params["out_features"] or 0))
+        if gated is None or isinstance(gated, str):
+            raise _stop_with(pieces, idx, got[1], f"{gated}: the gated FFN is left to ONNX "
+                             "Runtime" if gated else "FFN activation not recognised")
+        act = gated
     pieces.append(act[0])
     out = linear_fwd(idx, act[1], "ffn_out")
     if out is None:
@@ -223,6 +275,9 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
         res = residual_fwd(idx, post[1], (stream,))
         if res is not None:
             pieces.append(post[0])
+    if res is None and order == "post" and post is None:
+        res = residual_fwd(idx, out[1], (value,))
+        order = "pre" if res is not None else order
     if res is None:
         raise _stop_with(pieces, idx, out[1], "no residual Add after the FFN")
     pieces.append(res[0])
@@ -232,6 +287,7 @@ def _ffn(idx: GraphIndex, value: str, order: str, pieces: list[Piece]) -> None:
             raise _stop_with(pieces, idx, res[1], "no LayerNorm after the FFN residual "
                              "(post-LN layer)")
         pieces.append(closing[0])
+    return order
 
 
 def _stop_with(_pieces, idx, value, reason) -> ChainStop:

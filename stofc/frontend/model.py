@@ -14,6 +14,7 @@ from stofc.frontend.graph import GraphIndex
 from stofc.frontend.load import canonicalize, opset_of, read_model
 from stofc.frontend.ops import Piece
 from stofc.frontend.pack import pack_projections as pack
+from stofc.frontend.pack_ffn import pack_gate_up
 from stofc.frontend.types import (
     AttentionBlock,
     ChainOp,
@@ -27,13 +28,17 @@ from stofc.frontend.types import (
 _SHAPE_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
 
 
-def load_model(path: str | os.PathLike, *, pack_projections: bool = False) -> ModelGraph:
+def load_model(path: str | os.PathLike, *, pack_projections: bool = False,
+               pack_ffn: bool = True) -> ModelGraph:
     """Read, canonicalize and understand the ONNX model at ``path``.
 
     ``pack_projections`` first packs each block's separate Q, K, V projections
     into one MatMul + Add + Split (:mod:`stofc.frontend.pack`), so the chain
     holds one ``qkv`` GEMM as for GPT-2 (the compile path does; ``inspect``
-    shows the model as exported).
+    shows the model as exported). ``pack_ffn`` (on unless asked otherwise: the
+    chain has no other form of a gated FFN, so ``inspect`` and ``compile`` agree)
+    packs a gated FFN's separate gate and up projections into one MatMul + Split
+    (:mod:`stofc.frontend.pack_ffn`).
 
     Returns one :class:`Layer` per attention block found (in graph order), the
     blocks and operators left to ONNX Runtime, and the canonicalized model.
@@ -44,6 +49,8 @@ def load_model(path: str | os.PathLike, *, pack_projections: bool = False) -> Mo
     """
     model = canonicalize(read_model(path))
     try:
+        if pack_ffn:
+            model = pack_gate_up(model).model
         if pack_projections:
             model = pack(model).model
         return _understand(path, model)

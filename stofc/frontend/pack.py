@@ -142,13 +142,16 @@ def _match(idx: GraphIndex, block: AttentionBlock, overridden: set[str]
     return projs
 
 
-class _Names:
+class FreshNames:
+    """Names not yet taken in a model (nodes, values, initializers, inputs)."""
+
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         self.taken = {n.name for n in g.node} | {t.name for t in g.initializer} | {
             v for n in g.node for v in (*n.input, *n.output)} | {i.name for i in g.input}
 
     def fresh(self, base: str) -> str:
+        """``base``, or ``base_<k>`` with the first free k; taken from now on."""
         name, k = base, 1
         while name in self.taken:
             name, k = f"{base}_{k}", k + 1
@@ -156,13 +159,16 @@ class _Names:
         return name
 
 
-def _concat(idx: GraphIndex, names: list[str], axis: int, out: str) -> onnx.TensorProto:
+def concat_initializers(idx: GraphIndex, names: list[str], axis: int, out: str
+                        ) -> onnx.TensorProto:
+    """The initializers ``names`` concatenated on ``axis``, as initializer ``out``."""
     arrays = [numpy_helper.to_array(idx.initializers[n]) for n in names]
     return numpy_helper.from_array(np.ascontiguousarray(np.concatenate(arrays, axis=axis)), out)
 
 
-def _packed_info(model: onnx.ModelProto, like: str, name: str, width: int
-                 ) -> onnx.ValueInfoProto | None:
+def packed_info(model: onnx.ModelProto, like: str, name: str, width: int
+                ) -> onnx.ValueInfoProto | None:
+    """``like``'s value_info renamed ``name`` with last dimension ``width`` (None: none)."""
     for vi in model.graph.value_info:
         if vi.name == like and vi.type.tensor_type.HasField("shape"):
             out = onnx.ValueInfoProto()
@@ -204,7 +210,7 @@ def pack_projections(model: onnx.ModelProto) -> PackResult:
         return PackResult(model, (), tuple(skipped))
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    names = _Names(out)
+    names = FreshNames(out)
     graph = out.graph
     packed, new_inits, removed_values = [], [], set()
     inserts: dict[str, list[onnx.NodeProto]] = {}
@@ -212,14 +218,14 @@ def pack_projections(model: onnx.ModelProto) -> PackResult:
         q = projs[0]
         x, n = q.matmul.input[0], int(idx.initializers[q.weight].dims[1])
         weight = names.fresh(f"{q.weight}::qkv")
-        new_inits.append(_concat(idx, [p.weight for p in projs], 1, weight))
+        new_inits.append(concat_initializers(idx, [p.weight for p in projs], 1, weight))
         mm_out = names.fresh(f"{q.matmul.output[0]}::qkv")
         nodes = [helper.make_node("MatMul", [x, weight], [mm_out],
                                   name=names.fresh(f"{q.matmul.name}::qkv"))]
         packed_value, bias = mm_out, None
         if q.add is not None:
             bias = names.fresh(f"{q.bias}::qkv")
-            new_inits.append(_concat(idx, [str(p.bias) for p in projs], 0, bias))
+            new_inits.append(concat_initializers(idx, [str(p.bias) for p in projs], 0, bias))
             packed_value = names.fresh(f"{q.value}::qkv")
             nodes.append(helper.make_node("Add", [mm_out, bias], [packed_value],
                                           name=names.fresh(f"{q.add.name}::qkv")))
@@ -233,13 +239,25 @@ def pack_projections(model: onnx.ModelProto) -> PackResult:
         inserts[first.name] = nodes
         removed_values |= {p.matmul.output[0] for p in projs if p.add is not None}
         for value in {mm_out, packed_value}:
-            info = _packed_info(model, q.value, value, 3 * n)
+            info = packed_info(model, q.value, value, 3 * n)
             if info is not None:
                 graph.value_info.append(info)
         packed.append(PackedProjection(
             tuple(node.name for p in projs for node in (p.matmul, p.add) if node is not None),
             tuple(node.name for node in nodes), weight, bias))
     gone = {name for p in packed for name in p.replaced}
+    old_weights = {w for projs in matches for p in projs for w in (p.weight, p.bias) if w}
+    splice(out, inserts, gone, old_weights, new_inits, removed_values)
+    return PackResult(out, tuple(packed), tuple(skipped))
+
+
+def splice(out: onnx.ModelProto, inserts: dict[str, list[onnx.NodeProto]], gone: set[str],
+           old_weights: set[str], new_inits: list[onnx.TensorProto],
+           removed_values: set[str]) -> None:
+    """Edit ``out`` in place: ``inserts[name]`` go before node ``name``, the nodes named in
+    ``gone`` go away, initializers in ``old_weights`` no node reads any more are dropped,
+    ``new_inits`` are added and ``value_info`` of ``removed_values`` is dropped."""
+    graph = out.graph
     kept: list[onnx.NodeProto] = []
     for node in graph.node:
         kept.extend(inserts.get(node.name, ()))
@@ -247,23 +265,22 @@ def pack_projections(model: onnx.ModelProto) -> PackResult:
             kept.append(node)
     del graph.node[:]
     graph.node.extend(kept)
-    used = {i for node in kept for i in node.input} | _subgraph_reads(kept) | {
+    used = {i for node in kept for i in node.input} | subgraph_reads(kept) | {
         o.name for o in graph.output}
-    old_weights = {w for projs in matches for p in projs for w in (p.weight, p.bias) if w}
     inits = [t for t in graph.initializer if t.name not in old_weights or t.name in used]
     del graph.initializer[:]
     graph.initializer.extend([*inits, *new_inits])
     infos = [vi for vi in graph.value_info if vi.name not in removed_values]
     del graph.value_info[:]
     graph.value_info.extend(infos)
-    return PackResult(out, tuple(packed), tuple(skipped))
 
 
-def _subgraph_reads(nodes: list[onnx.NodeProto]) -> set[str]:
+def subgraph_reads(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Outer-scope names read inside the If/Loop/Scan bodies of ``nodes``."""
     names: set[str] = set()
     for node in nodes:
         for attr in node.attribute:
             for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
                 names |= {i for sub in g.node for i in sub.input}
-                names |= _subgraph_reads(list(g.node))
+                names |= subgraph_reads(list(g.node))
     return names

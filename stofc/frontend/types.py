@@ -13,7 +13,9 @@ Contract (stable names; fields may be added, never renamed):
 
   pre-LN (GPT-2, ViT): ``layernorm`` first, no trailing norm (the next layer's
   leading norm, or the model's final norm, follows). T5: ``rmsnorm`` and no
-  ``bias_add``. Separate Q/K/V projections are three ``gemm`` ops (roles ``q``,
+  ``bias_add``. A gated FFN (SwiGLU, GeGLU: Llama, Gemma, Phi-3, ModernBERT) is
+  ``gemm(ffn_in)`` with ``out_features = 2F``, ``bias_add?``, ``gated`` instead of
+  ``gemm(ffn_in), bias_add, gelu``. Separate Q/K/V projections are three ``gemm`` ops (roles ``q``,
   ``k``, ``v``) each followed by its own ``bias_add`` when it has a bias; the
   order is q, bias q, k, bias k, v, bias v.
 * **Gemm nodes with a C input**: an ONNX ``Gemm`` with a bias is represented as
@@ -50,6 +52,7 @@ class OpKind(str, Enum):
     RMSNORM = "rmsnorm"
     GELU = "gelu"
     ACTIVATION = "activation"  # any other elementwise activation (Relu, ...): param "op"
+    GATED = "gated"            # a gated FFN's act(gate) * up on a packed [gate | up] value
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,11 @@ class ChainOp:
     * GELU: ``approximation`` (``"none"``: exact erf; ``"tanh"``), ``form``
       (``"op"`` | ``"erf"`` | ``"tanh"`` | ``"fastgelu"``).
     * ACTIVATION: ``op`` (ONNX op type, e.g. ``"Relu"``).
+    * GATED: ``act`` (``"silu"``: SwiGLU; ``"gelu_erf"`` / ``"gelu_tanh"``: GeGLU;
+      ``"relu"``: ReGLU), ``features`` (F). It reads one ``[..., 2F]`` value laid out
+      ``[gate | up]`` on the last axis (the packed gate/up projection: one GEMM, see
+      :mod:`stofc.frontend.pack_ffn`) and writes ``act(gate) * up``, ``[..., F]``: the
+      activated half is always the first.
     * ATTENTION: ``layer`` (the index of its :class:`AttentionBlock`).
     """
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACTIVATIONS = ("none", "gelu_erf", "gelu_tanh", "relu")
+# codes are positions: templates compare with them (cuda/stofc/gemm_common.cuh activate<>);
+# silu (x * sigmoid(x)) serves gated FFNs (SwiGLU: stofc.kernels.glu)
+ACTIVATIONS = ("none", "gelu_erf", "gelu_tanh", "relu", "silu")
 NORMS = ("none", "layernorm", "rmsnorm")
 
 

@@ -1,6 +1,7 @@
 """Float64 numpy references of the ONNX operators the downstream families replace.
 
-MatMul (+ Add bias), Gelu (erf and tanh forms, ONNX ``approximation``), Relu,
+MatMul (+ Add bias), Gelu (erf and tanh forms, ONNX ``approximation``), Relu, SiLU,
+a gated FFN's ``act(gate) * up``,
 Add (residual), LayerNormalization (axis -1) and RMSNormalization (axis -1,
 ``x / sqrt(mean(x^2) + eps) * scale``), and a fused epilogue made of them. Whole
 chains and segments are evaluated by :mod:`stofc.plan.reference`; GPU tests compare
@@ -34,7 +35,17 @@ def activate(x: np.ndarray, act: str) -> np.ndarray:
         return gelu(x, "tanh")
     if act == "relu":
         return np.maximum(x, 0.0)
+    if act == "silu":
+        x = np.asarray(x, dtype=np.float64)
+        return x / (1.0 + np.exp(-x))
     return x
+
+
+def gated(y: np.ndarray, act: str) -> np.ndarray:
+    """A gated FFN's ``act(gate) * up`` on ``y = [gate | up]`` (last axis), in float64."""
+    y = np.asarray(y, dtype=np.float64)
+    half = y.shape[-1] // 2
+    return activate(y[..., :half], act) * y[..., half:]
 
 
 def layernorm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None,

@@ -3,7 +3,7 @@
 Each is registered for its kinds with :func:`emits` (a second emitter for a kind is a
 :class:`~stofc.errors.RegistryError` at import); :func:`emit_segment` writes a segment
 through the one registered for its kind and returns what it emitted. A new segment kind
-(a gated MLP, say) adds one ``@emits("kind")`` function here; the rewrite
+(a gated MLP: ``gemm_glu``, GatedGemm) adds one ``@emits("kind")`` function here; the rewrite
 (:mod:`stofc.lower.rewrite`) does not change.
 """
 
@@ -305,3 +305,51 @@ def _emit_add_norm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
         ops += _emit_fp32_tail(em, x, out, bias=None, act="none", residual=residual)
         note = "residual add without a norm: a float32 ONNX Add"
     return ops, note, None
+
+
+@emits("gemm_glu")
+def _emit_gated_gemm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+                     attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """GatedGemm: ``act(x @ [Wg | Wu] + [bg | bu])`` halves multiplied (OPS.md)."""
+    w, b = _need(seg, "w0"), seg.binding("b0")
+    inputs = [em.half(_need(seg, "x")),
+              em.weight(w, transpose=_layouts(graph, seg.layer).get(w, "KN") == "NK")]
+    if b:
+        inputs.append(em.weight(b))
+    em.node("GatedGemm", inputs, [em.output(_need(seg, "out"))], domain=DOMAIN,
+            stem="GatedGemm", activation=seg.epilogues[0].act, kernel=kernel)
+    return ["ai.stofc:GatedGemm"], "", None
+
+
+@emits("glu")
+def _emit_gated_alone(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
+                      attention: AttentionBinding | None, packed_q: bool) -> Written:
+    """A gated activation without its GEMM (bias?, gated): float32 ONNX ops between Casts."""
+    ep, f = seg.epilogues[0], seg.dim("n") // 2
+    v = em.fp32(em.half(_need(seg, "x")))
+    ops = []
+    if ep.bias:
+        v2 = em.name("bias_f32")
+        em.node("Add", [v, em.weight_f32(_need(seg, "bias"))], [v2])
+        v, ops = v2, ["Add"]
+    gate, up, act, prod = (em.name(n) for n in ("gate_f32", "up_f32", "act_f32", "glu_f32"))
+    if em.opset >= 13:
+        sizes = em.name("split")
+        em.inits[sizes] = numpy_helper.from_array(np.array([f, f], np.int64), sizes)
+        em.node("Split", [v, sizes], [gate, up], axis=-1)
+    else:
+        em.node("Split", [v], [gate, up], axis=-1, split=[f, f])
+    if ep.act == "relu":
+        em.node("Relu", [gate], [act])
+    elif ep.act == "silu":
+        sig = em.name("sigmoid_f32")
+        em.node("Sigmoid", [gate], [sig])
+        em.node("Mul", [gate, sig], [act])
+    else:
+        _gelu_f32(em, gate, act, tanh=ep.act == "gelu_tanh")
+    em.node("Mul", [act, up], [prod])
+    em.node("Cast", [prod], [em.output(_need(seg, "out"))], stem="cast_out", to=em.elem)
+    ops += ["Split", "Relu" if ep.act == "relu" else "Sigmoid" if ep.act == "silu"
+            else "Gelu(decomposed)", "Mul"]
+    return ([f"onnx:{o}" for o in ops],
+            "gated activation without its GEMM: float32 ONNX ops", None)

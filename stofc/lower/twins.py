@@ -20,6 +20,11 @@ attributes name:
   ``epilogue_threads``, ``epilogue_rows``; and, when the tuner chose a cuBLASLt
   heuristic rank for the node's GEMM, ``lt_algo_m`` / ``lt_algo_rank``
   (:func:`lt_algo_attributes`).
+* ``GatedGemm``: cuBLASLt computes ``x @ [Wg | Wu]`` with the bias folded, then the
+  gated-activation kernel (:mod:`stofc.kernels.glu`, ``gemm/glu.cu.j2``, compiled for
+  the node's ``activation`` and F) writes ``act(gate) * up``: ``epilogue_kernel``,
+  ``epilogue_threads``, ``epilogue_rows`` (no ``epilogue`` tag: the entry name says the
+  activation), and ``lt_algo_m`` / ``lt_algo_rank`` as FusedGemm's.
 * ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
   for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output; in a bf16
   package a float32 ``x`` and float32 gamma/beta, entry ``..._f32in_f32p_...``).
@@ -44,7 +49,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from stofc.errors import PlanError
-from stofc.kernels import catalog
+from stofc.kernels import catalog, glu
 from stofc.kernels import norm as norm_family
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.registry import KernelInstance
@@ -53,7 +58,8 @@ from stofc.lower.emit import KERNEL_ABI, EmittedSegment
 from stofc.package.layout import kernel_file
 from stofc.plan.plan import Plan, Segment
 
-__all__ = ["KERNEL_ABI", "TwinLaunches", "annotate_cuda", "epilogue_kernel", "launch_attributes",
+__all__ = ["KERNEL_ABI", "TwinLaunches", "annotate_cuda", "epilogue_kernel",
+           "gated_epilogue_kernel", "gated_launch_attributes", "launch_attributes",
            "lt_algo_attributes", "norm_epilogue"]
 TOKENS_HINT = 4096
 
@@ -108,6 +114,22 @@ def epilogue_kernel(ep: Epilogue, width: int, dtype: str,
     cfg = config or norm_family.default_config(problem)
     return KernelInstance(norm_family.FAMILY, problem, cfg, norm_family.kernel_name(problem, cfg),
                           role="epilogue")
+
+
+def gated_epilogue_kernel(act: str, features: int, dtype: str, config: Any = None
+                          ) -> KernelInstance:
+    """The gated-activation kernel GatedGemm's CUDA twin launches after cuBLASLt (which adds
+    the bias): rows of ``features`` (F), the segment's tuned shape when it has one."""
+    problem = glu.GatedProblem(TOKENS_HINT, features, dtype, act, bias=False)
+    cfg = config if isinstance(config, glu.GatedConfig) else glu.gated_default(problem)
+    return glu.gated_kernel(problem, cfg, role="epilogue")
+
+
+def gated_launch_attributes(kernel: KernelInstance, kernel_path: str) -> dict[str, Any]:
+    """GatedGemm's CUDA attributes for its gated-activation kernel at ``kernel_path``."""
+    config = kernel.config
+    return {"kernel_abi": KERNEL_ABI, "epilogue_kernel": f"{kernel_path}:{kernel.name}",
+            "epilogue_threads": config.tpr * config.rows, "epilogue_rows": config.rows}
 
 
 def launch_attributes(kernel: KernelInstance, ep: Epilogue, kernel_path: str) -> dict[str, Any]:
@@ -181,6 +203,7 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
                    and len(node.input) > 2 and node.input[2] in fp32_inits}
     all_plans = (plan, *(p for _, p in buckets))
     pending: list[tuple[onnx.NodeProto, KernelInstance, Epilogue]] = []
+    gated: list[tuple[onnx.NodeProto, KernelInstance]] = []
     launch_plans: dict[str, Any] = {}
     for node in model.graph.node:
         if node.domain != "ai.stofc":
@@ -198,6 +221,13 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
             continue
         inputs = list(node.input) + [""] * 4
         x_fp32 = params_fp32 = False
+        if node.op_type == "GatedGemm":
+            width = widths.get(inputs[1], [0, 0])[-1]
+            _set(node, **lt_algo_attributes(seg, width, all_plans))
+            if width:
+                gated.append((node, gated_epilogue_kernel(
+                    _text(_attr(node, "activation", "")), width // 2, dtype, _config(seg))))
+            continue
         if node.op_type == "FusedGemm":
             width = widths.get(inputs[1], [0, 0])[-1]
             split = split_fused_gemm(bool(inputs[2]), _text(_attr(node, "activation", "none")),
@@ -222,8 +252,10 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
         kernel = epilogue_kernel(ep, width, dtype, _config(seg), input_fp32=x_fp32,
                                  params_fp32=params_fp32)
         pending.append((node, kernel, ep))
-    kernels = {k.name: k for _, k, _ in pending}
+    kernels = {k.name: k for _, k, _ in pending} | {k.name: k for _, k in gated}
     for node, kernel, ep in pending:
         _set(node, **launch_attributes(kernel, ep, kernel_file(kernel.name, arch)))
+    for node, kernel in gated:
+        _set(node, **gated_launch_attributes(kernel, kernel_file(kernel.name, arch)))
     fresh = tuple(k for name, k in kernels.items() if name not in built)
     return TwinLaunches(fresh, tuple(launch_plans.items()))

@@ -69,7 +69,7 @@ def resolve_dataflow(layer: Layer) -> tuple[OpFlow, ...]:
         else:
             inputs = tuple(v for v in op.inputs if v not in params)
             if op.kind in (OpKind.GEMM, OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.GELU,
-                           OpKind.ACTIVATION, OpKind.BIAS_ADD):
+                           OpKind.ACTIVATION, OpKind.BIAS_ADD, OpKind.GATED):
                 inputs = inputs[:1]
             if (op.kind == OpKind.GEMM and attention_out is not None and inputs
                     and inputs[0] not in produced and pos > 0):
@@ -103,7 +103,8 @@ def consumers(flows: tuple[OpFlow, ...]) -> dict[str, tuple[int, ...]]:
 
 
 def value_widths(layer: Layer) -> dict[str, int]:
-    """Feature width of every activation: GEMMs set it (out_features), others keep it.
+    """Feature width of every activation: GEMMs set it (out_features), a gated operator
+    halves it (``features``), others keep it.
 
     The layer input and the attention output have the hidden size.
     """
@@ -116,6 +117,8 @@ def value_widths(layer: Layer) -> dict[str, int]:
             widths[flow.output] = int(op.param("out_features"))
         elif op.kind == OpKind.ATTENTION:
             widths[flow.output] = hidden
+        elif op.kind == OpKind.GATED:
+            widths[flow.output] = int(op.param("features"))
         else:
             widths[flow.output] = widths[flow.inputs[0]] if flow.inputs else hidden
     return widths

@@ -15,6 +15,12 @@ Families and the operator sequences they execute (``?`` optional, in order):
 * ``ort``        — one activation no template implements (QuickGelu, SiLU, ...):
   ONNX Runtime runs the model's own nodes for it, the fused segments around it
   read and write its values (the plan never picks a segment it cannot generate)
+* ``gemm_glu``   — gemm, bias?, gated: a gated FFN's packed gate/up projection
+  (``n0 = 2F``) with ``act(gate) * up`` as its epilogue (SwiGLU, GeGLU, ReGLU;
+  :mod:`stofc.kernels.glu`); the epilogue's ``bias`` and ``act`` are the gated
+  activation's, the output is ``[tokens, F]``
+* ``glu``        — bias?, gated: the gated activation without its GEMM (a split scheme),
+  one memory pass from ``[tokens, 2F]`` (``n``) to ``[tokens, F]``
 
 A segment kind that is not a chain of the grammar above (the attention operator, an
 activation left to ONNX Runtime, a gated MLP's two GEMMs and product...) is claimed by a
@@ -145,6 +151,55 @@ def _left_to_ort(seg: SegmentOps) -> SegmentMatch | None:
     flow = seg.flows[seg.idx[0]]
     return SegmentMatch(seg.ordinal, seg.idx, "ort", (), (), (), 0.0, (seg.ops[0].role,),
                         flow.inputs, (flow.output,))
+
+
+def _gated(seg: SegmentOps, gemm: bool) -> SegmentMatch:
+    """A segment ending in a gated operator: ``gemm?, bias?, gated`` (``gemm``: with it)."""
+    lead = [OpKind.GEMM] if gemm else []
+    if [o.kind for o in seg.ops] not in ([*lead, OpKind.GATED],
+                                         [*lead, OpKind.BIAS_ADD, OpKind.GATED]):
+        raise seg.reject("a gated activation runs in the epilogue of the GEMM producing its "
+                         "gate and up halves (the segment must be gemm, bias?, gated) or alone "
+                         "(bias?, gated)")
+    flows = [seg.flows[i] for i in seg.idx]
+    reason = _chain_reason(list(seg.ops), flows)
+    if reason:
+        raise seg.reject(reason)
+    for flow in flows[:-1]:
+        if any(u not in seg.idx for u in seg.users.get(flow.output, ())):
+            raise seg.reject(f"value {flow.output!r} (operator #{flow.index}) is read outside "
+                             "the segment, but a gated kernel stores only act(gate) * up")
+    gated, n = seg.ops[-1], 2 * int(seg.ops[-1].param("features"))
+    bias = seg.ops[-2] if seg.ops[-2:-1] and seg.ops[-2].kind == OpKind.BIAS_ADD else None
+    bindings, dims = [("x", flows[0].inputs[0])], [("n", n)]
+    if gemm:
+        gemm_op = seg.ops[0]
+        dims = [("k0", int(gemm_op.param("in_features"))),
+                ("n0", int(gemm_op.param("out_features")))]
+        if dims[1][1] != n:
+            raise seg.reject(f"the gated operator halves {n} columns but its GEMM has "
+                             f"{dims[1][1]}")
+        bindings.append(("w0", str(seg.ops[0].param("weight"))))
+    if bias is not None:
+        bindings.append(("b0" if gemm else "bias", str(bias.param("bias"))))
+    bindings.append(("out", flows[-1].output))
+    return SegmentMatch(seg.ordinal, seg.idx, "gemm_glu" if gemm else "glu",
+                        (Epilogue(bias=bias is not None, act=str(gated.param("act"))),),
+                        tuple(bindings), tuple(dims), 0.0, (seg.ops[0].role,) if gemm else (),
+                        (flows[0].inputs[0],), (flows[-1].output,))
+
+
+@matches("gemm_glu")
+def _gated_gemm(seg: SegmentOps) -> SegmentMatch | None:
+    """A gated FFN's projection: gemm (gate and up packed, 2F wide), bias?, gated."""
+    kinds = {o.kind for o in seg.ops}
+    return _gated(seg, gemm=True) if {OpKind.GATED, OpKind.GEMM} <= kinds else None
+
+
+@matches("glu")
+def _gated_alone(seg: SegmentOps) -> SegmentMatch | None:
+    """A gated activation without its GEMM (bias?, gated): one memory pass, 2F -> F wide."""
+    return _gated(seg, gemm=False) if any(o.kind == OpKind.GATED for o in seg.ops) else None
 
 
 def activation_of(op: ChainOp) -> str | None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from stofc.frontend.types import Layer, OpKind
 from stofc.kernels import catalog
-from stofc.kernels.reference import gelu, layernorm, rmsnorm
+from stofc.kernels.reference import gated, gelu, layernorm, rmsnorm
 from stofc.plan.dataflow import resolve_dataflow
 
 
@@ -52,6 +52,8 @@ def reference_ops(layer: Layer, ops: Iterable[int], env: dict[str, np.ndarray],
             out = gelu(ins[0], "tanh" if tanh else "none")
         elif op.kind == OpKind.ACTIVATION:
             out = np.maximum(ins[0], 0.0)
+        elif op.kind == OpKind.GATED:
+            out = gated(ins[0], str(op.param("act")))
         elif op.kind == OpKind.LAYERNORM:
             beta = op.param("bias")
             out = layernorm(ins[0], weights[op.param("scale")],

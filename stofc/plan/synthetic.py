@@ -1,4 +1,4 @@
-"""Hand-built layer chains (BERT post-LN, GPT-2/ViT pre-LN, T5 RMSNorm).
+"""Hand-built layer chains (BERT post-LN, GPT-2/ViT pre-LN, T5 RMSNorm, Llama SwiGLU).
 
 These follow the frontend's contract exactly (op kinds, roles, params, ONNX-like
 value names) so plans, runners, tests and benchmarks can be exercised without
@@ -15,8 +15,13 @@ from stofc.frontend.types import AttentionBlock, ChainOp, Layer, OpKind
 def synthetic_layer(*, hidden: int = 768, heads: int = 12, ffn: int = 3072,
                     norm_order: str = "post", norm: str = "layernorm", bias: bool = True,
                     gelu: str = "none", activation: str = "gelu", epsilon: float = 1e-5,
-                    index: int = 0, weight_layout: str = "KN") -> Layer:
-    """One transformer layer chain with value names ``L<index>/...``."""
+                    index: int = 0, weight_layout: str = "KN", glu: str = "") -> Layer:
+    """One transformer layer chain with value names ``L<index>/...``.
+
+    ``glu`` (``silu``, ``gelu_erf``, ``gelu_tanh``, ``relu``): a gated FFN instead of
+    ``activation``: ``ffn_in`` projects to ``2 * ffn`` (``[gate | up]``) and a ``gated``
+    operator forms ``act(gate) * up``, as the frontend gives it.
+    """
     p = f"L{index}/"
     ops: list[ChainOp] = []
     norm_kind = OpKind.LAYERNORM if norm == "layernorm" else OpKind.RMSNORM
@@ -50,8 +55,10 @@ def synthetic_layer(*, hidden: int = 768, heads: int = 12, ffn: int = 3072,
     h = add(OpKind.RESIDUAL_ADD, "attn_residual", (o, x), f"{p}attn_residual.out")
     ffn_in_x = add_norm(h, "ln_ffn")
     residual2 = ffn_in_x if norm_order == "post" else h
-    f = linear(ffn_in_x, "ffn_in", hidden, ffn)
-    if activation == "gelu":
+    f = linear(ffn_in_x, "ffn_in", hidden, 2 * ffn if glu else ffn)
+    if glu:
+        f = add(OpKind.GATED, "gated", (f,), f"{p}gated.out", act=glu, features=ffn)
+    elif activation == "gelu":
         f = add(OpKind.GELU, "act", (f,), f"{p}act.out", approximation=gelu,
                 form="op" if gelu == "none" else "tanh")
     else:
@@ -84,6 +91,14 @@ def t5_layer(hidden: int = 512, heads: int = 8, ffn: int = 2048, **kw) -> Layer:
     """T5 layer: pre-RMSNorm, no biases, ReLU FFN."""
     return synthetic_layer(hidden=hidden, heads=heads, ffn=ffn, norm_order="pre",
                            norm="rmsnorm", bias=False, activation="Relu", epsilon=1e-6, **kw)
+
+
+def llama_layer(hidden: int = 512, heads: int = 8, ffn: int = 1408, **kw) -> Layer:
+    """Llama/Mistral layer: pre-RMSNorm, no biases, SwiGLU FFN (gate and up packed)."""
+    kw.setdefault("glu", "silu")
+    kw.setdefault("bias", False)
+    return synthetic_layer(hidden=hidden, heads=heads, ffn=ffn, norm_order="pre",
+                           norm="rmsnorm", epsilon=1e-6, **kw)
 
 
 def random_weights(layer: Layer, rng: np.random.Generator) -> dict[str, np.ndarray]:

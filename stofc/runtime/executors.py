@@ -22,9 +22,10 @@ from stofc.errors import PlanError, RegistryError, StofcError
 from stofc.kernels import catalog
 from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
+from stofc.kernels import glu as glu_family
 from stofc.kernels import norm as norm_family
 from stofc.kernels.registry import KernelInstance, PlanContext
-from stofc.kernels.vendor_gemm import lt_split, vendor_rest
+from stofc.kernels.vendor_gemm import LT_BIAS, LT_DEFAULT, lt_split, vendor_rest
 from stofc.plan.plan import Segment
 from stofc.runtime.module import _cupy
 
@@ -280,3 +281,77 @@ class VendorExecutor(SegmentExecutor):
                             stream=stream)
         runner._store(values, seg, out, pre)
 
+
+
+@executes
+class VendorGluExecutor(SegmentExecutor):
+    """A gated FFN's projection: cuBLASLt ``x @ [Wg | Wu]`` (its epilogue adds the bias),
+    then the gated-activation kernel; plain cuBLAS + the kernel adding the bias without Lt
+    (:mod:`stofc.kernels.glu`; the ORT library's GatedGemm runs the Lt path)."""
+
+    families = (glu_family.VENDOR_FAMILY,)
+
+    def compile(self, runner: SegmentRunner, seg: Segment) -> Loaded:
+        _, problem, cfg = _problem(seg, runner.dtype)
+        lt = runner.lt() if runner.use_lt and cfg.lt else None
+        gated = problem.gated(bias=problem.epilogue.bias and lt is None)
+        fn = runner.load(glu_family.render_gated(gated, cfg.gated), 0)
+        if lt is not None:  # the [K, N] copy now: never during a graph capture
+            name = seg.binding("w0")
+            params = getattr(runner, "params", {})
+            if name in params:
+                runner._weight_kn(name, params[name])
+        return Loaded(fn, 0, cfg.tpr * cfg.rows, cfg,
+                      {"lt": lt, "gated": gated, "rank": cfg.lt_algo,
+                       "lt_m": seg.kernel.param("lt_m")})
+
+    def run(self, runner: SegmentRunner, loaded: Loaded, seg: Segment, values: dict[str, Any],
+            *, batch: int, seq_len: int, stream: Any) -> None:
+        m, n, k = batch * seq_len, seg.dim("n0"), seg.dim("k0")
+        f, e = n // 2, loaded.extra
+        x, w = runner._get(values, seg, "x", (m, k)), runner._get(values, seg, "w0", (n, k))
+        bias = runner._get(values, seg, "b0", (n,)) if seg.epilogues[0].bias else None
+        t, out = runner._empty((m, n)), runner._empty((m, f))
+        if e["lt"] is not None:
+            ptr = stream.ptr if stream is not None else _cupy().cuda.get_current_stream().ptr
+            e["lt"].matmul(x, runner._weight_kn(seg.binding("w0"), w), t, runner.dtype, ptr,
+                           bias=bias, epilogue=LT_BIAS if bias is not None else LT_DEFAULT,
+                           algo_rank=e["rank"] if e["lt_m"] is None or int(e["lt_m"]) == m
+                           else 0, exact_rank=getattr(runner, "lt_exact_rank", False))
+        else:
+            runner.cublas_gemm(x, w, t, stream=stream)
+        args = (t, bias if e["gated"].bias else runner._dummy, out, np.int32(m), np.int32(f))
+        loaded.function((-(-m // loaded.config.rows), 1, 1), (loaded.threads, 1, 1), args,
+                        stream=stream)
+        runner._store(values, seg, out, None)
+
+
+@executes
+class GemmGluExecutor(SegmentExecutor):
+    """A gated FFN's projection on the hand-written template: W and the bias with the gate
+    and up rows interleaved (:func:`stofc.kernels.glu.interleave`, made once)."""
+
+    families = ("gemm_glu",)
+
+    def compile(self, runner: SegmentRunner, seg: Segment) -> Loaded:
+        fam, problem, cfg = _problem(seg, runner.dtype)
+        smem = cfg.smem_bytes(runner.dtype)
+        fn = runner.load(_render(fam.kernels(problem, cfg)[0]), smem)
+        params = getattr(runner, "params", {})
+        names = {slot: seg.binding(slot) for slot in ("w0", "b0")}
+        pairs = {slot: glu_family.interleave(params[name]) for slot, name in names.items()
+                 if name is not None and name in params}
+        return Loaded(fn, smem, cfg.threads, cfg, {"pairs": pairs})
+
+    def run(self, runner: SegmentRunner, loaded: Loaded, seg: Segment, values: dict[str, Any],
+            *, batch: int, seq_len: int, stream: Any) -> None:
+        m, n, k = batch * seq_len, seg.dim("n0"), seg.dim("k0")
+        pairs, cfg = loaded.extra["pairs"], loaded.config
+        x = runner._get(values, seg, "x", (m, k))
+        runner._get(values, seg, "w0", (n, k))         # checks the weight's shape
+        bias = pairs.get("b0", runner._dummy) if seg.epilogues[0].bias else runner._dummy
+        out = runner._empty((m, n // 2))
+        args = (x, pairs["w0"], out, bias, np.int32(m), np.int32(n), np.int32(k))
+        loaded.function((-(-n // cfg.bn), -(-m // cfg.bm), 1), (loaded.threads, 1, 1), args,
+                        shared_mem=loaded.smem, stream=stream)
+        runner._store(values, seg, out, None)

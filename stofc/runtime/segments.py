@@ -30,6 +30,7 @@ from stofc.frontend.types import Layer, OpKind
 from stofc.kernels import catalog
 from stofc.kernels.attention.family import AttentionFamily
 from stofc.plan.plan import LayerPlan, Segment
+from stofc.runtime import executors_glu  # noqa: F401  (registers the gated activation's executor)
 from stofc.runtime.executors import Loaded, executor_for, runs_here
 from stofc.runtime.module import _cupy
 from stofc.runtime.segment_cublas import handle, lt_handle

@@ -51,7 +51,8 @@ def make_plan(layer, scheme, *, dtype, tokens, vendor=False, store="row") -> Lay
     matches = {m.ordinal: m for m in match_segments(layer, scheme)}
     segs = []
     for seg in plan.segments:
-        if seg.family in ("gemm", "gemm_norm") and seg.kernel.param("store") == "row":
+        if seg.family in ("gemm", "gemm_norm", "gemm_glu") and \
+                seg.kernel.param("store", "row") == "row":
             spec = kernel_spec(matches[seg.ordinal], tokens=tokens, profile=profile, dtype=dtype,
                                vendor=True)
             if vendor == "nolt":  # cuBLAS + the whole epilogue in the Add+Norm kernel

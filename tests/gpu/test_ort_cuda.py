@@ -377,7 +377,7 @@ def stofc_providers(session, run) -> dict[str, set[str]]:
     seen: dict[str, set[str]] = {}
     for e in events:
         args = e.get("args", {})
-        if args.get("op_name") in ("SparseAttention", "FusedGemm", "AddLayerNorm"):
+        if args.get("op_name") in ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm"):
             seen.setdefault(args["op_name"], set()).add(args.get("provider", "?"))
     return seen
 

@@ -2,7 +2,8 @@
 
 ONNX Runtime runs the canonicalized model with every chain op's inputs and
 outputs exposed; numpy recomputes each op from its inputs and its params only
-(weight + layout, fused bias, norm scale/bias/epsilon, GELU approximation) and
+(weight + layout, fused bias, norm scale/bias/epsilon, GELU approximation, a gated
+FFN's act(gate) * up) and
 must match. This pins the contract the plan and the kernels rely on.
 """
 
@@ -72,6 +73,15 @@ def _compute(op, x: list[np.ndarray], w: dict[str, np.ndarray], pending: dict) -
         v = x[0]
         return {"Relu": lambda: np.maximum(v, 0), "Silu": lambda: v / (1 + np.exp(-v)),
                 "QuickGelu": lambda: v / (1 + np.exp(-1.702 * v))}[p("op")]()
+    if kind == OpKind.GATED:
+        v, f = x[0], p("features")
+        gate, up = v[..., :f], v[..., f:]
+        act = {"silu": lambda a: a / (1 + np.exp(-a)), "relu": lambda a: np.maximum(a, 0),
+               "gelu_erf": lambda a: 0.5 * a * (1 + _erf(a / math.sqrt(2))),
+               "gelu_tanh": lambda a: 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) *
+                                                             (a + 0.044715 * a**3)))}
+        assert v.shape[-1] == 2 * f
+        return act[p("act")](gate) * up
     return None  # attention: checked by test_frontend_semantics
 
 
@@ -112,6 +122,9 @@ def test_fixture_chain_recomputes(name):
     {"qkv": "gemm"}, {"norm": "ln_decomposed"}, {"norm": "rms_op"},
     {"norm": "rms_decomposed", "bias": False, "order": "pre", "act": "relu"},
     {"act": "tanh"}, {"act": "gelu_op"}, {"order": "pre", "qkv": "fused_split"},
+    {"glu": "separate", "act": "silu", "order": "pre", "bias": False},
+    {"glu": "split", "act": "erf"}, {"glu": "slice", "act": "tanh", "order": "pre"},
+    {"glu": "separate", "act": "relu", "norm": "rms_decomposed"},
 ])
 def test_variant_chain_recomputes(tmp_path, variant):
     path = tmp_path / "m.onnx"

@@ -26,7 +26,7 @@ from stofc.masks import encode, parse_mask
 from stofc.plan import families as segment_kinds
 from stofc.plan.build import build_plan, segment_context
 from stofc.plan.moves import initial_scheme
-from stofc.plan.synthetic import bert_layer, gpt2_layer, t5_layer
+from stofc.plan.synthetic import bert_layer, gpt2_layer, llama_layer, t5_layer
 from stofc.runtime.executors import executes
 from stofc.runtime.launches import launches
 from stofc.targets import get_profile
@@ -40,9 +40,12 @@ BUILTIN = {
     "attention_ws": "stofc.kernels.attention.ws",
     "gemm": "stofc.kernels.gemm",
     "gemm_gemm": "stofc.kernels.gemm_gemm",
+    "gemm_glu": "stofc.kernels.glu",
     "gemm_norm": "stofc.kernels.gemm_norm",
+    "glu": "stofc.kernels.glu",
     "ort": "stofc.kernels.ort",
     "vendor_gemm": "stofc.kernels.vendor_gemm",
+    "vendor_glu": "stofc.kernels.glu",
 }
 
 
@@ -151,7 +154,8 @@ def test_a_second_emitter_executor_launch_form_or_matcher_fails_loudly():
     ("bigbird:block=64,window=3,global=1,random=1", "attention_ws"),
     ("sliding:window=64", "attention_block")])
 def test_planned_specs_round_trip_through_their_family_config(mask, attention):
-    layers = [bert_layer(index=0), gpt2_layer(index=1), t5_layer(index=2)]
+    layers = [bert_layer(index=0), gpt2_layer(index=1), t5_layer(index=2),
+              llama_layer(index=3), llama_layer(index=4, glu="gelu_tanh", bias=True)]
     fmt = encode(parse_mask(mask), 512, tile=64)
     plan = build_plan(layers, fmt, H100, dtype="float16", max_seq_len=512, batch=8)
     seen = set()
@@ -166,7 +170,27 @@ def test_planned_specs_round_trip_through_their_family_config(mask, attention):
             assert isinstance(config, fam.config_type)
             assert fam.spec(problem, config) == seg.kernel, (fam.name, seg.ordinal)
             assert fam.kernels(problem, config)[0].role == "main"
-    assert {"vendor_gemm", "add_norm", attention} <= seen, seen
+    assert {"vendor_gemm", "add_norm", "vendor_glu", attention} <= seen, seen
+
+
+@pytest.mark.parametrize("glu", ["silu", "gelu_erf", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_hand_written_gated_specs_round_trip(glu, bias):
+    """plan_layer(vendor=False): the gated FFN's segment runs on the hand-written family."""
+    from stofc.plan.build import plan_layer
+
+    layer = llama_layer(glu=glu, bias=bias)
+    lp = plan_layer(layer, initial_scheme(layer, tokens=512), tokens=512, profile=H100,
+                    dtype="bfloat16")
+    (seg,) = [s for s in lp.segments if s.family == "gemm_glu"]
+    fam = catalog.family_of(seg.kernel)
+    assert fam.name == "gemm_glu" and seg.epilogues[0].act == glu
+    assert seg.epilogues[0].bias == bias and seg.dim("n0") == 2 * 1408
+    problem = fam.problem(seg, segment_context(layer, seg, H100, tokens=512, dtype="bfloat16"))
+    config = fam.config_of(seg.kernel, problem)
+    assert fam.spec(problem, config) == seg.kernel
+    assert fam.from_params(fam.params(config)) == config
+    assert catalog.family_of_params("gemm_glu", fam.params(config)) is fam
 
 
 def test_a_new_segment_kind_is_one_matcher(monkeypatch):

@@ -49,8 +49,8 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
     lines = res.stdout.splitlines()
     assert lines[-1] == f"abi {KERNEL_ABI}"
     regs = {tuple(line.split()) for line in lines[:-1]}
-    assert len(regs) == len(lines) - 1 == 21
-    ops = ("SparseAttention", "FusedGemm", "AddLayerNorm")
+    assert len(regs) == len(lines) - 1 == 26
+    ops = ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm")
     f32, f16, bf16, u8 = "1", "10", "16", "2"   # ONNX TensorProto element types
     eps = ("CUDAExecutionProvider", "CPUExecutionProvider")
     # bf16 packages' float pre-LN forms (OPS.md): FusedGemm bias (input 2) float -> y float;
@@ -120,6 +120,55 @@ def test_epilogue_attributes(driver):
     assert warps.startswith("ERR ") and "whole warps" in warps
     assert no_abi.startswith("ERR ") and "FusedGemm node carries no CUDA launch attributes" in no_abi
     assert not_norm.startswith("ERR ") and "not a stofc Add+Norm kernel" in not_norm
+
+
+GLU_ENTRY = "stofc_glu_float16_silu_f11008_t256x1"
+GLU_OK = {"kernel_abi": 3, "epilogue_kernel": f"kernels/g.sm_90.cubin:{GLU_ENTRY}",
+          "epilogue_threads": 256, "epilogue_rows": 1}
+
+
+def test_gated_gemm_attributes(driver):
+    """GatedGemm's gated-activation kernel: its entry name must name the node's activation
+    and no bias (cuBLASLt adds it); the row width F is read from it."""
+    out = ask(driver, ("glu:silu", GLU_OK),
+              ("glu:gelu_erf", GLU_OK),
+              ("glu:silu", dict(GLU_OK, epilogue_kernel="g.cubin:stofc_glu_float16_silu_b_f64_t32x4")),
+              ("glu:silu", dict(GLU_OK, epilogue_kernel=f"g.cubin:{NORM_ENTRY}")),
+              ("glu:silu", dict(GLU_OK, epilogue_kernel="")),
+              ("glu:silu", dict(GLU_OK, epilogue_kernel="g.cubin:stofc_glu_float16_silu_t32x4")),
+              ("glu:silu", dict(GLU_OK, epilogue_threads=96, epilogue_rows=2)),
+              ("glu:silu", {k: v for k, v in GLU_OK.items() if k != "kernel_abi"}))
+    ok, other_act, with_bias, not_glu, empty, no_width, warps, no_abi = out
+    assert ok == (f"OK bf16=0 file=kernels/g.sm_90.cubin entry={GLU_ENTRY} features=11008 "
+                  "threads=256 rows=1")
+    assert other_act.startswith("ERR ") and "another activation than the node's 'gelu_erf'" in \
+        other_act
+    assert with_bias.startswith("ERR ") and "has cuBLASLt add it" in with_bias
+    assert not_glu.startswith("ERR ") and "not a stofc gated-activation kernel" in not_glu
+    assert empty.startswith("ERR ") and "attribute 'epilogue_kernel'" in empty
+    assert no_width.startswith("ERR ") and "does not give its row width" in no_width
+    assert warps.startswith("ERR ") and "whole warps" in warps
+    assert no_abi.startswith("ERR ") and "GatedGemm node carries no CUDA launch attributes" in \
+        no_abi
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gated_kernels_the_lowering_names_parse(driver, dtype):
+    """Every gated-activation kernel the package writer names (twins.gated_epilogue_kernel,
+    tuned shape or default) is accepted by the CUDA twin for its activation."""
+    from stofc.kernels.glu import GatedConfig
+    from stofc.lower.twins import gated_epilogue_kernel, gated_launch_attributes
+
+    cases = []
+    for act in ("silu", "gelu_erf", "gelu_tanh", "relu"):
+        for f, cfg in ((1408, None), (96, GatedConfig(32, 4)), (11008, GatedConfig(512, 2))):
+            kernel = gated_epilogue_kernel(act, f, dtype, cfg)
+            cases.append((act, f, kernel, gated_launch_attributes(kernel, "kernels/g.cubin")))
+    out = ask(driver, *((f"glu:{act}", attrs) for act, _, _, attrs in cases))
+    for (_, f, kernel, attrs), line in zip(cases, out, strict=True):
+        assert line == (f"OK bf16={int(dtype == 'bfloat16')} file=kernels/g.cubin "
+                        f"entry={kernel.name} features={f} threads={attrs['epilogue_threads']} "
+                        f"rows={attrs['epilogue_rows']}"), line
 
 
 def test_epilogue_tags_equal_python_epilogue_tags(driver):

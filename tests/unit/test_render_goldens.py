@@ -3,7 +3,8 @@
 A template change shows up as a reviewed diff of these files; regenerate them with
 ``STOFC_REGEN_GOLDENS=1 pytest tests/unit/test_render_goldens.py``. The specs cover
 each template's switches: GEMM output layouts, epilogues (bias, activations,
-residual, LayerNorm / RMSNorm, the pre-norm store), dtypes, GEMM+GEMM's direct and
+residual, LayerNorm / RMSNorm, the pre-norm store), dtypes, the gated FFN's activation
+pass (with and without its bias) and its GEMM (the product in registers), GEMM+GEMM's direct and
 workspace modes, Add+Norm's float32 inputs and parameters, and the attention
 kernels' tiles, query split, pipeline depth, occupancy bound, wgmma, soft-capping, head_dim
 256 (Q re-read from shared memory) and inputs, and the warp-specialised kernel's stages,
@@ -20,6 +21,7 @@ import pytest
 from stofc.codegen import Source
 from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
+from stofc.kernels import glu as glu_family
 from stofc.kernels import norm as norm_family
 from stofc.kernels.attention import AttentionConfig, KernelSpec, render_kernel
 from stofc.kernels.epilogue import Epilogue
@@ -72,6 +74,22 @@ def _norm() -> list[Source]:
     ]
 
 
+def _glu() -> list[Source]:
+    """The gated FFN's kernels: the gated-activation pass (cuBLASLt's, no bias: the CUDA
+    twin; plain cuBLAS's, with it) and the mma.sync GEMM with the product in registers."""
+    G, C = glu_family.GatedProblem, glu_family.GatedConfig
+    P, GC = glu_family.GluProblem, gemm_family.GemmConfig
+    return [
+        glu_family.render_gated(G(4096, 11008, "float16", "silu", False), C(256, 1)),
+        glu_family.render_gated(G(4096, 768, "bfloat16", "gelu_erf", True), C(32, 4)),
+        glu_family.render_gemm_glu(P(4096, 1408, 512, "bfloat16", Epilogue(act="silu")),
+                                   GC(128, 128, 32, 2, 4, 3)),
+        glu_family.render_gemm_glu(P(256, 768, 768, "float16",
+                                     Epilogue(bias=True, act="gelu_tanh")),
+                                   GC(64, 64, 64, 2, 2, 4)),
+    ]
+
+
 def _attention() -> list[Source]:
     A, S = AttentionConfig, KernelSpec
     specs = [
@@ -95,7 +113,8 @@ def _attention() -> list[Source]:
     return [render_kernel(s) for s in specs]
 
 
-SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_norm(), *_attention())}
+SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_glu(), *_norm(),
+                                     *_attention())}
 
 
 def test_every_template_is_covered():

@@ -394,14 +394,16 @@ def test_descriptors_are_those_of_the_ort_twin():
     assert ("pref", 1, 32 << 20) in calls
     done = fake.matmuls[-1]
     assert done["c"] == 0x6000 and done["d"] == 0x3000 and done["beta"] == 1.0
-    # the C++ twin builds the same: opN/opN and these three layouts
-    cc = (ROOT / "cuda/ort/cuda_gemm_norm.cc").read_text()
+    # the C++ twins build the same (cuda_lt_gemm.cc, shared by FusedGemm and GatedGemm):
+    # opN/opN and these three layouts
+    cc = (ROOT / "cuda/ort/cuda_lt_gemm.cc").read_text()
     assert re.search(r"MatrixLayoutCreate\(&p->a, dtype, N, K, N\)", cc)
     assert re.search(r"MatrixLayoutCreate\(&p->b, dtype, K, M, K\)", cc)
     assert re.search(r"MatrixLayoutCreate\(&p->c, out_dtype, N, M, N\)", cc)
-    assert re.search(r"f32_out \? kCudaR32F : dtype", cc)   # C/D = dtype unless a float y
     assert re.search(r"kLtTransA, &opn", cc) and re.search(r"kLtTransB, &opn", cc)
     assert re.search(r"MatmulDescCreate\(&p->desc, kLtComputeF32, kCudaR32F\)", cc)
+    fused = (ROOT / "cuda/ort/cuda_gemm_norm.cc").read_text()
+    assert re.search(r"f32_out \? kCudaR32F : dtype", fused)   # C/D = dtype unless a float y
 
 
 # ---- the segment runner's vendor path -------------------------------------------------

@@ -6,7 +6,7 @@
 //   and, when set, " float_inputs=N", " float_outputs=N", " any_inputs=N" (bit masks).
 //   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|name=l:1,2|..." and the
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
-//   epilogue:<op>, gemm_split (attributes bias, act, residual, after),
+//   epilogue:<op>, glu:<activation> (GatedGemm's gated-activation kernel), gemm_split (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
 //   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed, Hkv, sm: the
 //   attention launch's scalars; for a ws plan its work items, grids (sm: the GPU's SMs,
@@ -89,6 +89,10 @@ std::string run(const std::string& parser, const MapSource& a) {
                 << " threads=" << l.threads << " rows=" << l.rows;
         if (l.x_fp32) out << " x_fp32=1";
         if (l.params_fp32) out << " params_fp32=1";
+    } else if (parser.rfind("glu:", 0) == 0) {  // glu:<activation>
+        const GluLaunch l = parse_glu_launch(a, parser.substr(4));
+        out << "bf16=" << l.bf16 << " file=" << l.kernel.file << " entry=" << l.kernel.entry
+            << " features=" << l.features << " threads=" << l.threads << " rows=" << l.rows;
     } else if (parser == "gemm_split") {
         const GemmSplit s = split_fused_gemm(a.i("bias"), a.s("act"), a.i("residual"), a.i("after"));
         out << "lt_epilogue=" << s.lt_epilogue << " lt_residual=" << s.lt_residual << " rest=" << s.rest.str();

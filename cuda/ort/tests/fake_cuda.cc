@@ -273,6 +273,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         s << "], \"key_bits_values\": [";
         for (int w = 0; w < B * key_words; ++w) s << (w ? ", " : "") << "\"" << words[w] << "\"";
         s << "]";
+    } else if (name.rfind("stofc_glu_", 0) == 0) {
+        static const char* ptrs[] = {"x", "bias", "out"};
+        for (int j = 0; j < 3; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);
+        s << ", \"M\": " << get<int>(args, 3) << ", \"F\": " << get<int>(args, 4);
     } else if (name.rfind("stofc_add_norm_", 0) == 0) {
         static const char* ptrs[] = {"x", "bias", "residual", "gamma", "beta", "out", "pre_norm"};
         for (int j = 0; j < 7; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);
