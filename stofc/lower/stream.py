@@ -111,7 +111,9 @@ def keep_stream_fp32(em: Emitter, emitted: list[EmittedSegment], needed: set[str
             if bias is None:
                 continue
             residual = node.input[3]
-            y32, h32 = f"{h}::f32gemm", f"{h}::f32"
+            # x@W+b is not the model's value h: a name whose base (before "::") is no model
+            # value, so compile's check never compares it with h (selfcheck)
+            y32, h32 = f"{node.name}/xw_plus_b::f32", f"{h}::f32"
             node.input[:] = [node.input[0], node.input[1], bias]
             node.output[0] = y32
             if norm is not None:
