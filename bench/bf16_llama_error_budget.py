@@ -5,36 +5,48 @@
 17) was refused by its own pre-rename check: 1.504e-2 > 1e-2 on the CPU EP at (2, 72).
 
 This script re-implements the exported model in numpy float32 (weights read from the ONNX
-file by the exporter's node names) and rounds to bfloat16 (round to nearest even, as
+file by the exporter's node names: the bench export's ``/m/...`` and the fixtures'
+``/model/...``) and rounds to bfloat16 (round to nearest even, as
 ``stofc.lower.emit.to_tensor``, ``from_float<BFloat16_t>`` and ``__float2bfloat16_rn``)
 exactly where a bf16 package stores a value in T. Sites (per layer):
 
 * ``w_attn``: the q/k/v/o projection weights (FusedGemm's ``w``, bf16);
-* ``w_mlp``: gate/up/down weights: bf16 only once the gated FFN is fused (today ORT runs
-  the SwiGLU MLP in float32 from the model's own float32 weights);
-* ``embed``: the embedding row (the Cast of the fp32 Gather to T feeding the first norm
-  and the first residual);
+* ``w_mlp``: gate/up/down weights: bf16 only once the gated FFN is fused (today ONNX
+  Runtime runs the SwiGLU MLP in float32 from the model's own float32 weights);
+* ``embed``: the embedding row, where it starts the residual stream;
+* ``norm_in``: what a norm reads, rounded where the stream itself is not (a stream in
+  float32 enters a norm as a bf16 Cast or residual: stofc.lower.stream);
 * ``norm1_out`` / ``norm2_out``: the RMSNorm outputs (AddLayerNorm's y, a GEMM's x);
-* ``qkv_out``: the Q/K/V FusedGemm outputs (RoPE then runs in fp32 in ORT);
+* ``qkv_out``: the Q/K/V FusedGemm outputs (RoPE then runs in float32 in ONNX Runtime);
 * ``rope_out``: rotated Q and K cast back to T for SparseAttention;
 * ``attn_P``: P packed to T before P.V (GPU block-wise kernels only; not on the CPU twin);
 * ``attn_out``: SparseAttention's output;
-* ``h_attn``: ``x + attn @ Wo``, the mid-layer residual stream (today: FusedGemm with the
-  residual as input 3 writes it in T; the MLP reads it as its residual);
+* ``update`` / ``update_mlp``: ``attn @ Wo`` / the down projection's result before the
+  residual joins (a GEMM writing its result in T and a norm adding the stream to it in
+  float32: a form OPS.md does not have yet, see the rows);
+* ``h_attn``: ``x + attn @ Wo``, the mid-layer residual stream (before the fix: the
+  FusedGemm with the residual as input 3 wrote it in T, the MLP read it as its residual);
 * ``mlp_act``: ``silu(gate) * up`` in T (a fused gated FFN's hidden activation);
-* ``h_mlp``: ``h_attn + mlp``, the residual stream entering the next layer (today ORT's
-  float32 Add, Cast to T by the next layer's first fused op; the last layer's stays fp32
-  into ORT's final norm); with a fused FFN the down-projection's FusedGemm writes it.
+* ``h_mlp``: ``h_attn + mlp``, the stream entering the next layer (ONNX Runtime's float32
+  Add, which the package Cast to T for the next layer's norm and residual; the last
+  layer's stays float32 into ONNX Runtime's final norm); with a fused FFN the down
+  projection's FusedGemm writes it.
 
-GEMMs accumulate in float32, norms and softmax in float32 (the CPU twins in
-``cuda/ort/cpu_ops.cc``). The reference is what compile's check and ``stofc verify`` run:
-ONNX Runtime's CPU EP on the original fp32 model with the mask injected, on
-``make_inputs``' feeds (seed 0, batch 2, length 72: the check's case). Metric: verify's
-``max |pkg - ref| / max |ref|`` over real tokens.
+Rows: ``before`` is what stofc built on 2026-11-25 (the refused package); ``now`` what it
+builds since the residual stream is kept float32 (stofc/lower/stream.py: the stream is
+rounded nowhere, the norms read it rounded); the floors round only what a tensor-core
+GEMM or the attention kernel must read in T (everything else float32): no stofc-side
+precision choice of a bf16 package rounds less. GEMMs accumulate in float32, norms and
+softmax in float32 (the CPU twins in ``cuda/ort/cpu_ops.cc``). The reference is what
+compile's check and ``stofc verify`` run: ONNX Runtime's CPU EP on the original fp32 model
+with the mask injected, on ``make_inputs``' feeds (seed 0, batch 2, length 72: the check's
+case; seeds 1.. the spread). Metric: verify's ``max |pkg - ref| / max |ref|`` over real
+tokens. ``--package DIR`` adds the measured error of compiled packages on the same inputs.
 
 Usage: python bench/bf16_llama_error_budget.py MODEL.onnx [--seeds 8] [--length 72]
-(MODEL: ``bench/e2e_long_models.py``'s export of ``llama``; the full model takes ~2 GB of
-memory and ~1 s per emulated run on 2 cores.)
+       [--package DIR ...] [--sites] [--save-feeds FEEDS.npz]
+(MODEL: ``bench/e2e_long_models.py``'s export of ``llama``; the full model takes ~3 GB of
+memory and ~1.5 s per emulated run on 2 cores.)
 """
 
 from __future__ import annotations
@@ -52,14 +64,15 @@ from onnx import numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SITES = ("w_attn", "w_mlp", "embed", "norm1_out", "qkv_out", "rope_out", "attn_P", "attn_out",
-         "h_attn", "norm2_out", "mlp_act", "h_mlp")
+SITES = ("w_attn", "w_mlp", "embed", "norm_in", "norm1_out", "qkv_out", "rope_out", "attn_P",
+         "attn_out", "update", "h_attn", "norm2_out", "mlp_act", "update_mlp", "h_mlp")
 STREAM = frozenset({"embed", "h_attn", "h_mlp"})        # the residual stream
-# what the package stores in T today (the MLP is ORT's, float32; row-wise CPU attention)
-TODAY = frozenset({"w_attn", "embed", "norm1_out", "qkv_out", "rope_out", "attn_out",
+# what the package stored in T before the fix (the MLP is ORT's, float32; CPU attention
+# keeps P float32)
+BEFORE = frozenset({"w_attn", "embed", "norm1_out", "qkv_out", "rope_out", "attn_out",
                    "h_attn", "norm2_out", "h_mlp"})
 # a gated FFN fused as well (the work in progress): its weights, hidden activation in T
-FUSED_FFN = TODAY | {"w_mlp", "mlp_act"}
+FUSED_FFN = BEFORE | {"w_mlp", "mlp_act"}
 # torch.autocast(bfloat16)-like: GEMM operands and outputs in bf16, residual stream fp32
 AUTOCAST = frozenset(SITES) - STREAM - {"attn_P"}
 
@@ -151,7 +164,7 @@ def run(m: Llama, ids: np.ndarray, pad: np.ndarray, rounded: frozenset[str],
     for i, w in enumerate(m.w):
         wa = {k: r("w_attn", w[k]) for k in ("q", "k", "v", "o")}
         wm = {k: r("w_mlp", w[k]) for k in ("gate", "up", "down")}
-        h = r("norm1_out", rms_norm(x, w["input_layernorm"], m.eps))
+        h = r("norm1_out", rms_norm(r("norm_in", x), w["input_layernorm"], m.eps))
         q, k, v = (r("qkv_out", h @ wa[n]).reshape(B, S, -1, D).transpose(0, 2, 1, 3)
                    for n in ("q", "k", "v"))
         q, k = r("rope_out", rope(q, cos, sin)), r("rope_out", rope(k, cos, sin))
@@ -161,12 +174,12 @@ def run(m: Llama, ids: np.ndarray, pad: np.ndarray, rounded: frozenset[str],
         e = np.exp(scores - scores.max(-1, keepdims=True)).astype(np.float32)
         ctx = (r("attn_P", e) @ v) / e.sum(-1, keepdims=True)
         ctx = r("attn_out", ctx.transpose(0, 2, 1, 3).reshape(B, S, H * D))
-        x = r("h_attn", x + ctx @ wa["o"])
-        h = r("norm2_out", rms_norm(x, w["post_attention_layernorm"], m.eps))
+        x = r("h_attn", x + r("update", ctx @ wa["o"]))
+        h = r("norm2_out", rms_norm(r("norm_in", x), w["post_attention_layernorm"], m.eps))
         g = h @ wm["gate"]
         act = r("mlp_act", (g / (1 + np.exp(-g))) * (h @ wm["up"]))
         last = i + 1 == len(m.w)
-        x = x + act @ wm["down"]
+        x = x + r("update_mlp", act @ wm["down"])
         x = r("h_mlp", x) if not last or "w_mlp" in rounded else x
     return rms_norm(x, m.norm, m.eps)
 
@@ -178,20 +191,26 @@ def rel(out: np.ndarray, ref: np.ndarray, real: np.ndarray) -> float:
 
 
 # only what a tensor-core GEMM or the attention kernel reads is in T; all else float32
-FLOOR_TODAY = frozenset({"w_attn", "norm1_out", "rope_out", "attn_out"})
-FLOOR_FUSED = FLOOR_TODAY | {"w_mlp", "norm2_out", "mlp_act"}
+FLOOR = frozenset({"w_attn", "norm1_out", "rope_out", "attn_out"})
+FLOOR_FUSED = FLOOR | {"w_mlp", "norm2_out", "mlp_act"}
+NOW = (BEFORE - STREAM) | {"norm_in"}            # stofc/lower/stream.py
 
 ROWS: dict[str, tuple[frozenset[str], bool]] = {   # label -> (sites rounded, float16?)
-    "package today (MLP in ORT, float32)": (TODAY, False),
-    "package today, float16 instead": (TODAY, True),
-    "today + residual stream float32": (TODAY - STREAM, False),
-    "today + stream fp32 + RoPE on the fp32 GEMM result": (TODAY - STREAM - {"qkv_out"}, False),
-    "today's floor: only GEMM/attention operands in T": (FLOOR_TODAY, False),
-    "today's floor + P in T (GPU block-wise attention)": (FLOOR_TODAY | {"attn_P"}, False),
+    "before: package of 2026-11-25 (stream in T)": (BEFORE, False),
+    "before, float16 instead": (BEFORE, True),
+    "now: residual stream float32 (norms read it rounded)": (NOW, False),
+    "now + RoPE reading the float32 Q/K GEMM result": (NOW - {"qkv_out"}, False),
+    "floor, MLP in ORT: only GEMM/attention operands in T": (FLOOR, False),
+    "floor, MLP in ORT, + P in T (GPU block-wise attention)": (FLOOR | {"attn_P"}, False),
+    "ideal: GEMM writes attn@Wo in T, norm adds the fp32 stream": (
+        (BEFORE - STREAM) | {"update"}, False),
     "gated FFN fused (WIP), stream in T": (FUSED_FFN, False),
-    "gated FFN fused, stream float32": (FUSED_FFN - STREAM, False),
-    "gated FFN fused, floor: only GEMM/attention operands in T": (FLOOR_FUSED, False),
-    "gated FFN fused, stream in T, float16 instead": (FUSED_FFN, True),
+    "gated FFN fused, stream float32 (as now)": ((FUSED_FFN - STREAM) | {"norm_in"}, False),
+    "gated FFN fused, ideal (GEMMs write updates in T)": (
+        (FUSED_FFN - STREAM) | {"update", "update_mlp"}, False),
+    "floor with the gated FFN fused": (FLOOR_FUSED, False),
+    "gated FFN fused, stream float32, float16 instead": ((FUSED_FFN - STREAM) | {"norm_in"},
+                                                         True),
     "only the weights in T": (frozenset({"w_attn", "w_mlp"}), False),
     "only the attention weights in T": (frozenset({"w_attn"}), False),
 }
@@ -205,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--package", type=Path, action="append", default=[],
                     help="also run this compiled package on the same inputs (repeatable)")
     ap.add_argument("--sites", action="store_true", help="also each site alone / kept fp32")
+    ap.add_argument("--save-feeds", type=Path,
+                    help="write the inputs (and real-token masks) per seed to this .npz, for "
+                         "bench/bf16_llama_torch.py")
     ns = ap.parse_args(argv)
     from stofc.frontend import load_model
     from stofc.masks import encode
@@ -228,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     for seed in range(ns.seeds):
         feeds, real = make_inputs(graph, 2, ns.length, np.random.default_rng(seed))
         data.append((feeds, real, sess.run(None, feeds)[0]))
+    if ns.save_feeds:
+        np.savez(ns.save_feeds, **{f"{k}{seed}": v for seed, (f, real, _) in enumerate(data)
+                                   for k, v in [*f.items(), ("real", real)]})
     del sess
 
     def errors(rounded: frozenset[str], half: bool = False) -> np.ndarray:
@@ -253,8 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     for label, (rounded, half) in ROWS.items():
         row(label, errors(rounded, half))
     if ns.sites:
-        for site in sorted(TODAY, key=SITES.index):
-            row(f"today, kept in fp32: {site}", errors(TODAY - {site}))
+        for site in sorted(BEFORE, key=SITES.index):
+            row(f"before, kept in fp32: {site}", errors(BEFORE - {site}))
         for site in SITES:
             row(f"only rounded: {site}", errors(frozenset({site})))
 
