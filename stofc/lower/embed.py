@@ -59,7 +59,9 @@ float16, and Gather in float16 and bfloat16. ONNX Runtime's CUDA EP source
 registers Add-14 and Gather for both. So a bfloat16 package rewrites a region only when no ONNX Add
 remains: a lone Gather (T5's token embedding), optionally under the norm, or
 the norm of two summands folded as above. HF BERT's and GPT-2's embeddings keep
-their float32 form in bfloat16 packages. (Feeding a float32 sum to
+their float32 form in bfloat16 packages, and so does an embedding that starts a pre-norm
+residual stream (T5's, Llama's): :mod:`stofc.lower.stream`, which runs first, makes the
+stream's first float32 Add read it, so the region is read elsewhere. (Feeding a float32 sum to
 AddLayerNorm's float ``x`` would run on both EPs, but
 :func:`~stofc.lower.twins.annotate_cuda` knows a float ``x`` only from
 a FusedGemm's float output and would compile the kernel for a bfloat16 x.)

@@ -39,7 +39,11 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
 * bfloat16 packages keep LayerNorm's gamma / beta float32 and never round the
   sum a LayerNorm normalises: a FusedGemm read only by an AddLayerNorm writes
   ``x@W + b`` in float32 and the norm adds the residual
-  (:mod:`stofc.lower.prenorm`). float16 packages are unchanged.
+  (:mod:`stofc.lower.prenorm`); the residual stream of pre-norm layers (a
+  GEMM-plus-residual sum that a norm and later residual adds read, a norm's
+  ``sum`` output) is formed and kept in float32 by ONNX ``Add`` nodes, the norm
+  adding the residual itself (:mod:`stofc.lower.stream`). float16 packages are
+  unchanged.
 * The embedding runs in the dtype (:mod:`stofc.lower.embed`): where a value
   entering a fused op through a Cast is the sum of Gathers from float32 tables
   (optionally under a last-axis LayerNormalization) and nothing else reads it,
@@ -76,6 +80,7 @@ from stofc.lower.emit import (
 )
 from stofc.lower.emitters import emit_segment
 from stofc.lower.prenorm import keep_pre_norm_fp32
+from stofc.lower.stream import keep_stream_fp32
 from stofc.plan.plan import Plan
 
 __all__ = ["DOMAIN", "AttentionBinding", "EmittedSegment", "float_type", "rewrite_model"]
@@ -116,6 +121,7 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     if pack_qkv:
         emitted = _pack_qkv(em, emitted, needed)
     emitted = keep_pre_norm_fp32(em, emitted, needed)
+    emitted = keep_stream_fp32(em, emitted, needed)
     kept, emitted = embed_in_dtype(em, kept, emitted,
                                    set(idx.graph_outputs) | _subgraph_inputs(kept))
     for value, twin in em.fused.items():

@@ -6,7 +6,8 @@ write the first fused op's input directly (no float32 Gather table, no float32
 LayerNormalization, no ``cast_in`` Cast on the embedding); BERT's norm is one
 more AddLayerNorm, which takes the token type rows as its residual where the
 dynamo export's shapes prove they have the sum's shape; bfloat16 packages
-rewrite only regions with no Add left (the CPU EP has no bfloat16 Add); a region
+rewrite only regions with no Add left (the CPU EP has no bfloat16 Add) and that the
+residual stream does not read in float32 (T5's embedding stays float32); a region
 whose values are read elsewhere is left as it was; every package matches the
 masked float32 reference on ONNX Runtime's CPU EP within the end-to-end bound.
 A compiled package's embedding AddLayerNorm carries its CUDA launch attributes.
@@ -100,6 +101,9 @@ def table_gather(model: onnx.ModelProto, table: str) -> onnx.NodeProto:
     return gather
 
 
+T5_EMBEDDING = "/model/encoder/embed_tokens/Gather_output_0"
+
+
 def embedding_notes(emitted) -> list[str]:
     return [e.note for e in emitted if "embedding in" in e.note]
 
@@ -177,14 +181,25 @@ def test_gpt2_embedding_runs_in_float16(fixture, tmp_path, library):
     assert_matches_reference(graph, formats, model, library)
 
 
-@pytest.mark.parametrize("dtype,elem", [("float16", F16), ("bfloat16", BF16)])
-def test_lone_gather_t5(dtype, elem, tmp_path, library):
-    """T5's token embedding is one Gather: no Add, so bfloat16 packages rewrite it too."""
-    graph, formats, model, emitted = rewrite("t5_ts_op17", tmp_path, dtype=dtype)
-    value = "/model/encoder/embed_tokens/Gather_output_0"
-    gather = assert_in_dtype(model, value, elem, ["model.shared.weight"])
+def test_lone_gather_t5(tmp_path, library):
+    """T5's token embedding is one Gather: a float16 package gathers it from a float16
+    table."""
+    graph, formats, model, emitted = rewrite("t5_ts_op17", tmp_path)
+    gather = assert_in_dtype(model, T5_EMBEDDING, F16, ["model.shared.weight"])
     assert gather.op_type == "Gather"
-    assert len(notes := embedding_notes(emitted)) == 1 and dtype in notes[0]
+    assert len(notes := embedding_notes(emitted)) == 1 and "float16" in notes[0]
+    assert_matches_reference(graph, formats, model, library)
+
+
+def test_bfloat16_keeps_t5s_embedding_float32_for_the_residual_stream(tmp_path, library):
+    """A bfloat16 package keeps T5's (Add-free) embedding float32: it is the first value of
+    the residual stream, which bf16 packages add in float32 (stofc.lower.stream), so the
+    table stays float32, the stream's first Add reads the float row, and only the first
+    norm reads it through the Cast."""
+    graph, formats, model, emitted = rewrite("t5_ts_op17", tmp_path, dtype="bfloat16")
+    assert_float32_embedding(model, T5_EMBEDDING, ["model.shared.weight"], emitted)
+    adds = [n for n in model.graph.node if n.op_type == "Add" and T5_EMBEDDING in n.input]
+    assert [n.name.startswith("stofc/stream_add") for n in adds] == [True]
     assert_matches_reference(graph, formats, model, library)
 
 
