@@ -2,7 +2,7 @@
 
 Models (``bench/e2e_long_models.py``): BERT-base with 32768 positions (Longformer w256 g16,
 BigBird b64 w3 g2 r3, causal), ModernBERT-base shapes (its own local/global mask), a
-Llama-style GQA decoder in bf16 (its own causal mask, and a 4096 window ANDed in). Each is
+Llama-style GQA decoder in fp16 (its own causal mask, and a 4096 window ANDed in). Each is
 exported on the device (random weights, seed 0; TorchScript, opset 17).
 
 Per model, mask and (B, L), in one process:

@@ -15,7 +15,8 @@ length dynamic) by :func:`bench.e2e_models.export_text_model`:
   ``--mask model`` (the mask each layer computes itself).
 - ``llama``: a Llama-style decoder (GQA: 16 query heads of 128, 4 KV heads; RoPE, SwiGLU
   8192, RMSNorm; 4 layers of hidden 2048, vocabulary 32000, 8192 positions; 1.2 GB in
-  fp32, one protobuf), sdpa attention, compiled in bf16 with its own causal mask
+  fp32, one protobuf), sdpa attention, compiled in fp16 (bf16 cannot pass the check: see
+  MODELS) with its own causal mask
   (``model``) and with a 4096 window ANDed in (``sliding:window=4096,causal=true``).
 
 ``small=True`` builds the same architectures at toy sizes (2-3 layers, head_dim 64/128,
@@ -78,7 +79,11 @@ MODELS = {
         cases=((1, 8192), (1, 4096), (2, 4096)), torch_cases=((1, 8192), (1, 4096)),
         check_cases=((1, 8192),)),
     "llama": LongModel(
-        "llama", "Llama-style 4L GQA", "bf16", "sdpa",
+        # fp16: its bf16 package is refused by compile's check (1.31e-2 > 1e-2), and no bf16
+        # package of this random-weight model can pass (bf16 floor 1.2e-2 with the gated
+        # FFN fused; torch's own bf16 2.3e-2: bench/results/bf16-llama-error-budget-cpu-
+        # 2026-11-26.md); fp16 passes at 1.8e-3
+        "llama", "Llama-style 4L GQA", "fp16", "sdpa",
         {"causal": "model", "sliding4096": "sliding:window=4096,causal=true"},
         cases=((1, 8192), (1, 4096)), torch_cases=((1, 8192),), check_cases=((1, 8192),),
         ort_model_type="gpt2"),

@@ -72,7 +72,7 @@ def test_case_selection_per_model_and_override():
     assert bert.torch_cases() == [(1, 8192), (1, 16384), (1, 4096), (1, 32768)]
     assert bert.check_cases() == [(1, 32768)]
     llama = run("llama")
-    assert llama.case.dtype == "bf16" and llama.max_seq_len == 8192
+    assert llama.case.dtype == "fp16" and llama.max_seq_len == 8192
     assert set(llama.case.masks) == {"causal", "sliding4096"}
     assert llama.case.masks["sliding4096"] == "sliding:window=4096,causal=true"
     lowered = run("bert32k", "--cases", "1:8192 1:16384 1:128 8:512")
