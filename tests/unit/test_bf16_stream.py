@@ -113,17 +113,20 @@ def test_fp16_rewrite_has_no_stream_pass(tmp_path):
 
 
 def test_llama_fixture_bf16_package(tmp_path):
-    """The Llama fixture (RoPE, GQA, SwiGLU run by ONNX Runtime): the attention block's
-    residual add is the float32 stream the MLP's (ONNX Runtime's) residual Add reads.
-    On the check's inputs: 7.6e-3 with the stream in bf16, 1.7e-3 now."""
+    """The Llama fixture (RoPE run by ONNX Runtime, GQA, the SwiGLU FFN a stofc segment):
+    both residual adds of each layer (attention's, the gated FFN's) form the float32
+    stream; it is read only by the next stream Add or through a Cast (to bf16 for the next
+    layer's norm, to float for the output), never as bf16 by an Add. On the check's inputs:
+    7.6e-3 with the stream in bf16, 2.5e-3 now (1.7e-3 while the FFN ran in ONNX Runtime)."""
     pkg = compile_model(LLAMA, "model", dtype="bf16", max_seq_len=64, out_dir=tmp_path / "pkg",
                         instruments=QUIET)
     model = onnx.load(str(pkg / "model.onnx"))
     adds = stream_adds(model)
-    assert len(adds) == 2
-    for add in adds:                         # read by ONNX Runtime's MLP Add: float to float
+    assert len(adds) == 4                    # two layers, two residual adds each
+    for add in adds:
         readers = [n for n in model.graph.node if add.output[0] in n.input]
-        assert [(n.op_type, n.attribute[0].i) for n in readers] == [("Cast", F32)]
+        assert readers and all((n.op_type == "Add" and n in adds) or n.op_type == "Cast"
+                               for n in readers), [n.name for n in readers]
     report = verify_package(pkg, model=LLAMA, cases=[(2, 64)])
     assert report.worst.rel < 4e-3, report.to_dict()
     assert check_cuda_attributes(pkg)["AddLayerNorm"] == 4

@@ -121,6 +121,18 @@ def check_cuda_attributes(pkg: Path) -> dict[str, int]:
             assert dict(family.launch(cfg, fmt_head_dim(model, node))) == entry["launch"]
             assert a["launch_plan"] in hashed
             continue
+        if node.op_type == "GatedGemm":
+            # the gated-activation kernel on cuBLASLt's [M, 2F] output (OPS.md): its entry
+            # names the node's activation and the half width F, never a bias (Lt adds it)
+            half = widths[inputs[1]][-1] // 2
+            path, entry_name = a["epilogue_kernel"].rsplit(":", 1)
+            assert entry_name.startswith("stofc_glu_") and f"_{a['activation']}_f{half}_" in \
+                entry_name and "_b_" not in entry_name, (node.name, a)
+            assert entry_name.encode() in (pkg / path).read_bytes()
+            assert f"_t{a['epilogue_threads'] // a['epilogue_rows']}x{a['epilogue_rows']}" \
+                in entry_name
+            assert path in hashed and path in listed, path
+            continue
         if node.op_type == "FusedGemm":
             width = widths[inputs[1]][-1]
             ep = split_fused_gemm(bool(inputs[2]), a["activation"], bool(inputs[3]),
