@@ -6,9 +6,10 @@ Two calibrations, both from H100 runs of the kernel on the MASKS.md families:
   B=1 L=8K, H=12, fp16; dense, causal, windows +-64 / +-256, Longformer, BigBird; a
   least-squares fit, ``bench/ws_calibrate.py``): a block's step over one entry of its
   merged walk costs about the same whether one warpgroup computes the tile or all do,
-  so the model charges each item ``ENTRY_NS`` per entry, ``ACTIVE_NS`` per warpgroup
-  that computes it and ``MASKED_NS`` per part tile (bitmap tests), per SM, and
-  ``WAVE_US`` per wave of items (start, Q load, epilogue). Three consumer warpgroups
+  so the model (``D64_COSTS``, per consumer count) charges each item ``entry_ns`` per
+  entry, ``active_ns`` per warpgroup that computes it and ``masked_ns`` per part tile
+  (bitmap tests), per SM, ``wave_us`` per wave of items (start, Q load, epilogue), and
+  every launch LAUNCH_US. Three consumer warpgroups
   (192-row blocks) walk fewer, longer entries: 15% faster on dense rows, slower where
   the three rows' columns differ (BigBird's random blocks).
 * **head_dim 128 and 256** (two consumers only; ``bench/results/mha-hopper-*-2026-11-25``:
@@ -25,7 +26,7 @@ keeps short.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -128,12 +129,11 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     for consumers in CONSUMERS:
         probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
                                 pingpong=True)
-        if prune(probe, head_dim, profile) is not None:
+        if prune(probe, head_dim, profile) is not None:     # before the split's plan_ws
             continue
-        split = default_split(fmt, batch=batch, heads=heads, sm_count=profile.sm_count,
-                              consumers=consumers)
-        cfg = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                              pingpong=True, split=split)
+        cfg = replace(probe, split=default_split(fmt, batch=batch, heads=heads,
+                                                 sm_count=profile.sm_count,
+                                                 consumers=consumers))
         us = ws_estimate(fmt, profile, cfg, batch=batch, heads=heads,
                          seq_len=seq_len or fmt.seq_len, head_dim=head_dim)
         if best is None or us < best[0]:
