@@ -155,8 +155,8 @@ def rope_layer(case: RopeCase, path: Path, seed: int = 0) -> Path:
                   g.const(d ** -0.5, np.float32))
     att = g.op("MatMul", g.op("Softmax", scores, axis=-1), vh)
     merged = g.op("Reshape", g.op("Transpose", att, perm=[0, 2, 1, 3]), g.const([0, 0, hid]))
-    y = g.op("Add", g.op("MatMul", merged, w["o"]), "x")
-    g.nodes[-1].output[0] = "y"
+    g.op("Add", g.op("MatMul", merged, w["o"]), "x")
+    g.nodes[-1].output[0] = "y"   # the layer's output
     graph = helper.make_graph(g.nodes, "rope_layer", inputs,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT,
                                                              ["B", "S", hid])], g.inits)

@@ -170,7 +170,7 @@ def test_fixture_rope_fusion_recomputes(name):
         f = a.rope_fusion
         h, kvh, d = a.num_heads, a.kv_heads, a.head_dim
 
-        def flat(value: str, layout: str, heads: int) -> np.ndarray:
+        def flat(value: str, layout: str, heads: int, d: int = d) -> np.ndarray:
             x = values[value].astype(np.float64)
             if layout == "bhsd":
                 x = x.transpose(0, 2, 1, 3)
