@@ -110,3 +110,37 @@ def test_what_rotary_does_not_compute_stays_with_onnx_runtime(tmp_path, case, re
     if not case.contrib or case.contrib_scale == 1.0:   # ORT rejects a scaled contrib op
         assert _compare(tmp_path, case) <= 1e-2
         assert "Rotary" not in _compare.ops  # type: ignore[attr-defined]
+
+
+def test_inspect_says_who_runs_the_rope(tmp_path):
+    """``stofc inspect``: a RoPE stofc runs is described (form, width, tables, sources) and
+    not listed as left to ONNX Runtime; a refused one is, with the reason."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from stofc.cli import main
+
+    def inspect(path: Path) -> dict:
+        result = CliRunner().invoke(main, ["inspect", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "modernbert_ts_op17.onnx"
+    data = inspect(fixture)
+    assert not [u for u in data["unsupported"] if "RoPE" in u["reason"]]
+    for a in data["attention"]:
+        f = a["rope_fusion"]
+        assert (f["form"], f["rotary_dim"], f["tables"]) == ("rotate_half", 32, "computed")
+        assert [s[1] for s in f["sources"]] == ["packed"] and a["rope_refusal"] == ""
+    wide = {"COLUMNS": "400"}    # one line per table row
+    text = CliRunner().invoke(main, ["inspect", str(fixture)], env=wide).output
+    assert "rotate_half 32d (Rotary)" in text
+    path = rope_layer(RopeCase(per_head_tables=True), tmp_path / "m.onnx")
+    refused = inspect(path)
+    (a,) = refused["attention"]
+    assert a["rope_fusion"] is None and "differs per head" in a["rope_refusal"]
+    assert [u for u in refused["unsupported"] if a["rope_refusal"] in u["reason"]]
+    text = CliRunner().invoke(main, ["inspect", str(path)], env=wide).output
+    assert "rotate_half 32d (ONNX Runtime)" in text and "differs per head" in text
