@@ -350,6 +350,43 @@ GluLaunch parse_glu_launch(const AttrSource& a, const std::string& activation) {
     return l;
 }
 
+RotaryLaunch parse_rotary_launch(const AttrSource& a, int64_t head_dim, int64_t rotary_dim, bool interleaved) {
+    require_cuda_abi(a, "Rotary");
+    RotaryLaunch l;
+    std::string ref;
+    if (!a.get_string("kernel", ref) || ref.empty())
+        throw AttrError("attribute 'kernel' (FILE.cubin:ENTRY of the rotary kernel) is required to run Rotary on "
+                        "the CUDA execution provider; rewrite the package");
+    l.kernel = parse_kernel_ref(ref, "kernel");
+    const auto parts = split(l.kernel.entry, '_');  // stofc rotary <dtype> d<D> r<RD> <rh|il> v<vec> t<threads>
+    auto number = [&](size_t i, char tag) -> int64_t {
+        const std::string& p = parts[i];
+        if (p.size() < 2 || p.size() > 8 || p[0] != tag || p.find_first_not_of("0123456789", 1) != std::string::npos)
+            throw AttrError("attribute 'kernel' names '" + l.kernel.entry + "', not a stofc rotary kernel "
+                            "(stofc_rotary_<float16|bfloat16>_d<D>_r<R>_<rh|il>_v<V>_t<T>)");
+        return std::stoll(p.substr(1));
+    };
+    if (parts.size() != 8 || parts[0] != "stofc" || parts[1] != "rotary" ||
+        (parts[2] != "float16" && parts[2] != "bfloat16") || (parts[5] != "rh" && parts[5] != "il"))
+        throw AttrError("attribute 'kernel' names '" + l.kernel.entry + "', not a stofc rotary kernel "
+                        "(stofc_rotary_<float16|bfloat16>_d<D>_r<R>_<rh|il>_v<V>_t<T>)");
+    l.bf16 = parts[2] == "bfloat16";
+    const int64_t d = number(3, 'd'), r = number(4, 'r');
+    l.vec = number(6, 'v'), l.threads = number(7, 't');
+    if (d != head_dim || r != rotary_dim || (parts[5] == "il") != interleaved)
+        throw AttrError("attribute 'kernel' names '" + l.kernel.entry + "', compiled for head_dim " +
+                        std::to_string(d) + ", rotary_dim " + std::to_string(r) + ", " + parts[5] +
+                        " but the node has head_dim " + std::to_string(head_dim) + ", rotary_dim " +
+                        std::to_string(rotary_dim) + ", " + (interleaved ? "il" : "rh") + "; rewrite the package");
+    if ((l.vec != 1 && l.vec != 2 && l.vec != 4 && l.vec != 8) || head_dim % l.vec)
+        throw AttrError("attribute 'kernel' names '" + l.kernel.entry + "' with vectors of " + std::to_string(l.vec) +
+                        " elements, which do not divide head_dim " + std::to_string(head_dim));
+    if (l.threads < 32 || l.threads > 1024 || l.threads % 32)
+        throw AttrError("attribute 'kernel' names '" + l.kernel.entry + "' with " + std::to_string(l.threads) +
+                        " threads per block, not a whole number of warps up to 1024");
+    return l;
+}
+
 GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_residual,
                            bool residual_after_activation) {
     if (act != "none" && act != "gelu_erf" && act != "gelu_tanh")

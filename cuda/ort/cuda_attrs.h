@@ -150,6 +150,17 @@ struct GluLaunch {
 };
 GluLaunch parse_glu_launch(const AttrSource& attrs, const std::string& activation);
 
+/// The rotary kernel a Rotary CUDA twin launches (attribute `kernel`, OPS.md "Rotary"): the
+/// entry stofc_rotary_{float16|bfloat16}_d{D}_r{rotary_dim}_{rh|il}_v{vec}_t{threads}
+/// (stofc.kernels.rotary) must name the node's head_dim, rotary_dim and form.
+struct RotaryLaunch {
+    KernelRef kernel;
+    bool bf16 = false;
+    int64_t vec = 0, threads = 0;
+};
+RotaryLaunch parse_rotary_launch(const AttrSource& attrs, int64_t head_dim, int64_t rotary_dim,
+                                 bool interleaved);
+
 /// FusedGemm's cuBLASLt algorithm choice (attributes lt_algo_m, lt_algo_rank; OPS.md):
 /// a run with M rows uses the heuristic's result number rank_for(M), 0 (its best) for
 /// an M that is not listed.

@@ -138,6 +138,39 @@ struct GatedGemmCpu {
     OrtStatusPtr ComputeV2(OrtKernelContext* context);
 };
 
+/// Rotary's attributes (OPS.md, "Rotary"), validated at creation by both twins.
+struct RotaryAttrs {
+    int64_t num_heads = 0, kv_num_heads = 0, head_dim = 0, rotary_dim = 0;
+    bool interleaved = false;
+    std::string kernel_ref;  // CUDA twin only
+    explicit RotaryAttrs(const OrtKernelInfo* info);
+};
+
+/// The checked geometry of one Rotary call (both twins). q [B, S, H*D] with k, v
+/// [B, S, Hkv*D], or q packed [B, S, (H + 2*Hkv)*D] (k and v omitted): element offsets of
+/// K and V in q (packed) and each input's sequence stride. cos / sin float [S, W],
+/// [1 or B, S, W] (t_sb: the batch stride, 0 = shared) or, with position_ids, a [P, W]
+/// cache: pos_mode 0 = row s, 1 = position_ids [1 or B, S] (pos_sb = S or 0), 2 = the
+/// offset position_ids[0] + s; `rows` table rows. W = rotary_dim or rotary_dim / 2.
+struct RotaryCall {
+    int64_t B = 0, S = 0, H = 0, Hkv = 0, D = 0, W = 0;
+    bool packed = false;
+    int64_t q_ss = 0, k_ss = 0, v_ss = 0, k_offset = 0, v_offset = 0;
+    int64_t t_sb = 0, rows = 0, pos_sb = 0;
+    int pos_mode = 0;
+    int64_t out_row() const { return (H + 2 * Hkv) * D; }
+    std::vector<int64_t> out_shape() const { return {B, S, out_row()}; }
+};
+RotaryCall check_rotary(const RotaryAttrs& attrs, const Input& q, const Input& k, const Input& v,
+                        const Input& cos, const Input& sin, const Input& position_ids);
+
+template <typename T>
+struct RotaryCpu {
+    RotaryAttrs attrs;
+    explicit RotaryCpu(const OrtKernelInfo* info) : attrs(info) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
+
 struct NormAttrs {
     float epsilon = 1e-5f;
     bool rms = false;
@@ -158,6 +191,10 @@ struct FusedGemmCuda;
 struct AddLayerNormCuda;
 struct GatedGemmCuda;
 struct KeyPrepCuda;
+struct RotaryCuda;
+RotaryCuda* make_rotary_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+OrtStatusPtr compute(RotaryCuda* k, OrtKernelContext* context);
+void destroy(RotaryCuda* k);
 SparseAttentionCuda* make_sparse_attention_cuda(const OrtKernelInfo* info, const std::string& package_dir);
 KeyPrepCuda* make_key_prep_cuda(const OrtKernelInfo* info, const std::string& package_dir);
 OrtStatusPtr compute(KeyPrepCuda* k, OrtKernelContext* context);
@@ -211,6 +248,9 @@ constexpr OpSignature kFusedGemmSig{"FusedGemm", 4, 2, 0u, 0u, 1, 0u};
 constexpr OpSignature kAddLayerNormSig{"AddLayerNorm", 4, 4, (1u << 1) | (1u << 3), 0u, 2, 1u << 1};
 // GatedGemm(x, w, bias?) -> y: act(x @ w[:, :F] + b[:F]) * (x @ w[:, F:] + b[F:]) (OPS.md).
 constexpr OpSignature kGatedGemmSig{"GatedGemm", 3, 2, 0u, 0u, 1, 0u};
+// Rotary(q, k?, v?, cos, sin, position_ids?) -> qkv (OPS.md): k and v optional (both omitted =
+// q packed); cos and sin are float (kRotaryF32In); position_ids (int64) is checked in Compute.
+constexpr OpSignature kRotarySig{"Rotary", 6, 5, (1u << 1) | (1u << 2), 1u << 5, 1, 0u};
 
 /// Every (op, element type, execution provider) RegisterCustomOps registers, in order.
 /// stofc_ort.cc registers exactly these; the unit test binary prints them.
@@ -234,6 +274,7 @@ constexpr ONNXTensorElementDataType kU8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 // FusedGemm (x, w, bias float, residual) -> y float; AddLayerNorm (x any, residual, gamma float, beta float).
 constexpr unsigned kGemmF32In = 1u << 2, kGemmF32Out = 1u << 0;
 constexpr unsigned kNormAnyIn = 1u << 0, kNormF32In = (1u << 2) | (1u << 3);
+constexpr unsigned kRotaryF32In = (1u << 3) | (1u << 4);  // Rotary's cos and sin
 constexpr Registration kRegistrations[] = {
     {&kSparseAttentionSig, kF32, false}, {&kFusedGemmSig, kF32, false}, {&kAddLayerNormSig, kF32, false},
     {&kSparseAttentionSig, kF16, false}, {&kFusedGemmSig, kF16, false}, {&kAddLayerNormSig, kF16, false},
@@ -248,6 +289,9 @@ constexpr Registration kRegistrations[] = {
     {&kGatedGemmSig, kF32, false},       {&kGatedGemmSig, kF16, false},
     {&kGatedGemmSig, kBF16, false},      {&kGatedGemmSig, kF16, true},
     {&kGatedGemmSig, kBF16, true},
+    {&kRotarySig, kF32, false, kRotaryF32In},  {&kRotarySig, kF16, false, kRotaryF32In},
+    {&kRotarySig, kBF16, false, kRotaryF32In}, {&kRotarySig, kF16, true, kRotaryF32In},
+    {&kRotarySig, kBF16, true, kRotaryF32In},
 };
 
 /// One registered op: a signature, an element type, an execution provider and a

@@ -133,6 +133,8 @@ def _print_tables(data: dict, graph: ModelGraph) -> None:
         mask = a["mask_form"] + (f" <- {a['mask_source']}" if a["mask_source"] else "")
         rope = "; ".join(f"{r['form']}" + (f" {r['rotary_dim']}d" if r["rotary_dim"] else "")
                          for r in a.get("rope", [])[:1]) or "-"
+        if a.get("rope"):   # who runs it: stofc's Rotary op, or ONNX Runtime (and why)
+            rope += " (Rotary)" if a.get("rope_fusion") else " (ONNX Runtime)"
         qkv = "packed" if a["packed_qkv"] else "q,k,v"
         if a.get("layouts", {}).get("q", "bsf") != "bsf":
             qkv += f" ({a['layouts']['q']}, post-RoPE)" if a.get("rope") else \
@@ -217,7 +219,10 @@ def inspect(model: str, mask_spec: str | None, gpu: str, batch: int, seq_len: in
                                    ([name, "add"|"keep"]), bias_input,
                                    softmax_guarded, causal_in_graph, rotary,
                                    kv_num_heads, layouts, softcap, rope,
-                                   kv_expanded
+                                   kv_expanded, rope_fusion ({form, rotary_dim,
+                                   tables, cos, sin, position_ids, sources, nodes}
+                                   when stofc's Rotary op runs the RoPE, else null),
+                                   rope_refusal (why ONNX Runtime runs it, or "")
                                    (see stofc.frontend.types.AttentionBlock)
       layers                       [{layer, norm_order, chain: [{index, kind, role,
                                    nodes, inputs, outputs, params}]}]

@@ -1,9 +1,11 @@
 """Assemble a layer's operator chain around its attention block.
 
 Order of discovery (dataflow only): the Q/K/V projections behind the block's
-inputs (behind RoPE too: the head split and the rotation stay with ONNX Runtime; one
-packed Q|K|V projection whose parts are split off before the rotation, ModernBERT's
-and Phi-3's, counts) and their common input ``h``; a norm producing ``h`` (pre-LN
+inputs (behind RoPE too: a RoPE stofc runs, :attr:`~stofc.frontend.types.AttentionBlock.rope_fusion`,
+names the values its Rotary op reads, and its nodes, the head splits and the split of a
+packed Q|K|V projection included, belong to the attention operator; a RoPE left to
+ONNX Runtime is walked through, one packed projection whose parts are split off before
+the rotation, ModernBERT's and Phi-3's, counting) and their common input ``h``; a norm producing ``h`` (pre-LN
 lead norm); the output projection after the block; the residual Add, whose other
 operand says the order (``h``: post-LN; the lead norm's input: pre-LN); then norm, FFN
 in, activation (or a gated FFN's ``act(gate) * up`` on the halves of a packed FFN-in
@@ -39,7 +41,39 @@ class ChainStop(Exception):
         self.unsupported = Unsupported(node, op_type, reason)
 
 
+def _fused_projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], str]:
+    """The projections whose results the block's Rotary op reads (its sources)."""
+    fusion = block.rope_fusion
+    assert fusion is not None
+    if fusion.packed:
+        value = fusion.sources[0].value
+        got = linear_back(idx, value, "qkv")
+        width = (block.num_heads + 2 * block.kv_heads) * block.head_dim
+        if got is None or got[0][0].params.get("out_features") != width:
+            raise ChainStop(_producer(idx, value), _op(idx, value),
+                            "the packed Q|K|V value the rotation reads is not a MatMul/Gemm "
+                            "with constant weight: the projection is left to ONNX Runtime")
+        return got
+    pieces, inputs = [], set()
+    for role, src in zip("qkv", fusion.sources, strict=True):
+        got = linear_back(idx, src.value, role) if src.layout == "bsf" else None
+        if got is None:
+            raise ChainStop(_producer(idx, src.value), _op(idx, src.value),
+                            f"the {role.upper()} projection is not a MatMul/Gemm with constant "
+                            "weight read by the rotation (e.g. a per-head norm between them): "
+                            "the projections are left to ONNX Runtime")
+        pieces.extend(got[0])
+        inputs.add(got[1])
+    if len(inputs) != 1:
+        raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
+                        "Q, K and V are projected from different inputs (cross-attention or a "
+                        "bottleneck)")
+    return pieces, inputs.pop()
+
+
 def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], str]:
+    if block.rope_fusion is not None:
+        return _fused_projections(idx, block)
     if block.packed_qkv:
         got = linear_back(idx, block.q_input, "qkv")
         if got is None:
@@ -143,11 +177,14 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
     When the projections do not match (RoPE, a bottleneck ...), the chain starts
     at the attention and the rest of the layer is still followed.
     """
-    attention = Piece(OpKind.ATTENTION, "", [idx.by_name[n] for n in block.nodes],
+    fusion = block.rope_fusion
+    reads = (block.q_input, block.k_input, block.v_input) if fusion is None else (
+        *(s.value for s in fusion.sources), fusion.cos, fusion.sin, fusion.position_ids)
+    attention = Piece(OpKind.ATTENTION, "", [idx.by_name[n] for n in (
+                          *block.nodes, *(fusion.nodes if fusion else ()))],
                       {"layer": block.layer},
                       inputs=tuple(dict.fromkeys(
-                          v for v in (block.q_input, block.k_input, block.v_input,
-                                      *(m for m, _ in block.mask_inputs)) if v)),
+                          v for v in (*reads, *(m for m, _ in block.mask_inputs)) if v)),
                       outputs=(block.output,))
     stops: list[Unsupported] = []
     try:
@@ -155,19 +192,19 @@ def build_chain(idx: GraphIndex, block: AttentionBlock
     except ChainStop as stop:
         proj, h = [], None
         reason = stop.unsupported
-        if block.rotary:
+        if block.rotary and fusion is None:
             reason = Unsupported(reason.node, reason.op_type,
                                  "rotary position embedding (RoPE) on Q/K: the projections and "
-                                 "RoPE are left to ONNX Runtime")
+                                 f"RoPE are left to ONNX Runtime ({block.rope_refusal})")
         stops.append(reason)
-    if h is not None and block.rope:
+    if h is not None and block.rope and fusion is None:
         split = " (and the split of the packed Q|K|V projection)" if any(
             p.role == "qkv" for p in proj) else ""
         stops.append(Unsupported(block.rope[0].nodes[-1] if block.rope[0].nodes else
                                  block.rope[0].output, "RoPE",
                                  "rotary position embedding (RoPE) on Q/K: the rotation"
                                  f"{split} between the projections and the attention is left "
-                                 "to ONNX Runtime"))
+                                 f"to ONNX Runtime ({block.rope_refusal})"))
     lead = norm_back(idx, h) if h is not None else None
     pieces: list[Piece] = [*proj, attention]
     order = "post"

@@ -144,11 +144,12 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-# ONNX Runtime's own norm ops, unknown to ONNX shape inference (which then stops there):
-# the outputs listed have the shape and type of input 0
+# ONNX Runtime's own norm ops and its RotaryEmbedding, unknown to ONNX shape inference (which
+# then stops there): the outputs listed have the shape and type of input 0
 _SAME_SHAPE_OUTPUTS = {"SimplifiedLayerNormalization": (0,),
                        "SkipSimplifiedLayerNormalization": (0, 3),
-                       "SkipLayerNormalization": (0, 3)}
+                       "SkipLayerNormalization": (0, 3),
+                       "RotaryEmbedding": (0,)}
 
 
 def _shape_stand_ins(node: onnx.NodeProto) -> list[onnx.NodeProto]:

@@ -15,6 +15,7 @@ from stofc.frontend.load import canonicalize, opset_of, read_model
 from stofc.frontend.ops import Piece
 from stofc.frontend.pack import pack_projections as pack
 from stofc.frontend.pack_ffn import pack_gate_up
+from stofc.frontend.rope_fuse import fuse_rope
 from stofc.frontend.types import (
     AttentionBlock,
     ChainOp,
@@ -78,7 +79,7 @@ def _understand(path: str | os.PathLike, model: onnx.ModelProto) -> ModelGraph:
     for block in blocks:
         if claimed & set(block.nodes):  # two Softmax matched one block: keep the first
             continue
-        block = replace(block, layer=len(layers_pieces))
+        block = fuse_rope(idx, replace(block, layer=len(layers_pieces)))
         order, pieces, stops = build_chain(idx, block)
         unsupported.extend(stops)
         claimed |= {n.name for p in pieces for n in p.nodes}

@@ -188,6 +188,8 @@ def _trace_labels(idx: GraphIndex, value: str, depth: int = 0) -> list[str] | No
 def operand_layout(idx: GraphIndex, op: Operand) -> tuple[str, int | None, int | None]:
     """(layout, heads or None, head_dim or None) of the value the walk stopped at."""
     shape = idx.shape(op.source)
+    if shape is None and op.rotary is not None:   # a contrib op shape inference knows not
+        shape = idx.shape(op.rotary.input)
     if shape is not None and len(shape) == 3:
         return "bsf", None, None
     labels = _trace_labels(idx, op.source) if shape is None or len(shape) == 4 else None

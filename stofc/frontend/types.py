@@ -111,12 +111,13 @@ class ChainOp:
 class Rotary:
     """A rotary position embedding on Q or K (:mod:`stofc.frontend.rotary`).
 
-    ``output`` is the post-RoPE value (what SparseAttention reads in this wave),
+    ``output`` is the post-RoPE value (the block's ``q_input`` / ``k_input``),
     ``input`` the pre-RoPE one; ``form``: ``"rotate_half"`` | ``"interleaved"``;
     ``rotary_dim``: the rotated part of the head dimension (partial rotary when
     smaller than head_dim); ``tables``: ``"cache"`` (cos/sin gathered from a constant),
     ``"computed"`` (Cos/Sin in the graph) or ``"contrib"`` (ORT's RotaryEmbedding op);
-    ``nodes``: the RoPE arithmetic (left to ONNX Runtime in this wave).
+    ``nodes``: the RoPE arithmetic; ``cos`` / ``sin``: the Muls' table operands. What the
+    structure suggests: :class:`RopeFusion` is the checked record stofc runs.
     """
 
     output: str
@@ -134,6 +135,58 @@ class Rotary:
 
 
 LAYOUTS = ("bsf", "bshd", "bhsd")  # [B, S, H*D] | [B, S, H, D] | [B, H, S, D]
+
+
+@dataclass(frozen=True)
+class RopeSource:
+    """A value the ``Rotary`` op reads: ``layout`` is one of :data:`LAYOUTS` (one role's
+    heads: Q's ``num_heads``, K's and V's ``kv_num_heads``) or ``"packed"`` (the
+    ``[B, S, (H + 2 Hkv) D]`` projection laid out ``[Q | K | V]`` on its last axis)."""
+
+    value: str
+    layout: str
+
+
+@dataclass(frozen=True)
+class RopeFusion:
+    """The RoPE of a block's Q and K as stofc runs it: one ``ai.stofc`` ``Rotary`` node
+    (``cuda/ort/OPS.md``) in front of SparseAttention, in the layer's attention segment
+    (:mod:`stofc.frontend.rope_fuse`).
+
+    ``sources``: what the op reads, one packed value or the Q, K and V values (the
+    projection results when they are views of them); Rotary writes ``[Q' | K' | V]`` with
+    ``Q' = rope(Q)``, ``K' = rope(K)`` for each head (:func:`stofc.kernels.reference.rope`,
+    ``form`` and ``rotary_dim``), which equals the block's ``q_input``, ``k_input`` and
+    ``v_input`` laid out per their layouts: checked on a probe of the model's own
+    subgraph when the frontend recognised it. ``cos`` / ``sin``: the tables as the model
+    computes them, float or the model's float type, ``[S, W]`` or ``[1 | B, S, W]``
+    (``squeeze``: the axis of size 1 to remove first, None when already so), or with
+    ``position_ids`` a ``[P, W]`` cache; ``W`` is ``rotary_dim`` (full tables) or half of
+    it. ``tables``: ``"computed"``, ``"cache"`` or ``"contrib"`` (where they come from, for
+    ``inspect``). ``nodes``: the ONNX nodes the op replaces (head splits, the packed
+    projection's split, the rotation), which leave the package.
+    """
+
+    form: str
+    rotary_dim: int
+    tables: str
+    cos: str
+    sin: str
+    sources: tuple[RopeSource, ...]
+    nodes: tuple[str, ...]
+    squeeze: int | None = None
+    position_ids: str | None = None
+
+    @property
+    def packed(self) -> bool:
+        """Whether the op reads one packed ``[Q | K | V]`` value."""
+        return len(self.sources) == 1
+
+    def describe(self) -> str:
+        src = "the packed Q|K|V projection" if self.packed else "Q, K, V"
+        return (f"{self.form}, {self.rotary_dim} dims, cos/sin {self.tables}"
+                f"{', position ids ' + self.position_ids if self.position_ids else ''}: "
+                f"ai.stofc Rotary on {src}")
 
 
 @dataclass(frozen=True)
@@ -190,7 +243,7 @@ class AttentionBlock:
     softmax_guarded: bool
     causal_in_graph: bool
     mask_input: str | None = None  # value added to / selecting the scores, when any
-    rotary: bool = False  # Q/K come from a rotary position embedding (RoPE is left to ORT)
+    rotary: bool = False  # Q/K come from a rotary position embedding (see rope_fusion)
     mask_inputs: tuple[tuple[str, str], ...] = ()  # every mask value: (name, "add" | "keep")
     kv_num_heads: int = 0          # K/V heads (GQA/MQA when < num_heads); 0 = num_heads
     q_layout: str = "bsf"          # layout of q_input/k_input/v_input (LAYOUTS)
@@ -199,6 +252,8 @@ class AttentionBlock:
     softcap: float = 0.0           # scores = softcap * tanh(scale q.k / softcap) (Gemma 2)
     rope: tuple[Rotary, ...] = ()  # the RoPE on Q and on K (when ``rotary``)
     kv_expanded: bool = False      # the export repeats K/V heads (repeat_kv); inputs are before it
+    rope_fusion: RopeFusion | None = None   # RoPE run by stofc's Rotary op (the frontend's check)
+    rope_refusal: str = ""         # why a RoPE is left to ONNX Runtime instead ("" when fused)
 
     @property
     def kv_heads(self) -> int:
@@ -234,6 +289,13 @@ class AttentionBlock:
             "rope": [{"output": r.output, "input": r.input, "form": r.form,
                       "rotary_dim": r.rotary_dim, "tables": r.tables} for r in self.rope],
             "kv_expanded": self.kv_expanded,
+            "rope_fusion": None if self.rope_fusion is None else {
+                "form": self.rope_fusion.form, "rotary_dim": self.rope_fusion.rotary_dim,
+                "tables": self.rope_fusion.tables, "cos": self.rope_fusion.cos,
+                "sin": self.rope_fusion.sin, "position_ids": self.rope_fusion.position_ids,
+                "sources": [[s.value, s.layout] for s in self.rope_fusion.sources],
+                "nodes": len(self.rope_fusion.nodes)},
+            "rope_refusal": self.rope_refusal,
         }
 
 

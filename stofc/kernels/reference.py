@@ -1,7 +1,7 @@
 """Float64 numpy references of the ONNX operators the downstream families replace.
 
 MatMul (+ Add bias), Gelu (erf and tanh forms, ONNX ``approximation``), Relu, SiLU,
-a gated FFN's ``act(gate) * up``,
+a gated FFN's ``act(gate) * up``, the rotary position embedding (:func:`rope`),
 Add (residual), LayerNormalization (axis -1) and RMSNormalization (axis -1,
 ``x / sqrt(mean(x^2) + eps) * scale``), and a fused epilogue made of them. Whole
 chains and segments are evaluated by :mod:`stofc.plan.reference`; GPU tests compare
@@ -46,6 +46,42 @@ def gated(y: np.ndarray, act: str) -> np.ndarray:
     y = np.asarray(y, dtype=np.float64)
     half = y.shape[-1] // 2
     return activate(y[..., :half], act) * y[..., half:]
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_dim: int,
+         interleaved: bool) -> np.ndarray:
+    """RoPE of ``x [..., D]`` in float64: the first ``rotary_dim`` elements of the last axis
+    rotated, the rest kept.
+
+    ``cos`` / ``sin`` broadcast against ``x[..., :rotary_dim]`` with a last axis of
+    ``rotary_dim`` (full tables: element ``i`` uses ``cos[..., i]``) or ``rotary_dim / 2``
+    (half tables: pair ``j`` uses ``cos[..., j]``; the pairs are ``(j, j + rotary_dim/2)``
+    rotate-half, ``(2j, 2j + 1)`` interleaved). With ``r`` the rotation of the part
+    (rotate-half: ``[-x2, x1]`` of its halves; interleaved: ``(x0, x1) -> (-x1, x0)`` per
+    adjacent pair) the result is ``part * cos + r * sin``: the arithmetic of Llama's
+    ``rotate_half`` and GPT-J's interleaved form, ONNX's and ONNX Runtime's
+    ``RotaryEmbedding``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    rd = int(rotary_dim)
+    c, s = np.asarray(cos, np.float64), np.asarray(sin, np.float64)
+    if rd <= 0 or rd % 2 or rd > x.shape[-1]:
+        raise ValueError(f"rotary_dim {rd} is not even and within the head dimension "
+                         f"{x.shape[-1]}")
+    if c.shape[-1] != rd:
+        if c.shape[-1] != rd // 2:
+            raise ValueError(f"cos/sin have {c.shape[-1]} columns; rotary_dim {rd} takes "
+                             f"{rd} or {rd // 2}")
+        c, s = ((np.repeat(t, 2, axis=-1) if interleaved else np.concatenate([t, t], axis=-1))
+                for t in (c, s))
+    part = x[..., :rd]
+    if interleaved:
+        rot = np.stack([-part[..., 1::2], part[..., 0::2]], axis=-1).reshape(part.shape)
+    else:
+        rot = np.concatenate([-part[..., rd // 2:], part[..., :rd // 2]], axis=-1)
+    out = x.copy()
+    out[..., :rd] = part * c + rot * s
+    return out
 
 
 def layernorm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None,

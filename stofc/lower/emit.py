@@ -66,6 +66,7 @@ class Emitter:
         self.fused: dict[str, str] = {}    # original value -> its dtype twin, made by a fused op
         self.casts: dict[str, str] = {}    # unfused value -> its dtype twin (Cast)
         self.key_states: dict[str, str] = {}   # key_padding_mask -> its KeyPrep's key_state
+        self.tables: dict[tuple[str, int | None], str] = {}   # cos/sin -> Rotary's float table
         self.kept: set[str] = set()          # the model's own nodes that run a segment
         self.count = 0
 

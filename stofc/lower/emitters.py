@@ -17,7 +17,12 @@ from onnx import numpy_helper
 
 from stofc.errors import PlanError, RegistryError
 from stofc.frontend.types import ModelGraph
-from stofc.lower.attention_io import attention_attributes, flat_input, reshaped_ops
+from stofc.lower.attention_io import (
+    attention_attributes,
+    flat_input,
+    reshaped_ops,
+    rotary_input,
+)
 from stofc.lower.emit import (
     DOMAIN,
     KERNEL_ABI,
@@ -180,14 +185,18 @@ def _emit_ort(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
 @emits("attention")
 def _emit_attention(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
                     attention: AttentionBinding | None, packed_q: bool) -> Written:
-    """SparseAttention (+ a Split of a packed projection, + one KeyPrep per mask value)."""
+    """SparseAttention (+ Rotary for a RoPE stofc runs, + a Split of a packed projection,
+    + one KeyPrep per mask value)."""
     ops: list[str] = []
     note = ""
     if attention is None:
         raise PlanError(f"layer {seg.layer} has no attention binding",
                         hint="this is a stofc bug; report it")
     block = graph.layers[seg.layer].attention
-    if block.packed_qkv and packed_q:
+    if block.rope_fusion is not None:
+        rotated, ops, note = rotary_input(em, block)
+        q, k, v = rotated, "", ""
+    elif block.packed_qkv and packed_q:
         q, k, v = em.half(block.q_input), "", ""
         note = "packed QKV read as SparseAttention's q (k, v omitted; [Q | K | V] of H*D each)"
     elif block.packed_qkv:

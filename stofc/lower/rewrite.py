@@ -19,11 +19,12 @@ Contract (the ops are those of ``cuda/ort/OPS.md``):
   residual add without a norm and without a GEMM) are emitted as standard ONNX
   ops computed in float32 between Casts, and recorded as such.
 * Q, K, V packing (``pack_qkv``, the default): when a layer's Q, K and V are
-  three FusedGemm nodes reading the same ``x`` with the same K, N = H*D each,
-  no activation and no residual, whose results only that layer's
-  SparseAttention reads (as q, k, v), they become ONE FusedGemm whose weight is
-  ``[K, 3N]`` = [Wq | Wk | Wv] and bias ``[3N]`` = [bq | bk | bv] (a missing
-  bias is zeros; none at all, no bias), its result fed to SparseAttention's
+  three FusedGemm nodes reading the same ``x`` with the same K, N = H*D for Q and
+  Hkv*D for K and V, no activation and no residual, whose results only that layer's
+  SparseAttention reads (as q, k, v), or only the Rotary in front of it (a RoPE
+  stofc runs), they become ONE FusedGemm whose weight is
+  ``[K, (H + 2 Hkv) D]`` = [Wq | Wk | Wv] and bias = [bq | bk | bv] (a missing
+  bias is zeros; none at all, no bias), its result fed to the reader's
   ``q`` with ``k`` and ``v`` given as ``""`` (OPS.md, packed QKV). A block the
   frontend found packed already (one QKV GEMM) feeds its value the same way
   instead of being split. The three segments' :class:`EmittedSegment` list the
@@ -114,10 +115,11 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
             emitted.append(emit_segment(em, graph, seg, kernels.get((seg.layer, seg.ordinal), ""),
                                         attention.get(seg.layer), packed_q=pack_qkv))
     removed -= em.kept                      # segments the model's own nodes run (ONNX Runtime)
-    removed = _restore_needed(list(model.graph.node), removed, set(em.fused),
+    removed = _restore_needed(list(model.graph.node), removed, em.fused, em.nodes,
                               set(idx.graph_outputs))
     kept = [n for n in model.graph.node if n.name not in removed]
-    needed = {i for n in kept for i in n.input if i} | set(idx.graph_outputs)
+    needed, live = _live_reads([*kept, *em.nodes], em.fused, set(idx.graph_outputs))
+    kept = [n for n in kept if n.name in live]   # e.g. a Shape of a value the rewrite removed
     if pack_qkv:
         emitted = _pack_qkv(em, emitted, needed)
     emitted = keep_pre_norm_fp32(em, emitted, needed)
@@ -161,14 +163,16 @@ def _attr(node: onnx.NodeProto, name: str, default):
 def _qkv_gemms(em: Emitter, sa: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
                readers: dict[str, int], read_outside: set[str]
                ) -> tuple[onnx.NodeProto, ...] | None:
-    """The Q, K, V FusedGemm nodes of ``sa`` when they can be packed (module doc), else None."""
+    """The Q, K, V FusedGemm nodes that ``sa`` (a SparseAttention or a Rotary) reads, when
+    they can be packed (module doc), else None."""
     qkv = list(sa.input[:3])
     if len(qkv) < 3 or "" in qkv or len(set(qkv)) < 3:
         return None
-    width = int(_attr(sa, "num_heads", 0)) * int(_attr(sa, "head_dim", 0))
+    heads, dim = int(_attr(sa, "num_heads", 0)), int(_attr(sa, "head_dim", 0))
+    kv = int(_attr(sa, "kv_num_heads", heads))
     gemms: list[onnx.NodeProto] = []
-    shapes = set()
-    for value in qkv:
+    ks = set()
+    for value, width in zip(qkv, (heads * dim, kv * dim, kv * dim), strict=True):
         node = producer.get(value)
         if node is None or node.domain != DOMAIN or node.op_type != "FusedGemm" \
                 or list(node.output) != [value] or readers.get(value) != 1 \
@@ -183,8 +187,8 @@ def _qkv_gemms(em: Emitter, sa: onnx.NodeProto, producer: dict[str, onnx.NodePro
         if len(node.input) > 2 and node.input[2] and (
                 b is None or list(b.dims) != [width] or b.data_type != em.elem):
             return None
-        shapes.add(tuple(w.dims))
-    return tuple(gemms) if len(shapes) == 1 else None
+        ks.add(w.dims[0])
+    return tuple(gemms) if len(ks) == 1 else None
 
 
 def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
@@ -192,7 +196,8 @@ def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
     """Replace each packable Q, K, V FusedGemm triple by one packed node (module doc).
 
     ``needed`` holds the original values read outside the fused ops (unfused
-    nodes, graph outputs): a Q, K or V result among them is not packed.
+    nodes, graph outputs): a Q, K or V result among them is not packed. The triple's
+    reader is a SparseAttention, or the Rotary in front of one (a RoPE stofc runs).
     """
     producer = {o: n for n in em.nodes for o in n.output if o}
     readers: dict[str, int] = {}
@@ -203,12 +208,14 @@ def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
     layer_of = {name: e.layer for e in emitted for name in e.nodes}
     packed_as: dict[str, str] = {}   # old FusedGemm name -> packed node name
     notes: dict[str, str] = {}       # node name -> the note of the segment holding it
-    for sa in [n for n in em.nodes if n.domain == DOMAIN and n.op_type == "SparseAttention"]:
+    for sa in [n for n in em.nodes if n.domain == DOMAIN
+               and n.op_type in ("SparseAttention", "Rotary")]:
         gemms = _qkv_gemms(em, sa, producer, readers, read_outside)
         if gemms is None:
             continue
         layer = layer_of[sa.name]
-        k_dim, n_dim = em.inits[gemms[0].input[1]].dims
+        k_dim = em.inits[gemms[0].input[1]].dims[0]
+        widths = [int(em.inits[g.input[1]].dims[1]) for g in gemms]
         weight = f"stofc/layer{layer}.qkv.weight::stofc_{em.tag}_kn"
         em.inits[weight] = bits_tensor(np.concatenate(
             [tensor_bits(em.inits[g.input[1]]) for g in gemms], axis=1), em.elem, weight)
@@ -217,7 +224,8 @@ def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
             bias = f"stofc/layer{layer}.qkv.bias::stofc_{em.tag}"
             em.inits[bias] = bits_tensor(np.concatenate(
                 [tensor_bits(em.inits[g.input[2]]) if len(g.input) > 2 and g.input[2]
-                 else np.zeros(n_dim, np.uint16) for g in gemms]), em.elem, bias)
+                 else np.zeros(n, np.uint16) for g, n in zip(gemms, widths, strict=True)]),
+                em.elem, bias)
             inputs.append(bias)
         name, out = em.name("FusedGemm_qkv"), f"stofc/layer{layer}.qkv::stofc_{em.tag}.out"
         node = helper.make_node("FusedGemm", inputs, [out], name=name, domain=DOMAIN,
@@ -236,7 +244,7 @@ def _pack_qkv(em: Emitter, emitted: list[EmittedSegment], needed: set[str]
                             if g.name in e.nodes})
         notes[name] = (f"Q|K|V packed: {name} computes segments "
                        f"{', '.join(str(o) for _, o in gemm_segs)} of layer {layer} as one "
-                       f"FusedGemm (w [{k_dim}, {3 * n_dim}] = [Wq | Wk | Wv])")
+                       f"FusedGemm (w [{k_dim}, {sum(widths)}] = [Wq | Wk | Wv])")
         notes[sa.name] = f"q is {name}'s packed [Q | K | V] result; k, v omitted (OPS.md)"
     renamed: list[EmittedSegment] = []
     for e in emitted:
@@ -257,20 +265,42 @@ def float_type(idx: GraphIndex) -> int:
     return max(counts, key=lambda k: counts[k]) if counts else TensorProto.FLOAT
 
 
-def _restore_needed(nodes: list[onnx.NodeProto], removed: set[str], fused: set[str],
-                    outputs: set[str]) -> set[str]:
-    """Keep removed nodes whose results unfused nodes still read (shared shape/bias helpers)."""
+def _restore_needed(nodes: list[onnx.NodeProto], removed: set[str], fused: dict[str, str],
+                    emitted: list[onnx.NodeProto], outputs: set[str]) -> set[str]:
+    """Keep removed nodes whose results live unfused nodes still read (shared shape/bias
+    helpers). A reader that computes nothing a graph output needs (a Shape of a rotated K
+    feeding a mask only the removed attention read) restores nothing."""
     removed = set(removed)
-    changed = True
-    while changed:
-        changed = False
-        reads = {i for n in nodes if n.name not in removed for i in n.input if i} | outputs
-        reads |= _subgraph_inputs([n for n in nodes if n.name not in removed])
-        for node in nodes:
-            if node.name in removed and any(o in reads and o not in fused for o in node.output):
-                removed.discard(node.name)
-                changed = True
-    return removed
+    while True:
+        kept = [n for n in nodes if n.name not in removed]
+        reads, _ = _live_reads([*kept, *emitted], fused, outputs)
+        back = {n.name for n in nodes if n.name in removed
+                and any(o in reads and o not in fused for o in n.output)}
+        if not back:
+            return removed
+        removed -= back
+
+
+def _live_reads(nodes: list[onnx.NodeProto], fused: dict[str, str], outputs: set[str]
+                ) -> tuple[set[str], set[str]]:
+    """The values the nodes contributing to a graph output read (graph outputs included),
+    and those nodes' names: each value's producer among ``nodes``, a fused value's being
+    the node writing its dtype twin (``fused``), which a Cast back provides to unfused
+    readers."""
+    producer = {o: n for n in nodes for o in n.output if o}
+    for value, twin in fused.items():
+        if twin in producer:
+            producer.setdefault(value, producer[twin])
+    reads, stack, seen = set(outputs), list(outputs), set()
+    while stack:
+        node = producer.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        ins = {i for i in node.input if i} | _subgraph_inputs([node])
+        reads |= ins
+        stack.extend(ins)
+    return reads, seen
 
 
 def _subgraph_inputs(nodes: list[onnx.NodeProto]) -> set[str]:

@@ -25,6 +25,9 @@ attributes name:
   the node's ``activation`` and F) writes ``act(gate) * up``: ``epilogue_kernel``,
   ``epilogue_threads``, ``epilogue_rows`` (no ``epilogue`` tag: the entry name says the
   activation), and ``lt_algo_m`` / ``lt_algo_rank`` as FusedGemm's.
+* ``Rotary``: ``kernel`` ``FILE:ENTRY`` of the rotary kernel compiled for the node's
+  head_dim, rotary_dim and form (:mod:`stofc.kernels.rotary`, ``rope/rotary.cu.j2``) and
+  ``kernel_abi``; the launch (one block per token, the kernel's threads) follows from them.
 * ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
   for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output; in a bf16
   package a float32 ``x`` and float32 gamma/beta, entry ``..._f32in_f32p_...``).
@@ -53,6 +56,7 @@ from stofc.kernels import catalog, glu
 from stofc.kernels import norm as norm_family
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.registry import KernelInstance
+from stofc.kernels.rotary import RotaryProblem, rotary_kernel
 from stofc.kernels.vendor_gemm import split_fused_gemm
 from stofc.lower.emit import KERNEL_ABI, EmittedSegment
 from stofc.package.layout import kernel_file
@@ -204,6 +208,7 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
     all_plans = (plan, *(p for _, p in buckets))
     pending: list[tuple[onnx.NodeProto, KernelInstance, Epilogue]] = []
     gated: list[tuple[onnx.NodeProto, KernelInstance]] = []
+    rotary: list[KernelInstance] = []
     launch_plans: dict[str, Any] = {}
     for node in model.graph.node:
         if node.domain != "ai.stofc":
@@ -218,6 +223,14 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
                 files.append(rel)
             extra = {"variant_launch_plans": ";".join(files[1:])} if ak.variants else {}
             _set(node, launch_plan=files[0], kernel_abi=KERNEL_ABI, **extra)
+            continue
+        if node.op_type == "Rotary":
+            kernel = rotary_kernel(RotaryProblem(
+                dtype, int(_attr(node, "head_dim", 0)), int(_attr(node, "rotary_dim", 0)),
+                bool(_attr(node, "interleaved", 0))))
+            _set(node, kernel_abi=KERNEL_ABI,
+                 kernel=f"{kernel_file(kernel.name, arch)}:{kernel.name}")
+            rotary.append(kernel)
             continue
         inputs = list(node.input) + [""] * 4
         x_fp32 = params_fp32 = False
@@ -252,7 +265,8 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
         kernel = epilogue_kernel(ep, width, dtype, _config(seg), input_fp32=x_fp32,
                                  params_fp32=params_fp32)
         pending.append((node, kernel, ep))
-    kernels = {k.name: k for _, k, _ in pending} | {k.name: k for _, k in gated}
+    kernels = {k.name: k for _, k, _ in pending} | {k.name: k for _, k in gated} | \
+        {k.name: k for k in rotary}
     for node, kernel, ep in pending:
         _set(node, **launch_attributes(kernel, ep, kernel_file(kernel.name, arch)))
     for node, kernel in gated:

@@ -377,7 +377,8 @@ def stofc_providers(session, run) -> dict[str, set[str]]:
     seen: dict[str, set[str]] = {}
     for e in events:
         args = e.get("args", {})
-        if args.get("op_name") in ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm"):
+        if args.get("op_name") in ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm",
+                                   "Rotary"):
             seen.setdefault(args["op_name"], set()).add(args.get("provider", "?"))
     return seen
 

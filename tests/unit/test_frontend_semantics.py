@@ -139,3 +139,57 @@ def test_variant_attention_recomputes(tmp_path, variant):
     path = tmp_path / "m.onnx"
     onnx.save(build(layers=[variant, variant]), str(path))
     _check(load_model(path), rtol=1e-4)
+
+
+def _as_read(x: np.ndarray, batch: int, heads: int, dim: int, layout: str) -> np.ndarray:
+    """[B, S, heads, D] -> the layout the attention reads it in."""
+    return {"bsf": x.reshape(batch, -1, heads * dim), "bshd": x,
+            "bhsd": x.transpose(0, 2, 1, 3)}[layout]
+
+
+@pytest.mark.parametrize("name", sorted(e["file"] for e in MANIFEST["fixtures"]
+                                        if any(x in e["arch"] for x in ("llama", "mistral",
+                                               "qwen2", "phi3", "gemma", "modernbert"))))
+def test_fixture_rope_fusion_recomputes(name):
+    """The RopeFusion says enough to recompute the rotated Q, K and V the attention reads:
+    ONNX Runtime runs the model on real inputs with the op's inputs (its sources and cos /
+    sin) and the block's q/k/v exposed, and the op's function
+    (:func:`stofc.kernels.rotary.rotary_reference`) of those values, laid out per the block's
+    layouts, must match them."""
+    from stofc.kernels.rotary import rotary_reference
+
+    graph = load_model(FIXTURES / name)
+    rng = np.random.default_rng(0)
+    names = []
+    for a in graph.attention:
+        f = a.rope_fusion
+        assert f is not None, a.rope_refusal
+        names += [a.q_input, a.k_input, a.v_input, f.cos, f.sin, *(s.value for s in f.sources)]
+    values = _run(graph.model, list(dict.fromkeys(names)), _feeds(graph, rng))
+    for a in graph.attention:
+        f = a.rope_fusion
+        h, kvh, d = a.num_heads, a.kv_heads, a.head_dim
+
+        def flat(value: str, layout: str, heads: int, d: int = d) -> np.ndarray:
+            x = values[value].astype(np.float64)
+            if layout == "bhsd":
+                x = x.transpose(0, 2, 1, 3)
+            return x.reshape(BATCH, -1, heads * d)
+
+        tables = [values[t].astype(np.float64) for t in (f.cos, f.sin)]
+        if f.squeeze is not None:
+            tables = [t.squeeze(f.squeeze) for t in tables]
+        if f.packed:
+            args = (flat(f.sources[0].value, "bsf", h + 2 * kvh), None, None)
+        else:
+            args = tuple(flat(s.value, s.layout, n) for s, n in zip(f.sources, (h, kvh, kvh),
+                                                                     strict=True))
+        out = rotary_reference(*args, *tables, num_heads=h, kv_heads=kvh, head_dim=d,
+                               rotary_dim=f.rotary_dim, interleaved=f.form == "interleaved")
+        parts = np.split(out, [h * d, (h + kvh) * d], axis=-1)
+        for part, heads, value, layout in zip(parts, (h, kvh, kvh),
+                                              (a.q_input, a.k_input, a.v_input),
+                                              (a.q_layout, a.k_layout, a.v_layout), strict=True):
+            want = values[value].astype(np.float64)
+            got = _as_read(part.reshape(BATCH, -1, heads, d), BATCH, heads, d, layout)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -44,6 +44,7 @@ BUILTIN = {
     "gemm_norm": "stofc.kernels.gemm_norm",
     "glu": "stofc.kernels.glu",
     "ort": "stofc.kernels.ort",
+    "rotary": "stofc.kernels.rotary",
     "vendor_gemm": "stofc.kernels.vendor_gemm",
     "vendor_glu": "stofc.kernels.glu",
 }

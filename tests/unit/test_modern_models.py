@@ -199,9 +199,9 @@ def _attention_with_bias(bias_nodes, tmp_path):
 @pytest.mark.parametrize("name", ["llama_ts_op17.onnx", "llama_dynamo_op18.onnx",
                                   "mistral_optimum_op18.onnx", "qwen2_dynamo_op18.onnx"])
 def test_rope_models_fuse_the_lead_rmsnorm_and_the_projections(name, tmp_path):
-    """RoPE no longer stops the chain at the attention: the Q/K projections are found
-    behind the rotation (which stays with ONNX Runtime), so the pre-norm stream's lead
-    RMSNorm and the Q/K/V GEMMs are stofc segments, and the package still matches."""
+    """RoPE does not stop the chain at the attention: the Q/K projections are found
+    behind the rotation (stofc's Rotary op), so the pre-norm stream's lead RMSNorm and the
+    Q/K/V GEMMs are stofc segments, and the package still matches."""
     graph = load_model(FIXTURES / name)
     for layer in graph.layers:
         assert layer.chain[0].kind == OpKind.RMSNORM, name
@@ -249,8 +249,8 @@ def test_gated_ffn_and_packed_qkv_are_stofc_segments(name, tmp_path):
     """Issue 15, modern layer bodies: the gated FFN (SwiGLU, GeGLU erf/tanh; separate gate
     and up projections packed at load, or one packed projection split in halves) is one
     gemm_glu segment per layer, written as one GatedGemm; ModernBERT's and Phi-3's packed
-    Q|K|V projection behind RoPE is a GEMM segment (only the split and the rotation stay
-    with ONNX Runtime); nothing of the FFN is left to ONNX Runtime; the package matches the
+    Q|K|V projection behind RoPE is a GEMM segment (its split and the rotation are the
+    Rotary op's); nothing of the FFN is left to ONNX Runtime; the package matches the
     bare original within 1e-2."""
     arch = next(e["arch"] for e in MANIFEST["fixtures"] if e["file"] == name)
     graph = load_model(FIXTURES / name)
@@ -268,8 +268,8 @@ def test_gated_ffn_and_packed_qkv_are_stofc_segments(name, tmp_path):
                 layer.attention.head_dim
             assert qkv.param("out_features") == width and not set(qkv.nodes) & left
     if arch in PACKED_QKV:
-        assert all("split of the packed Q|K|V projection" in u.reason
-                   for u in graph.unsupported if u.op_type == "RoPE")
+        assert not [u for u in graph.unsupported if u.op_type == "RoPE"]
+        assert all(a.rope_fusion is not None and a.rope_fusion.packed for a in graph.attention)
     package = _package(name, tmp_path)
     plan = read_plan_document(package).plan
     for lp in plan.layers:
@@ -279,4 +279,56 @@ def test_gated_ffn_and_packed_qkv_are_stofc_segments(name, tmp_path):
             assert any(s.family == "gemm" and s.roles == ("qkv",) for s in lp.segments)
     model = onnx.load(str(package / "model.onnx"))
     assert sum(n.op_type == "GatedGemm" for n in model.graph.node) == len(graph.layers)
+    assert _bare_error(package, name) <= BOUND
+
+
+ROPE_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "modernbert")
+ROPE_CASES = sorted(e["file"] for e in MANIFEST["fixtures"] if e["arch"] in ROPE_ARCHS)
+# (form, rotary_dim, how the op reads Q, K, V): one packed projection (ModernBERT's Wqkv,
+# Phi-3's qkv_proj, partial rotary), the three projections, or Gemma 3's Q/K after its
+# per-head norm (4-D, [B, H, S, D])
+ROPE_SHAPES = {"llama": ("rotate_half", 32, ("bsf", "bsf", "bsf")),
+               "mistral": ("rotate_half", 32, ("bsf", "bsf", "bsf")),
+               "qwen2": ("rotate_half", 32, ("bsf", "bsf", "bsf")),
+               "gemma2": ("rotate_half", 32, ("bsf", "bsf", "bsf")),
+               "gemma3": ("rotate_half", 32, ("bhsd", "bhsd", "bsf")),
+               "phi3": ("rotate_half", 16, ("packed",)),
+               "modernbert": ("rotate_half", 32, ("packed",))}
+
+
+@pytest.mark.parametrize("name", ROPE_CASES)
+def test_rope_leaves_onnx_runtime(name, tmp_path):
+    """Issue 15, item 1: every RoPE fixture's rotation is recognised exactly (form,
+    rotary_dim, the tables it reads, the values the op reads) and runs as one ai.stofc
+    Rotary per layer: no RoPE is reported left to ONNX Runtime, none of the rotation's
+    nodes (nor the head splits and the packed projection's split in front of it) is in
+    the package, SparseAttention reads Rotary's packed [Q' | K' | V], and the package
+    matches the bare original."""
+    arch = next(e["arch"] for e in MANIFEST["fixtures"] if e["file"] == name)
+    form, rd, layouts = ROPE_SHAPES[arch]
+    graph = load_model(FIXTURES / name)
+    assert not [u for u in graph.unsupported if u.op_type == "RoPE" or "RoPE" in u.reason]
+    left = set(graph.left_to_ort)
+    rope_nodes = set()
+    for a in graph.attention:
+        f = a.rope_fusion
+        assert f is not None and a.rope_refusal == "", (name, a.layer, a.rope_refusal)
+        assert (f.form, f.rotary_dim, tuple(s.layout for s in f.sources)) == (form, rd, layouts)
+        assert f.tables == "computed" and f.position_ids is None
+        rotation = {n for r in a.rope for n in r.nodes}
+        assert rotation <= set(f.nodes) and not set(f.nodes) & left
+        rope_nodes |= set(f.nodes)
+    package = _package(name, tmp_path)
+    model = onnx.load(str(package / "model.onnx"))
+    assert not rope_nodes & {n.name for n in model.graph.node}
+    rotary = [n for n in model.graph.node if n.op_type == "Rotary"]
+    assert len(rotary) == len(graph.layers)
+    outs = {n.output[0] for n in rotary}
+    for sa in (n for n in model.graph.node if n.op_type == "SparseAttention"):
+        assert sa.input[0] in outs and list(sa.input[1:3]) == ["", ""]
+    assert not [n for n in model.graph.node if n.op_type == "Neg"]   # no rotate_half left
+    producer = {o: n for n in model.graph.node for o in n.output}
+    if layouts != ("bhsd", "bhsd", "bsf"):   # one packed projection feeds Rotary directly
+        for n in rotary:
+            assert producer[n.input[0]].op_type == "FusedGemm" and n.input[1:3] == ["", ""]
     assert _bare_error(package, name) <= BOUND

@@ -49,7 +49,7 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
     lines = res.stdout.splitlines()
     assert lines[-1] == f"abi {KERNEL_ABI}"
     regs = {tuple(line.split()) for line in lines[:-1]}
-    assert len(regs) == len(lines) - 1 == 26
+    assert len(regs) == len(lines) - 1 == 31
     ops = ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm")
     f32, f16, bf16, u8 = "1", "10", "16", "2"   # ONNX TensorProto element types
     eps = ("CUDAExecutionProvider", "CPUExecutionProvider")
@@ -57,9 +57,12 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
     # AddLayerNorm x (input 0) any, gamma and beta (inputs 2, 3) float
     mixed = {("FusedGemm", ep, bf16, "float_inputs=4", "float_outputs=1") for ep in eps} | \
             {("AddLayerNorm", ep, bf16, "float_inputs=12", "any_inputs=1") for ep in eps}
+    # Rotary: cos and sin (inputs 3, 4) float
+    rotary = {("Rotary", "CUDAExecutionProvider", t, "float_inputs=24") for t in (f16, bf16)} | \
+             {("Rotary", "CPUExecutionProvider", t, "float_inputs=24") for t in (f32, f16, bf16)}
     assert regs == {(op, "CUDAExecutionProvider", t) for op in ops for t in (f16, bf16)} | \
                   {(op, "CPUExecutionProvider", t) for op in ops for t in (f32, f16, bf16)} | \
-                  mixed | {("KeyPrep", ep, u8) for ep in eps}
+                  mixed | {("KeyPrep", ep, u8) for ep in eps} | rotary
 
 
 def test_valid_attention_attributes_parse(driver):
@@ -321,3 +324,46 @@ def test_key_prep_equals_attention_op_bind(key_prep, cpu_runtime, kpm_type):  # 
             words = np.array([int(x) for x in words_line.split()], dtype=np.uint64)
             assert int(want["key_words"]) == -(-seq // 64)
             assert np.array_equal(words, np.asarray(want["key_bits"]).ravel())
+
+
+ROTARY_ENTRY = "stofc_rotary_bfloat16_d128_r64_rh_v8_t128"
+ROTARY_OK = {"kernel_abi": 3, "kernel": f"kernels/r.sm_90.cubin:{ROTARY_ENTRY}", "head_dim": 128,
+             "rotary_dim": 64, "interleaved": 0}
+
+
+def test_valid_rotary_attributes_parse(driver):
+    from stofc.kernels.rotary import RotaryConfig, RotaryProblem, kernel_name
+
+    (line,) = ask(driver, ("rotary", ROTARY_OK))
+    assert line == (f"OK bf16=1 file=kernels/r.sm_90.cubin entry={ROTARY_ENTRY} vec=8 "
+                    "threads=128")
+    for problem in (RotaryProblem("float16", 80, 20, True), RotaryProblem("bfloat16", 32, 16,
+                                                                          False)):
+        name = kernel_name(problem, RotaryConfig(256))   # what the package writes parses
+        (line,) = ask(driver, ("rotary", {"kernel_abi": 3, "kernel": f"r.cubin:{name}",
+                                          "head_dim": problem.head_dim,
+                                          "rotary_dim": problem.rotary_dim,
+                                          "interleaved": int(problem.interleaved)}))
+        assert line == (f"OK bf16={int(problem.dtype == 'bfloat16')} file=r.cubin entry={name} "
+                        f"vec={problem.vec} threads=256")
+
+
+BAD_ROTARY = [
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 3)"),
+    ({"kernel": None}, "attribute 'kernel' (FILE.cubin:ENTRY of the rotary kernel) is required"),
+    ({"kernel": "r.cubin:stofc_glu_float16_silu_f8_t32x4"}, "not a stofc rotary kernel"),
+    ({"kernel": "r.cubin:stofc_rotary_float32_d128_r64_rh_v8_t128"}, "not a stofc rotary kernel"),
+    ({"kernel": "r.cubin:stofc_rotary_float16_d128_rx_rh_v8_t128"}, "not a stofc rotary kernel"),
+    ({"rotary_dim": 32}, "compiled for head_dim 128, rotary_dim 64, rh but the node has head_dim "
+                         "128, rotary_dim 32, rh"),
+    ({"interleaved": 1}, "but the node has head_dim 128, rotary_dim 64, il"),
+    ({"kernel": "r.cubin:stofc_rotary_float16_d128_r64_rh_v3_t128"}, "vectors of 3 elements"),
+    ({"kernel": "r.cubin:stofc_rotary_float16_d128_r64_rh_v8_t100"}, "100 threads per block"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_ROTARY, ids=[m[:40] for _, m in BAD_ROTARY])
+def test_bad_rotary_attributes_are_one_line_errors(driver, change, message):
+    attrs = {k: v for k, v in {**ROTARY_OK, **change}.items() if v is not None}
+    (line,) = ask(driver, ("rotary", attrs))
+    assert line.startswith("ERR ") and message in line, line

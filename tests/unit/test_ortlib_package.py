@@ -133,6 +133,15 @@ def check_cuda_attributes(pkg: Path) -> dict[str, int]:
                 in entry_name
             assert path in hashed and path in listed, path
             continue
+        if node.op_type == "Rotary":
+            # the rotary kernel compiled for the node's head_dim, rotary_dim and form
+            path, entry_name = a["kernel"].rsplit(":", 1)
+            form = "il" if a.get("interleaved", 0) else "rh"
+            assert entry_name.startswith(f"stofc_rotary_{read_manifest(pkg).dtype}_d{a['head_dim']}_"
+                                         f"r{a['rotary_dim']}_{form}_"), (node.name, a)
+            assert entry_name.encode() in (pkg / path).read_bytes()
+            assert path in hashed and path in listed, path
+            continue
         if node.op_type == "FusedGemm":
             width = widths[inputs[1]][-1]
             ep = split_fused_gemm(bool(inputs[2]), a["activation"], bool(inputs[3]),

@@ -4,7 +4,8 @@ A template change shows up as a reviewed diff of these files; regenerate them wi
 ``STOFC_REGEN_GOLDENS=1 pytest tests/unit/test_render_goldens.py``. The specs cover
 each template's switches: GEMM output layouts, epilogues (bias, activations,
 residual, LayerNorm / RMSNorm, the pre-norm store), dtypes, the gated FFN's activation
-pass (with and without its bias) and its GEMM (the product in registers), GEMM+GEMM's direct and
+pass (with and without its bias) and its GEMM (the product in registers), the rotary kernel
+(rotate-half, partial, interleaved, vector widths), GEMM+GEMM's direct and
 workspace modes, Add+Norm's float32 inputs and parameters, and the attention
 kernels' tiles, query split, pipeline depth, occupancy bound, wgmma, soft-capping, head_dim
 256 (Q re-read from shared memory) and inputs, and the warp-specialised kernel's stages,
@@ -23,6 +24,7 @@ from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
 from stofc.kernels import glu as glu_family
 from stofc.kernels import norm as norm_family
+from stofc.kernels import rotary as rotary_family
 from stofc.kernels.attention import AttentionConfig, KernelSpec, render_kernel
 from stofc.kernels.epilogue import Epilogue
 from stofc.paths import templates_dir
@@ -90,6 +92,19 @@ def _glu() -> list[Source]:
     ]
 
 
+def _rotary() -> list[Source]:
+    """The Rotary op's kernel: rotate-half (full head, partial), interleaved, both dtypes,
+    the vector widths (8, 4, 2)."""
+    P, C = rotary_family.RotaryProblem, rotary_family.RotaryConfig
+    return [
+        rotary_family.render_rotary(P("float16", 128, 128, False), C(128)),
+        rotary_family.render_rotary(P("bfloat16", 96, 32, False), C(256)),
+        rotary_family.render_rotary(P("float16", 64, 64, True), C(128)),
+        rotary_family.render_rotary(P("bfloat16", 80, 20, True), C(64)),
+        rotary_family.render_rotary(P("float16", 36, 4, False), C(64)),
+    ]
+
+
 def _attention() -> list[Source]:
     A, S = AttentionConfig, KernelSpec
     specs = [
@@ -113,7 +128,7 @@ def _attention() -> list[Source]:
     return [render_kernel(s) for s in specs]
 
 
-SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_glu(), *_norm(),
+SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_glu(), *_norm(), *_rotary(),
                                      *_attention())}
 
 

@@ -277,6 +277,13 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         static const char* ptrs[] = {"x", "bias", "out"};
         for (int j = 0; j < 3; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);
         s << ", \"M\": " << get<int>(args, 3) << ", \"F\": " << get<int>(args, 4);
+    } else if (name.rfind("stofc_rotary_", 0) == 0) {  // OPS.md "Rotary": 22 arguments
+        static const char* names[] = {"q", "k", "v", "out", "q_sb", "q_ss", "k_sb", "k_ss", "v_sb", "v_ss", "cos",
+                                      "sin", "t_sb", "W", "pos", "pos_sb", "pos_mode", "rows", "B", "S", "H", "Hkv"};
+        static const char kinds[] = "ppppLLLLLLppLipLiiiiii";  // p pointer, L int64, i int32
+        for (int j = 0; j < 22; ++j)
+            s << (j ? ", " : "") << "\"" << names[j] << "\": "
+              << (kinds[j] == 'p' ? ptr_value(args[j]) : kinds[j] == 'L' ? value<long long>(args[j]) : value<int>(args[j]));
     } else if (name.rfind("stofc_add_norm_", 0) == 0) {
         static const char* ptrs[] = {"x", "bias", "residual", "gamma", "beta", "out", "pre_norm"};
         for (int j = 0; j < 7; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);
