@@ -32,9 +32,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stofc.compile import compile_source  # noqa: E402
-from stofc.kernels.render import render_kernel  # noqa: E402
-from stofc.kernels.rotary import (  # noqa: E402
+from stofc.compile import compile_source
+from stofc.kernels.render import render_kernel
+from stofc.kernels.rotary import (
     ARGUMENTS,
     RotaryConfig,
     RotaryProblem,
