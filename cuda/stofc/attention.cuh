@@ -67,6 +67,9 @@ __device__ __forceinline__ float soft_cap(float x, float c, float inv_c) {
 /// dependent load at a time cost a package for 32K keys run on 128 tokens hundreds of
 /// loads per global row, on the critical path of every layer.)
 __device__ __forceinline__ int trim_walk(const int* key, int j0, int j1, int kvl) {
+    // most walks end inside the run: one load says so (the search's log2 dependent loads
+    // were on every item's start, producer and consumers alike)
+    if (j0 >= j1 || key[j1 - 1] < kvl) return j1;
     while (j0 < j1) {
         const int mid = (j0 + j1) >> 1;
         if (key[mid] >= kvl)

@@ -225,31 +225,38 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(sQ + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q), pn * 64,
                                 x.h, x.prow * ROWS + w * TILE, x.b);
-            auto load_v = [&](int i) {                 // V of entry begin + i
+            // V of entry begin + i (its key: the K load's, already in a register)
+            auto load_v = [&](int i, int key) {
                 const int g = ring + i;
                 const int s = g % STAGES, use = g / STAGES;
                 if (use > 0) mbar_wait(bar(BAR_EMPTY_V + s), (use - 1) & 1);
                 mbar_arrive_expect_tx(bar(BAR_FULL_V + s), KV_BYTES);
-                const int key = entry_key[x.begin + i];
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(base + OFF_V + s * KV_BYTES + pn * KV_PANEL, &tma_v,
                                 bar(BAR_FULL_V + s), pn * 64, hkv, key, x.b);
             };
             const int n_load = (x.n + KSTEP - 1) / KSTEP * KSTEP;   // whole steps (pad: a real tile)
+            // The walk entries are read one tile ahead, before the wait for a free slot:
+            // a freed slot's refill then waits only for the TMA, not for a global load first.
+            int key = 0, part[CONSUMERS];
+            auto read_entry = [&](int i, int& k, int (&p)[CONSUMERS]) {
+                const int j = x.begin + i;
+                k = entry_key[j];
+#pragma unroll
+                for (int w = 0; w < CONSUMERS; ++w) p[w] = entry_part[CONSUMERS * j + w];
+            };
+            if (n_load > 0) read_entry(0, key, part);
+            int prev_key = 0;
             for (int i = 0; i < n_load; ++i) {
+                int next_key = 0, next_part[CONSUMERS];
+                if (i + 1 < n_load) read_entry(i + 1, next_key, next_part);
                 const int g = ring + i;
                 const int s = g % STAGES, use = g / STAGES;
                 if (use > 0) mbar_wait(bar(BAR_EMPTY_K + s), (use - 1) & 1);
-                const int j = x.begin + i;
-                const int key = entry_key[j];
-                int part[CONSUMERS];
                 u32 bytes = KV_BYTES;
 #pragma unroll
-                for (int w = 0; w < CONSUMERS; ++w) {
-                    part[w] = entry_part[CONSUMERS * j + w];
-                    bytes += part[w] >= 0 ? BM_BYTES : 0;
-                }
+                for (int w = 0; w < CONSUMERS; ++w) bytes += part[w] >= 0 ? BM_BYTES : 0;
                 const u32 full = bar(BAR_FULL_K + s);
                 mbar_arrive_expect_tx(full, bytes);
 #pragma unroll
@@ -262,9 +269,13 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                     if (part[w] >= 0)
                         bulk_load(sbm + w * BM_BYTES, bitmaps + static_cast<long long>(part[w]) * ITN * ITN,
                                   BM_BYTES, full);
-                if (i > 0) load_v(i - 1);              // K of this tile before V of the last one
+                if (i > 0) load_v(i - 1, prev_key);    // K of this tile before V of the last one
+                prev_key = key;
+                key = next_key;
+#pragma unroll
+                for (int w = 0; w < CONSUMERS; ++w) part[w] = next_part[w];
             }
-            if (n_load > 0) load_v(n_load - 1);
+            if (n_load > 0) load_v(n_load - 1, prev_key);
             ring += n_load;
         }
         return;
