@@ -169,6 +169,25 @@ class NotExpressible(ValueError):
     """The attention kind cannot express the package's masks exactly (no row, a reason)."""
 
 
+def keep_rope_frequencies(model, device: str, dtype):
+    """``model.to(device, dtype)`` with RoPE's inverse-frequency buffers left in float32.
+
+    ``Module.to`` rounds every floating buffer. transformers computes the rotation angles
+    in float32 from ``*inv_freq``, but from a float16 copy of it: at position 8191 the
+    angles then move by radians (the fp16 Llama anchor was 1.5-1.8e-1 away from the same
+    model in fp32 at (1, 8192), while the stofc package, whose tables come from the fp32
+    export, was 1.9e-3 away). The anchor must compute the model it is timed against.
+    """
+    import torch
+
+    kept = {name: buf.detach().to(torch.float32).clone()
+            for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+    model = model.to(device=device, dtype=dtype)
+    for name, buf in kept.items():
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = buf.to(device)
+    return model
+
 class TorchSide:
     """One model on the GPU in one dtype (fp32 for the reference), attention swappable.
 
@@ -193,7 +212,7 @@ class TorchSide:
         self.torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16,
                             "fp32": torch.float32}[dtype]
         self.device = device
-        self.model = model.to(device=device, dtype=self.torch_dtype)
+        self.model = keep_rope_frequencies(model, device, self.torch_dtype)
         self.compiled = None
         self.key: tuple | None = None     # (impl, batch, seq, mode) of self.compiled
         self.impl = "flex"
