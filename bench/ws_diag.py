@@ -5,8 +5,10 @@ Three questions, one GPU call, each output checked against a float32 SDPA refere
 1. **Short runs of a long package.** A package compiled for L_max = 16384 runs its bucket
    picks (block-wise at 128 tokens, ws at 512) on the top-left corner of the L_max mask
    format. Time the same config on the format encoded at L_max and at the run's length,
-   with the walk trimmed by binary search (``trim_walk``) and with the old one-entry-at-a-
-   time loop swapped in, for Longformer, BigBird and causal (B=1 S=128, B=8 S=512).
+   with the walk trimmed by ``trim_walk``'s rounds (last/first key, the consecutive-tile
+   guess) and with the plain binary search they replaced swapped in (before 2026-11-26
+   afternoon: a linear loop against that search), for Longformer, BigBird and causal
+   (B=1 S=128, B=8 S=512).
 2. **BERT-base at (1, 8192).** The package's bucket pick (ws, the selector's split) on the
    format encoded at 32768 and at 8192, with and without key bits (the package passes the
    attention mask as key bits): the e2e profile had 2.06 ms of attention for Longformer
@@ -44,11 +46,13 @@ from stofc.targets import detect
 BERT = {"longformer": "longformer:window=256,global=16",
         "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
         "causal": "causal"}
-OLD_TRIM = {  # the loop trim_walk replaced, by template
-    "j1 = trim_walk(tile_key, j0, j1, kvl);":
-        "while (j1 > j0 && tile_key[j1 - 1] >= kvl) --j1;",
-    "end = trim_walk(entry_key, x.begin, end, x.kvl);":
-        "while (end > x.begin && entry_key[end - 1] >= x.kvl) --end;",
+OLD_TRIM = {  # the plain binary search trim_walk's guess round replaced (8096d6b), by template
+    "j1 = trim_walk(tile_key, j0, j1, kvl, TILE);":
+        "{ int a = j0, b = j1; while (a < b) { const int m = (a + b) >> 1; "
+        "if (tile_key[m] >= kvl) b = m; else a = m + 1; } j1 = b; }",
+    "end = trim_walk(entry_key, x.begin, end, x.kvl, TILE);":
+        "{ int a = x.begin, b = end; while (a < b) { const int m = (a + b) >> 1; "
+        "if (entry_key[m] >= x.kvl) b = m; else a = m + 1; } end = b; }",
 }
 
 
@@ -131,7 +135,7 @@ def short_part(profile, rows: list[dict]) -> None:
                     op = AttentionOp(fmt, cfg, "float16", 64, profile)
                     ms, out = time_op(op, q, k, v, key_mask=key_mask, old=old)
                     row = {"part": "short", "mask": mask, "B": batch, "S": seq, "L_max": lmax,
-                           "trim": "linear" if old else "binary", "config": cfg.describe(),
+                           "trim": "bsearch" if old else "rounds", "config": cfg.describe(),
                            "us": round(ms * 1e3, 2), "relerr": round(relerr(out, ref), 5)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)

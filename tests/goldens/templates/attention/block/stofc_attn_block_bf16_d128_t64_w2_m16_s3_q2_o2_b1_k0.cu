@@ -105,7 +105,7 @@ stofc_attn_block_bf16_d128_t64_w2_m16_s3_q2_o2_b1_k0(const T* __restrict__ q, co
     const int j0 = rp[r];
     int j1 = rp[r + 1];
     const int kvl = min(kv_len[b], L);
-    j1 = trim_walk(tile_key, j0, j1, kvl);          // tiles past the keys (gathered: < 0)
+    j1 = trim_walk(tile_key, j0, j1, kvl, TILE);          // tiles past the keys (gathered: < 0)
 
     const T* qb = q + b * q_sb + h * q_sh;
     const int hkv = h / kv_group;                    // grouped-query attention: K/V head

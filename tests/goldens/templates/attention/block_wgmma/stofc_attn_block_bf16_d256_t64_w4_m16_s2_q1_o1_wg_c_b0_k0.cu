@@ -107,7 +107,7 @@ stofc_attn_block_bf16_d256_t64_w4_m16_s2_q1_o1_wg_c_b0_k0(const T* __restrict__ 
     const int j0 = rp[r];
     int j1 = rp[r + 1];
     const int kvl = min(kv_len[b], L);
-    j1 = trim_walk(tile_key, j0, j1, kvl);          // tiles past the keys (gathered: < 0)
+    j1 = trim_walk(tile_key, j0, j1, kvl, TILE);          // tiles past the keys (gathered: < 0)
 
     const T* qb = q + b * q_sb + h * q_sh;
     const int hkv = h / kv_group;                    // grouped-query attention: K/V head

@@ -182,7 +182,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         x.slot = it4[3];
         x.kvl = min(kv_len[x.b], L);
         if (x.prow < 0 || x.prow * ROWS >= L) x.prow = -1;   // padding, or rows past this run
-        end = trim_walk(entry_key, x.begin, end, x.kvl);   // tiles past the keys
+        end = trim_walk(entry_key, x.begin, end, x.kvl, TILE);   // tiles past the keys
         x.n = max(end - x.begin, 0);
         return x;
     };
