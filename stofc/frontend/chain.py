@@ -64,11 +64,7 @@ def _fused_projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Pie
                             "the projections are left to ONNX Runtime")
         pieces.extend(got[0])
         inputs.add(got[1])
-    if len(inputs) != 1:
-        raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
-                        "Q, K and V are projected from different inputs (cross-attention or a "
-                        "bottleneck)")
-    return pieces, inputs.pop()
+    return _from_one_input(idx, block, pieces, inputs)
 
 
 def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], str]:
@@ -93,6 +89,13 @@ def _projections(idx: GraphIndex, block: AttentionBlock) -> tuple[list[Piece], s
                             "weight")
         pieces.extend(got[0])
         inputs.add(got[1])
+    return _from_one_input(idx, block, pieces, inputs)
+
+
+def _from_one_input(idx: GraphIndex, block: AttentionBlock, pieces: list[Piece],
+                    inputs: set[str]) -> tuple[list[Piece], str]:
+    """``pieces`` and the one hidden state Q, K and V are projected from (ChainStop when
+    they come from several: cross-attention, a bottleneck)."""
     if len(inputs) != 1:
         raise ChainStop(_producer(idx, block.q_input), _op(idx, block.q_input),
                         "Q, K and V are projected from different inputs (cross-attention or a "
