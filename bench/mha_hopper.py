@@ -11,8 +11,12 @@ reference of the same mask (relative error; NaN never passes). FA4 comes from
 masks it can express (causal, windows). Effective TFLOP/s = 4 B H D nnz / t.
 Timing: ``triton.testing.do_bench`` median (warmup 25 ms, rep 100 ms).
 
+The table's stofc column is the fastest correct candidate (what ``stofc tune`` can pick);
+the selector's own pick has its own column (an untuned package runs it).
+
 Usage: PYTHONPATH=. python3 bench/mha_hopper.py [--cases ...] [--masks ...] [--quick]
 Writes ``$OUT/mha-hopper-GPU-DATE.json`` and ``.md``; prints the table last.
+``python3 bench/mha_table.py RUN.json`` rewrites a run's ``.md`` (no GPU needed).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ if os.path.isdir("/tmp/fa4site"):
 import cupy as cp
 import torch
 import torch.nn.functional as F
+from mha_table import table
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
@@ -209,20 +214,6 @@ def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = Fa
         del ref, dense
         torch.cuda.empty_cache()
     return out_rows
-
-
-def table(rows: list[dict]) -> str:
-    lines = ["| case | mask | density | FA4 TF/s | cuDNN TF/s | SDPA-bool TF/s | Flex TF/s | "
-             "stofc TF/s | stofc config | vs FA4 | vs cuDNN | vs SDPA-bool | vs Flex |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['mask']} | {r['density']} | {r.get('fa4_tflops', '-')} | "
-            f"{r.get('cudnn_tflops', '-')} | {r.get('sdpa_bool_tflops', '-')} | "
-            f"{r.get('flex_tflops', '-')} | {r.get('stofc_tflops', '-')} | "
-            f"{r.get('stofc_config', '-')} | {r.get('vs_fa4', '-')} | {r.get('vs_cudnn', '-')} | "
-            f"{r.get('vs_sdpa_bool', '-')} | {r.get('vs_flex', '-')} |")
-    return "\n".join(lines)
 
 
 def main() -> int:
