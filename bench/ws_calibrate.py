@@ -13,15 +13,25 @@ time is fitted by least squares as
 nanoseconds; SMs = 132). Prints the constants and each case's predicted / measured ratio.
 
 Usage: python3 bench/ws_calibrate.py bench/results/ws-diag-h100-2026-11-26.jsonl [--variant s3]
+
+``--mha RUN.json ...`` fits the head_dim-128 costs (``D128_COSTS``: two consumers, no
+per-warpgroup term) instead, from the ws rows of ``bench/mha_hopper.py`` runs at the ring
+depth ``--stages``, in the estimator's own form (:func:`~stofc.kernels.attention.ws_cost.
+ws_estimate`: per-SM entry and part-tile sums, waves of items, LAUNCH_US), weighted by
+relative error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+from pathlib import Path
 
 import numpy as np
 
+from stofc.kernels.attention.ws_cost import LAUNCH_US, _entry_flags
 from stofc.kernels.attention.ws_plan import SKIP, plan_ws
 from stofc.masks import encode
 
@@ -40,11 +50,68 @@ def features(spec: str, length: int, consumers: int, split: int, runs: int) -> l
             runs * float((parts >= 0).sum()), runs * float(items)]
 
 
+def mha_masks() -> dict[str, str]:
+    """bench/mha_hopper.py's mask names -> specs (read from its MASKS table)."""
+    src = (Path(__file__).parent / "mha_hopper.py").read_text()
+    body = re.search(r"MASKS = \{(.*?)\n\}", src, re.S)
+    assert body is not None, "mha_hopper.py has no MASKS table"
+    return dict(re.findall(r'^\s*"(\w+)": \("([^"]+)"', body.group(1), re.M))
+
+
+def d128_features(spec: str, length: int, split: int, runs: int) -> list[float]:
+    """[entries, part tiles] per SM and waves of one D=128 launch (ws_estimate's terms)."""
+    plan = plan_ws(encode(spec, length), split_tiles=split, consumers=2)
+    live, _, masked = _entry_flags(plan, length)
+    cum_l = np.concatenate([[0.0], np.cumsum(live)])
+    cum_m = np.concatenate([[0.0], np.cumsum(masked)])
+    items = plan.items[0]
+    ok = items[:, 0] >= 0
+    e = float((cum_l[items[ok, 2]] - cum_l[items[ok, 1]]).sum()) * runs / SMS
+    m = float((cum_m[items[ok, 2]] - cum_m[items[ok, 1]]).sum()) * runs / SMS
+    blocks = int(((cum_l[items[:, 2]] - cum_l[items[:, 1]]) > 0)[ok].sum()) * runs
+    return [e, m, float(math.ceil(blocks / SMS))]
+
+
+def fit_d128(paths: list[str], stages: int) -> int:
+    masks = mha_masks()
+    X, y, labels = [], [], []
+    for path in paths:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        for r in rows:
+            b, h, length, d, _ = r["case"].split(":")
+            if int(d) != 128:
+                continue
+            for c in r["stofc"]:
+                cfg = c["config"]
+                if (c["label"] != "ws" or "ms" not in c or f"stages={stages} " not in cfg
+                        or "keys/step=64 " not in cfg):
+                    continue
+                split = re.search(r"split=(\d+)", cfg)
+                X.append(d128_features(masks[r["mask"]], int(length),
+                                       int(split.group(1)) if split else 0, int(b) * int(h)))
+                y.append(c["ms"] * 1e3)
+                labels.append(f"{r['case']} {r['mask']}")
+    A, t = np.asarray(X), np.asarray(y)
+    w = 1.0 / t
+    coef, *_ = np.linalg.lstsq(A * w[:, None], (t - LAUNCH_US) * w, rcond=None)
+    entry, masked, wave = coef
+    print(f"head_dim 128, stages {stages}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
+          f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; + LAUNCH_US]")
+    for label, got, want in zip(labels, A @ coef + LAUNCH_US, t, strict=True):
+        print(f"    {label:40s} measured {want:8.1f} us  model {got:8.1f}  ({got / want:.2f})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("jsonl")
+    ap.add_argument("jsonl", nargs="?")
     ap.add_argument("--variant", default="s3", help="the ring depth of the variants fitted")
+    ap.add_argument("--mha", nargs="+", help="fit D128_COSTS from bench/mha_hopper.py runs")
+    ap.add_argument("--stages", type=int, default=2, help="--mha: the ring depth fitted")
     args = ap.parse_args()
+    if args.mha:
+        return fit_d128(args.mha, args.stages)
     with open(args.jsonl) as f:
         rows = [r for r in map(json.loads, f) if r.get("part") == "consumers"]
     for consumers in (2, 3):

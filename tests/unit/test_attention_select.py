@@ -106,10 +106,17 @@ def test_short_grid_splits_query_rows():
     ("longformer:window=256,global=16", 16384, 1, 12, 64, "ws"),
     ("strided:stride=128", 4096, 4, 12, 64, "block"),   # gathered tiles: block-wise
     ("dilated:window=256,dilation=2", 4096, 4, 12, 64, "block"),   # residue permutation
+    # mha-hopper-h100-2026-11-26-prefetch (D128_COSTS): at head_dim 128 the ws kernel runs
+    # the dilated band at 129-132 TFLOP/s against the permuted block-wise kernel's 84; the
+    # strided mask's gathered tiles stay block-wise (115 against ws's 20)
+    ("dilated:window=256,dilation=2", 8192, 1, 16, 128, "ws"),
+    ("dilated:window=256,dilation=2", 16384, 1, 16, 128, "ws"),
+    ("strided:stride=128", 8192, 1, 16, 128, "block"),
 ])
 def test_hopper_picks_the_warp_specialised_kernel_where_it_is_faster(spec, L, B, H, D, kind):
-    """The measured picks of bench/results/mha-hopper-h100-2026-11-25-fa4 (the selector's
-    estimate for ws; block-wise keeps the masks whose tiles it gathers or permutes)."""
+    """The measured picks of bench/results/mha-hopper-h100-2026-11-25-fa4 and -11-26-prefetch
+    (the selector's estimate for ws; block-wise keeps the masks whose tiles it gathers, and
+    at head_dim 64 those it permutes)."""
     choice = select_kernel(encode(spec, L), H100, batch=B, heads=H, seq_len=L, head_dim=D)
     assert choice.kernel == kind, choice.explanation
     assert math.isfinite(choice.ws_us) and f"{choice.ws_us:.1f} us" in choice.explanation

@@ -12,10 +12,17 @@ Two calibrations, both from H100 runs of the kernel on the MASKS.md families:
   every launch LAUNCH_US. Three consumer warpgroups
   (192-row blocks) walk fewer, longer entries: 15% faster on dense rows, slower where
   the three rows' columns differ (BigBird's random blocks).
-* **head_dim 128 and 256** (two consumers only; ``bench/results/mha-hopper-*-2026-11-25``:
-  B=1 H=16 L=8192 bf16): a full 64x64 tile step of one consumer warpgroup runs at
-  ``WS_EFFICIENCY_D128`` of the fp16 tensor peak, part tiles cost MASKED_TILE_COST full
-  ones, each block pays WS_BLOCK_US.
+* **head_dim 128** (two consumers only; ``D128_COSTS``, the same form without the
+  per-warpgroup term: ``bench/ws_calibrate.py --mha`` over the ws rows of
+  ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
+  every MASKS.md family): within 0.80-1.15x of those 36 runs. The efficiency model it
+  replaced (below, still head_dim 256's) was 0.72-1.30x off there: it charged part tiles
+  1.45 full ones and the entries one warpgroup skips nothing, and so put the permuted
+  block-wise kernel ahead at dilated L=8K (84 TFLOP/s measured against ws's 132).
+* **head_dim 256** (two consumers; ``bench/results/mha-hopper-*-2026-11-25``, fitted at
+  head_dim 128 then, not yet re-fitted): a full 64x64 tile step of one consumer warpgroup
+  runs at ``WS_EFFICIENCY_D128`` of the fp16 tensor peak, part tiles cost
+  MASKED_TILE_COST full ones, each block pays WS_BLOCK_US.
 
 Both are per-SM times on the calibration H100; another Hopper GPU scales them by its
 per-SM tensor rate. The grid runs one block per SM; the longest item bounds the time
@@ -57,7 +64,7 @@ CALIBRATION_SM_TFLOPS = 989.0 / 132     # H100 SXM: dense fp16 tensor peak per S
 
 @dataclass(frozen=True)
 class EntryCost:
-    """Per-SM nanoseconds of one walk entry (head_dim 64, fitted) and of a wave of items."""
+    """Per-SM nanoseconds of one walk entry (head_dim 64 and 128, fitted) and of a wave of items."""
 
     entry_ns: float
     active_ns: float
@@ -67,6 +74,8 @@ class EntryCost:
 
 # bench/ws_calibrate.py over ws-diag-h100-2026-11-26 (3-stage ring, ping-pong)
 D64_COSTS = {2: EntryCost(611.0, 77.0, 114.0, 3.36), 3: EntryCost(632.0, 123.0, 49.0, 5.32)}
+# bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
+D128_COSTS = EntryCost(1059.0, 0.0, 71.0, 4.53)
 D64_STAGES = 3          # the 3-stage ring: 1-10% faster than 2 at head_dim 64 (same run)
 STAGES = 2              # head_dim 128 / 256: the 11-25 sweep's fastest
 
@@ -84,8 +93,8 @@ def _entry_flags(plan: WsPlan, seq_len: int) -> tuple[np.ndarray, np.ndarray, np
 def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: float) -> np.ndarray:
     """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does."""
     live, active, masked = _entry_flags(plan, seq_len)
-    if head_dim <= 64:
-        k = D64_COSTS[plan.consumers]
+    if head_dim <= 128:
+        k = D64_COSTS[plan.consumers] if head_dim <= 64 else D128_COSTS
         per_entry = (k.entry_ns * live + k.active_ns * active + k.masked_ns * masked)
         per_entry *= CALIBRATION_SM_TFLOPS / sm_tflops
     else:
@@ -110,7 +119,8 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     longest = max(float(c.max()) if c.size else 0.0 for c in costs)
     blocks = sum(int((c > 0).sum()) for c in costs) * per_fmt_head * batch
     waves = math.ceil(blocks / profile.sm_count) if blocks else 0
-    wave_us = D64_COSTS[consumers].wave_us if head_dim <= 64 else WS_BLOCK_US
+    wave_us = (D64_COSTS[consumers].wave_us if head_dim <= 64
+               else D128_COSTS.wave_us if head_dim <= 128 else WS_BLOCK_US)
     return max(total / profile.sm_count, longest) * 1e-3 + waves * wave_us + LAUNCH_US
 
 
