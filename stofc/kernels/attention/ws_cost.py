@@ -24,7 +24,7 @@ Two calibrations, both from H100 runs of the kernel on the MASKS.md families:
   runs at ``WS_EFFICIENCY_D128`` of the fp16 tensor peak, part tiles cost
   MASKED_TILE_COST full ones, each block pays WS_BLOCK_US.
 
-Both are per-SM times on the calibration H100; another Hopper GPU scales them by its
+All are per-SM times on the calibration H100; another Hopper GPU scales them by its
 per-SM tensor rate. The grid runs one block per SM; the longest item bounds the time
 from below, which the row split (:func:`~stofc.kernels.attention.ws_plan.default_split`)
 keeps short.
