@@ -1,6 +1,6 @@
 """The warp-specialised kernel's starting config and time estimate (for the selector).
 
-Two calibrations, both from H100 runs of the kernel on the MASKS.md families:
+Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
 
 * **head_dim 64** (``bench/results/ws-diag-h100-2026-11-26.jsonl``: B=4 L=4K, B=2 L=16K,
   B=1 L=8K, H=12, fp16; dense, causal, windows +-64 / +-256, Longformer, BigBird; a
