@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from stofc.kernels.attention.reference import from_bf16_bits
 from stofc.kernels.render import render_kernel
 from stofc.kernels.rotary import (
     ARGUMENTS,
@@ -32,6 +33,7 @@ from stofc.kernels.rotary import (
     rotary_launch,
     rotary_reference,
 )
+from tests.gpu.test_attention_helpers import quantise
 
 ROOT = Path(__file__).resolve().parents[2]
 ULP = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
@@ -50,24 +52,6 @@ CASES = [
     ("float16", 4, 4, 80, 80, False, True, "off", True),
     ("float16", 4, 1, 30, 10, False, False, "s", False),       # vector width 1
 ]
-
-
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def _from_bits(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _held(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(the device array's host image, its value in float64)."""
-    if dtype == "float16":
-        h = x.astype(np.float16)
-        return h, h.astype(np.float64)
-    bits = _bf16_bits(x)
-    return bits, _from_bits(bits).astype(np.float64)
 
 
 def _tables(rng, kind, B, S, W, rows=None):
@@ -102,7 +86,7 @@ def test_rotary_kernel_matches_numpy(case):
     for B, S in ((1, 1), (2, 77), (3, 512)):
         cos, sin, pos = _tables(rng, kind, B, S, rd // 2 if half else rd)
         widths = ((h + 2 * hkv) * d,) if packed else (h * d, hkv * d, hkv * d)
-        host = [_held(rng.standard_normal((B, S, w)).astype(np.float32), dtype) for w in widths]
+        host = [quantise(rng.standard_normal((B, S, w)).astype(np.float32), dtype) for w in widths]
         dev = [cp.asarray(x) for x, _ in host]
         out = cp.full((B, S, (h + 2 * hkv) * d), 0xFFFF if dtype == "bfloat16" else np.nan,
                       np.uint16 if dtype == "bfloat16" else np.float16)
@@ -121,7 +105,7 @@ def test_rotary_kernel_matches_numpy(case):
         kernel.launch(launch.grid, launch.threads, args)
         cp.cuda.runtime.deviceSynchronize()
         got = out.get()
-        got = _from_bits(got).astype(np.float64) if dtype == "bfloat16" else \
+        got = from_bf16_bits(got).astype(np.float64) if dtype == "bfloat16" else \
             got.astype(np.float64)
         vals = [v for _, v in host]
         want = rotary_reference(vals[0], None if packed else vals[1], None if packed else vals[2],
