@@ -32,12 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from stofc.kernels.attention.ws_cost import LAUNCH_US, _entry_flags
-from stofc.kernels.attention.ws_plan import SKIP, plan_ws
+from stofc.kernels.attention.ws_plan import SKIP, default_split, plan_ws
 from stofc.masks import encode
 
 FAMILIES = {"dense": "dense", "causal": "causal", "local64": "sliding:window=64",
             "local256": "sliding:window=256", "longformer": "longformer:window=256,global=16",
             "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0"}
+VARIANT_MASKS = {"local256": "sliding:window=256"}     # bench/ws_variants.py's other names
 SMS = 132
 
 
@@ -58,9 +59,10 @@ def mha_masks() -> dict[str, str]:
     return dict(re.findall(r'^\s*"(\w+)": \("([^"]+)"', body.group(1), re.M))
 
 
-def d128_features(spec: str, length: int, split: int, runs: int) -> list[float]:
+def d128_features(spec: str, length: int, split: int, runs: int,
+                  consumers: int = 2) -> list[float]:
     """[entries, part tiles] per SM and waves of one D=128 launch (ws_estimate's terms)."""
-    plan = plan_ws(encode(spec, length), split_tiles=split, consumers=2)
+    plan = plan_ws(encode(spec, length), split_tiles=split, consumers=consumers)
     live, _, masked = _entry_flags(plan, length)
     cum_l = np.concatenate([[0.0], np.cumsum(live)])
     cum_m = np.concatenate([[0.0], np.cumsum(masked)])
@@ -92,15 +94,43 @@ def fit_d128(paths: list[str], stages: int) -> int:
                                        int(split.group(1)) if split else 0, int(b) * int(h)))
                 y.append(c["ms"] * 1e3)
                 labels.append(f"{r['case']} {r['mask']}")
+    return _fit_d128(X, y, labels, f"stages {stages}")
+
+
+def _fit_d128(X: list[list[float]], y: list[float], labels: list[str], what: str) -> int:
+    """Least squares (relative error) of the estimator's D=128 form; prints the constants."""
     A, t = np.asarray(X), np.asarray(y)
     w = 1.0 / t
     coef, *_ = np.linalg.lstsq(A * w[:, None], (t - LAUNCH_US) * w, rcond=None)
     entry, masked, wave = coef
-    print(f"head_dim 128, stages {stages}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
+    print(f"head_dim 128, {what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
           f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; + LAUNCH_US]")
     for label, got, want in zip(labels, A @ coef + LAUNCH_US, t, strict=True):
         print(f"    {label:40s} measured {want:8.1f} us  model {got:8.1f}  ({got / want:.2f})")
     return 0
+
+
+def fit_d128_variants(paths: list[str], column: str, consumers: int) -> int:
+    """Fit from ``bench/ws_variants.py`` lines: the ``column`` variant's time of each
+    head_dim-128 case (run at the split ``default_split`` gives ``consumers``)."""
+    masks = {**FAMILIES, **VARIANT_MASKS}
+    X, y, labels = [], [], []
+    for path in paths:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.startswith("{")]
+        for r in rows:
+            b, h, length, d, _ = r["case"].split(":")
+            v = r.get(column)
+            if int(d) != 128 or not isinstance(v, list):
+                continue
+            fmt = encode(masks[r["mask"]], int(length))
+            split = default_split(fmt, batch=int(b), heads=int(h), sm_count=SMS,
+                                  consumers=consumers)
+            X.append(d128_features(masks[r["mask"]], int(length), split, int(b) * int(h),
+                                   consumers))
+            y.append(v[2])
+            labels.append(f"{r['case']} {r['mask']}")
+    return _fit_d128(X, y, labels, f"{consumers} consumers ({column})")
 
 
 def main() -> int:
@@ -109,7 +139,12 @@ def main() -> int:
     ap.add_argument("--variant", default="s3", help="the ring depth of the variants fitted")
     ap.add_argument("--mha", nargs="+", help="fit D128_COSTS from bench/mha_hopper.py runs")
     ap.add_argument("--stages", type=int, default=2, help="--mha: the ring depth fitted")
+    ap.add_argument("--variants", nargs="+", help="fit D=128 costs from ws_variants.py lines")
+    ap.add_argument("--column", default="c3q", help="--variants: the variant fitted")
+    ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
     args = ap.parse_args()
+    if args.variants:
+        return fit_d128_variants(args.variants, args.column, args.consumers)
     if args.mha:
         return fit_d128(args.mha, args.stages)
     with open(args.jsonl) as f:

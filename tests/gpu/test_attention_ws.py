@@ -1,7 +1,8 @@
 """GPU correctness of the warp-specialised Hopper kernel (kind "ws") against float64.
 
 Skipped on GPUs other than sm_90. Every MASKS.md family, head_dims 64/128/256 and both
-dtypes, blocks of two and three consumer warpgroups (three: head_dim 64), split rows merged
+dtypes, blocks of two and three consumer warpgroups (three: head_dim 64, and 128 with Q
+read from shared memory), split rows merged
 by the combine kernel, ping-pong on and off, every ring depth,
 grouped-query attention, soft-capping, padding by lengths and 0/1 masks, bias, both
 layouts, packed QKV, per-head masks, rows without keys, and a run shorter than L_max.
@@ -56,10 +57,20 @@ def test_every_family(spec, split, kstep, consumers):
     _check(res, "float16", spec)
 
 
+@pytest.mark.parametrize("split", [0, 8])
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_every_family_head_dim_128_three_consumers(spec, split):
+    """head_dim 128 with three consumer warpgroups: S = Q K^T reads Q from shared memory."""
+    fmt, dense = encoded(spec, 1000)
+    res = run_case(fmt, dense, ws(split=split, consumers=3), batch=2, heads=2, seq=1000,
+                   head_dim=128, dtype="bfloat16", seed=_seed("ws128c3", spec, split))
+    _check(res, "bfloat16", spec)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim,kstep,consumers",
                          [(64, 1, 2), (64, 2, 2), (64, 1, 3), (128, 1, 2), (128, 2, 2),
-                          (256, 1, 2)])
+                          (128, 1, 3), (256, 1, 2)])
 @pytest.mark.parametrize("pingpong", [True, False])
 def test_head_dims_dtypes_pingpong(head_dim, kstep, consumers, dtype, pingpong):
     fmt, dense = encoded("longformer:window=100,global=20", 700)
@@ -69,12 +80,14 @@ def test_head_dims_dtypes_pingpong(head_dim, kstep, consumers, dtype, pingpong):
     _check(res, dtype, f"D={head_dim} kstep={kstep} consumers={consumers} pingpong={pingpong}")
 
 
+@pytest.mark.parametrize("consumers", [2, 3])
 @pytest.mark.parametrize("stages", [2, 3, 4])
-def test_ring_depths_on_long_rows(stages):
+def test_ring_depths_on_long_rows(stages, consumers):
     fmt, dense = encoded("causal", 2048)
-    res = run_case(fmt, dense, ws(stages=stages), batch=1, heads=2, seq=2048, head_dim=128,
-                   dtype="bfloat16", seed=_seed("wsstages", stages))
-    _check(res, "bfloat16", f"stages={stages}")
+    res = run_case(fmt, dense, ws(stages=stages, consumers=consumers), batch=1, heads=2,
+                   seq=2048, head_dim=128, dtype="bfloat16",
+                   seed=_seed("wsstages", stages, consumers))
+    _check(res, "bfloat16", f"stages={stages} consumers={consumers}")
 
 
 @pytest.mark.parametrize("kstep,consumers", STEPS)
@@ -84,7 +97,8 @@ def test_padding_bias_layouts(dtype, kstep, consumers):
                                _seed("wspad", dtype, kstep, consumers))
 
 
-@pytest.mark.parametrize("kv_heads,head_dim,consumers", [(1, 128, 2), (2, 128, 2), (2, 64, 3)])
+@pytest.mark.parametrize("kv_heads,head_dim,consumers",
+                         [(1, 128, 2), (2, 128, 2), (2, 64, 3), (1, 128, 3), (2, 128, 3)])
 def test_grouped_query_attention(kv_heads, head_dim, consumers):
     fmt, dense = encoded("sliding:window=150,causal=true", 600)
     res = run_case(fmt, dense, ws(consumers=consumers), batch=2, heads=6, seq=600,
@@ -93,7 +107,7 @@ def test_grouped_query_attention(kv_heads, head_dim, consumers):
     _check(res, "bfloat16")
 
 
-@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3)])
+@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3), (128, 3)])
 def test_logit_softcap(head_dim, consumers):
     fmt, dense = encoded("longformer:window=64,global=8", 300)
     key_mask = np.ones((2, 300), np.int32)

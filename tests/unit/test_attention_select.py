@@ -17,6 +17,8 @@ from stofc.kernels.attention import (
     stof_threshold,
 )
 from stofc.kernels.attention.select import nonempty_blocks16
+from stofc.kernels.attention.ws_cost import ws_config
+from stofc.kernels.attention.ws_plan import consumers_of
 from stofc.masks import encode
 from stofc.targets import PROFILES, get_profile
 
@@ -98,6 +100,21 @@ def test_short_grid_splits_query_rows():
     big = select_kernel(format_from_dense(_causal(4096), 64), a100, batch=8, heads=16,
                         seq_len=4096, head_dim=64)
     assert small.config.q_split == 2 and big.config.q_split == 1
+
+
+@pytest.mark.parametrize("spec,L,consumers", [
+    ("dense", 16384, 3), ("causal", 16384, 3), ("dense", 8192, 3), ("causal", 8192, 3),
+    ("sliding:window=256", 16384, 2), ("sliding:window=256", 8192, 2),
+    ("longformer:window=256,global=16", 16384, 2), ("longformer:window=256,global=16", 8192, 2),
+    ("bigbird:block=64,window=3,global=2,random=3,seed=0", 16384, 2),
+    ("bigbird:block=64,window=3,global=2,random=3,seed=0", 8192, 2),
+])
+def test_head_dim_128_consumer_count_follows_the_measured_faster(spec, L, consumers):
+    """ws-variants-d128-c3-h100-2026-11-26: at head_dim 128 (B=1 H=16 bf16) three consumer
+    warpgroups with Q in shared memory ran dense and causal 4-11% faster than two, and
+    +-256 windows, Longformer and BigBird 5-12% slower; the two fitted costs order each."""
+    cfg = ws_config(encode(spec, L), H100, batch=1, heads=16, head_dim=128)
+    assert cfg is not None and consumers_of(cfg.warps) == consumers
 
 
 @pytest.mark.parametrize("spec,L,B,H,D,kind", [

@@ -23,7 +23,7 @@ from stofc.kernels.attention import AttentionConfig, KernelSpec, prune, search_s
 from stofc.kernels.attention.gather import unpack_bits
 from stofc.kernels.attention.reference import dense_from_format, format_from_dense
 from stofc.kernels.attention.render import compile_kernel, render_kernel
-from stofc.kernels.attention.ws import ws_smem_bytes
+from stofc.kernels.attention.ws import ws_q_in_regs, ws_registers, ws_smem_bytes
 from stofc.kernels.attention.ws_plan import FULL, SKIP, default_split, plan_ws
 from stofc.masks import encode
 from stofc.runtime import tensor_map
@@ -137,14 +137,21 @@ def test_prune_and_search_space():
     assert {c.stages for c in space} == {2, 3, 4} and {c.pingpong for c in space} == {True, False}
     assert all(ws_smem_bytes(c.stages, 128) <= H100.smem_per_block for c in space)
     assert search_space("ws", 128, "bfloat16", A100) == []
-    # three consumer warpgroups (160 registers each): head_dim 64 with one tile per step
+    # three consumer warpgroups (160 registers each): one tile per step, head_dim 64, and
+    # 128 with Q read from shared memory (its registers would not fit); never 256
     assert prune(ws(consumers=3), 64, H100) is None
-    assert "160 with 3 consumer" in prune(ws(consumers=3), 128, H100)
+    assert prune(ws(consumers=3), 128, H100) is None
+    assert ws_q_in_regs(64, 1, 3) and not ws_q_in_regs(128, 1, 3) and ws_q_in_regs(128, 1, 2)
+    assert prune(ws(consumers=3), 256, H100) is not None      # shared memory, then registers
+    assert ws_registers(256, 1, 3) > 160
     assert "160 with 3 consumer" in prune(ws(consumers=3, stages=4, kstep=2), 64, H100)
     assert "2 or 3 consumer" in prune(AttentionConfig("ws", 64, 16, 20, 2, 1, mma="wgmma"),
                                       64, H100)
     assert {c.warps for c in search_space("ws", 64, "float16", H100)} == {12, 16}
-    assert {c.warps for c in space} == {12}
+    assert {c.warps for c in space} == {12, 16}
+    assert {c.warps for c in search_space("ws", 256, "bfloat16", H100)} == {12}
+    src = render_kernel(KernelSpec(ws(consumers=3), "bfloat16", 128)).code
+    assert "constexpr bool Q_IN_REGS = false;" in src and "constexpr int CONSUMERS = 3;" in src
 
 
 def test_rendered_source_substitutes_only():
@@ -175,8 +182,11 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                 (2, False, "float16", 256, False, False, False))] + [
     KernelSpec(ws(stages=4, kstep=2), dt, d, False, True) for dt, d in (("bfloat16", 128),
                                                                      ("float16", 64))] + [
-    KernelSpec(ws(stages=s, consumers=3), dt, 64, b, k, has_softcap=c)
-    for s, dt, b, k, c in ((2, "float16", False, True, False), (3, "bfloat16", True, True, True))]
+    KernelSpec(ws(stages=s, consumers=3), dt, d, b, k, has_softcap=c)
+    for s, dt, d, b, k, c in ((2, "float16", 64, False, True, False),
+                              (3, "bfloat16", 64, True, True, True),
+                              (2, "bfloat16", 128, True, True, True),
+                              (4, "float16", 128, False, False, False))]
 
 
 @pytest.mark.slow

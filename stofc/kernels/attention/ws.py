@@ -6,7 +6,8 @@ three consumer warpgroups (``warps`` 12 or 16) that take the rest (``setmaxnreg`
 40 / 232 with two, 32 / 160 with three, FlashAttention-3's split), own 64 query rows
 each and walk the pair rows of :mod:`.ws_plan`. Three consumers put three warps of
 softmax on each scheduler instead of two (more latency hidden; FlashAttention-3 runs
-head_dim 64 so); their 160 registers hold head_dim 64's arrays, not 128's (pruned by
+head_dim 64 so); their 160 registers hold head_dim 64's arrays, and head_dim 128's once Q
+is read from shared memory (:func:`ws_q_in_regs`; 256's are pruned by
 :func:`ws_registers`). Shared memory holds Q for the block's rows, ``stages`` K and V
 tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
 stage and the ring's mbarriers. One block per SM.
@@ -71,19 +72,24 @@ def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
     return q + kv + bitmaps + barriers + 1024
 
 
-def ws_q_in_regs(head_dim: int, kstep: int = 1) -> bool:
+def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
     """Whether S = Q K^T reads Q's fragments from registers (else from smem panels): up
-    to head_dim 128 with one tile per step, 64 with two (the O, S and P arrays of 128
-    keys and head_dim 128 leave no room for Q: ptxas spilled 232 bytes)."""
-    return head_dim <= (Q_REGS_MAX_HEAD_DIM if kstep == 1 else 64)
+    to head_dim 128 with one tile per step and two consumer warpgroups; 64 with two tiles
+    per step (the O, S and P arrays of 128 keys and head_dim 128 leave no room for Q:
+    ptxas spilled 232 bytes) or three warpgroups (their 160 registers hold head_dim 128's
+    O, S and P but not Q: ptxas spilled 100 bytes; with Q in shared memory the three run
+    dense and causal rows 4-11% faster than two, bench/results/ws-variants-d128-c3-*)."""
+    if kstep == 2 or consumers == 3:
+        return head_dim <= 64
+    return head_dim <= Q_REGS_MAX_HEAD_DIM
 
 
-def ws_registers(head_dim: int, kstep: int = 1) -> int:
+def ws_registers(head_dim: int, kstep: int = 1, consumers: int = 2) -> int:
     """Registers a consumer thread's live arrays need: O, S and the held P fragments of
     ``kstep`` 64-key tiles, Q (if held in registers)."""
     acc = head_dim // 2
     s, p = 32 * kstep, 16 * kstep
-    q = head_dim // 4 if ws_q_in_regs(head_dim, kstep) else 0
+    q = head_dim // 4 if ws_q_in_regs(head_dim, kstep, consumers) else 0
     return acc + s + p + q + REG_OVERHEAD
 
 
@@ -113,7 +119,7 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
     smem = ws_smem_bytes(c.stages, head_dim, ws_consumers(c))
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
-    regs, cap = ws_registers(head_dim, c.kstep), ws_reg_split(ws_consumers(c))[1]
+    regs, cap = ws_registers(head_dim, c.kstep, ws_consumers(c)), ws_reg_split(ws_consumers(c))[1]
     if regs > cap:
         return (f"needs about {regs} registers per consumer thread (> {cap} with "
                 f"{ws_consumers(c)} consumer warpgroups)")
@@ -163,7 +169,7 @@ class AttentionWs(AttentionFamily):
         return ws_smem_bytes(config.stages, head_dim, ws_consumers(config))
 
     def registers(self, config: AttentionConfig, head_dim: int) -> int:
-        return ws_registers(head_dim)
+        return ws_registers(head_dim, config.kstep, ws_consumers(config))
 
     def prune(self, config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | None:
         return ws_prune(config, head_dim, profile)
@@ -194,7 +200,7 @@ class AttentionWs(AttentionFamily):
                     producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
                     has_softcap=FLAG[spec.has_softcap],
-                    q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep)])
+                    q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))])
 
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,

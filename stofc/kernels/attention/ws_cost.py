@@ -12,10 +12,16 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   every launch LAUNCH_US. Three consumer warpgroups
   (192-row blocks) walk fewer, longer entries: 15% faster on dense rows, slower where
   the three rows' columns differ (BigBird's random blocks).
-* **head_dim 128** (two consumers only; ``D128_COSTS``, the same form without the
-  per-warpgroup term: ``bench/ws_calibrate.py --mha`` over the ws rows of
+* **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
+  per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
-  every MASKS.md family): within 0.80-1.15x of those 36 runs. The efficiency model it
+  every MASKS.md family: within 0.80-1.15x of those 36 runs, and 0.80-1.15x of the same
+  ten shapes in ``ws-variants-d128-c3-h100-2026-11-26.jsonl``. Three (Q in shared memory):
+  ``bench/ws_calibrate.py --variants`` over that file's ``c3q`` column (dense, causal,
+  +-256, Longformer, BigBird at 8K/16K), the part-tile cost held at two consumers' (ten
+  points do not separate it): 0.88-1.13x. Three are 4-11% faster on dense and causal rows
+  and 5-12% slower on windows, Longformer and BigBird, and the two estimates order every
+  one of those ten pairs as measured. The efficiency model it
   replaced (below, still head_dim 256's) was 0.72-1.30x off there: it charged part tiles
   1.45 full ones and the entries one warpgroup skips nothing, and so put the permuted
   block-wise kernel ahead at dilated L=8K (84 TFLOP/s measured against ws's 132).
@@ -74,10 +80,32 @@ class EntryCost:
 
 # bench/ws_calibrate.py over ws-diag-h100-2026-11-26 (3-stage ring, ping-pong)
 D64_COSTS = {2: EntryCost(611.0, 77.0, 114.0, 3.36), 3: EntryCost(632.0, 123.0, 49.0, 5.32)}
-# bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
-D128_COSTS = EntryCost(1059.0, 0.0, 71.0, 4.53)
-D64_STAGES = 3          # the 3-stage ring: 1-10% faster than 2 at head_dim 64 (same run)
-STAGES = 2              # head_dim 128 / 256: the 11-25 sweep's fastest
+# 2: bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
+# 3: bench/ws_calibrate.py --variants over ws-variants-d128-c3-h100-2026-11-26 (2-stage ring;
+#    part tiles fixed at 71 ns)
+D128_COSTS = {2: EntryCost(1059.0, 0.0, 71.0, 4.53), 3: EntryCost(1444.0, 0.0, 71.0, 7.67)}
+D64_STAGES = 4          # head_dim 64: see ws_stages
+D128_STAGES = 3         # head_dim 128, two consumers: see ws_stages
+STAGES = 2              # head_dim 256 (three stages do not fit), and 128 with three consumers
+
+
+def ws_stages(head_dim: int, consumers: int) -> int:
+    """The ring depth a starting config gets (H100, bench/results/*-2026-11-26-*):
+
+    * head_dim 64: four. Three ran 1-10% faster than two (ws-diag); four against three is
+      level on dense and causal rows (+-0.5%) and 1-6% faster on windows, Longformer,
+      BigBird and dilated bands (ws-variants-stages, ws-variants-consumers-stages-d64);
+    * head_dim 128, two consumer warpgroups (the selector's pick there for windows and
+      sparse masks): three, 1-10% faster than two on every such mask
+      (mha-hopper-h100-2026-11-26-d128c3, +-64 windows the most; ws-variants-stages);
+    * head_dim 128 with three consumers (dense, causal): two, within 2% of three either way
+      (ws-variants-d128-c3); head_dim 256: two (three do not fit in shared memory).
+    """
+    if head_dim <= 64:
+        return D64_STAGES
+    if head_dim <= 128 and consumers == 2:
+        return D128_STAGES
+    return STAGES
 
 
 def _entry_flags(plan: WsPlan, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,7 +122,7 @@ def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: fl
     """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does."""
     live, active, masked = _entry_flags(plan, seq_len)
     if head_dim <= 128:
-        k = D64_COSTS[plan.consumers] if head_dim <= 64 else D128_COSTS
+        k = (D64_COSTS if head_dim <= 64 else D128_COSTS)[plan.consumers]
         per_entry = (k.entry_ns * live + k.active_ns * active + k.masked_ns * masked)
         per_entry *= CALIBRATION_SM_TFLOPS / sm_tflops
     else:
@@ -120,25 +148,24 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     blocks = sum(int((c > 0).sum()) for c in costs) * per_fmt_head * batch
     waves = math.ceil(blocks / profile.sm_count) if blocks else 0
     wave_us = (D64_COSTS[consumers].wave_us if head_dim <= 64
-               else D128_COSTS.wave_us if head_dim <= 128 else WS_BLOCK_US)
+               else D128_COSTS[consumers].wave_us if head_dim <= 128 else WS_BLOCK_US)
     return max(total / profile.sm_count, longest) * 1e-3 + waves * wave_us + LAUNCH_US
 
 
 def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
               head_dim: int, seq_len: int | None = None) -> AttentionConfig | None:
     """The starting ws config: ping-pong, one tile per step, the ring depth measured fastest
-    for the head_dim, and of the consumer counts that
-    :func:`~stofc.kernels.attention.config.prune` allows (three only at head_dim 64) the
+    for the head_dim and consumer count (:func:`ws_stages`), and of the consumer counts that
+    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128) the
     one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
     split for this batch and head count; None where no ws config runs (not Hopper, tile
     or head_dim)."""
     if fmt.tile != 64:
         return None
-    stages = D64_STAGES if head_dim <= 64 else STAGES
     best: tuple[float, AttentionConfig] | None = None
     for consumers in CONSUMERS:
-        probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                                pingpong=True)
+        probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1),
+                                ws_stages(head_dim, consumers), 1, mma="wgmma", pingpong=True)
         if prune(probe, head_dim, profile) is not None:     # before the split's plan_ws
             continue
         cfg = replace(probe, split=default_split(fmt, batch=batch, heads=heads,
