@@ -11,37 +11,71 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import cupy as cp
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+import stofc.kernels.attention.ws as ws_mod
 from stofc.codegen import render
 from stofc.compile import compile_source
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
-from stofc.kernels.attention.render import COMPILE_OPTIONS, ws_template_values
+from stofc.kernels.attention.render import COMPILE_OPTIONS
+from stofc.kernels.attention.ws import AttentionWs
+from stofc.kernels.attention.ws_cost import ws_config
+from stofc.kernels.attention.ws_plan import consumers_of, default_split
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.runtime.module import load_kernel
 from stofc.targets import detect
 
+MASKS = {"longformer": "longformer:window=256,global=16",
+         "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
+         "local256": "sliding:window=256", "local64": "sliding:window=64",
+         "dilated": "dilated:window=256,dilation=2"}
 VARIANTS = {                       # name: (config overrides, template overrides)
     "base": ({}, {}),
+    "c2": ({"warps": 12}, {}),                          # two consumer warpgroups
+    "c3": ({"warps": 16}, {}),                          # three
+    "s2": ({"stages": 2}, {}),
+    "s3": ({"stages": 3}, {}),
+    "s4": ({"stages": 4}, {}),
     "q_smem": ({}, {"q_in_regs": "false"}),
     "no_pingpong": ({"pingpong": False}, {}),
-    "stages3": ({"stages": 3}, {}),
     "kstep2": ({"kstep": 2, "stages": 4}, {}),
+    # three consumer warpgroups at head_dim 128: Q must leave the registers (ptxas spilled
+    # 100 bytes with it there); "__q_smem__" lifts the search space's register prune for it
+    "c3q": ({"warps": 16}, {"q_in_regs": "false", "__q_smem__": True}),
+    "c3q_s3": ({"warps": 16, "stages": 3}, {"q_in_regs": "false", "__q_smem__": True}),
 }
+
+
+def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionConfig:
+    """The selector's ws starting config for the shape with ``over`` applied; the row split
+    is recomputed for the consumer count the overrides give."""
+    cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D)
+    if cfg is None:
+        raise ValueError("no ws config for this shape")
+    cfg = replace(cfg, **over)
+    return replace(cfg, split=default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count,
+                                            consumers=consumers_of(cfg.warps)))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="1:16:8192:128:bf16 2:12:8192:64:fp16")
     ap.add_argument("--masks", default="dense,causal")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--old-template", default="",
+                    help="a copy of block_ws.cu.j2 (under templates/) timed as variant 'old'")
     args = ap.parse_args()
+    if args.old_template:
+        VARIANTS["old"] = ({}, {"__template__": args.old_template})
     profile = detect()
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    names = args.variants.split(",")
     for case in args.cases.split():
         B, H, L, D, dt = case.split(":")
         B, H, L, D = int(B), int(H), int(L), int(D)
@@ -54,27 +88,33 @@ def main() -> int:
 
         qc, kc, vc = (cpv(x) for x in (q, k, v))
         for mask in args.masks.split(","):
-            fmt = encode(mask, L)
+            fmt = encode(MASKS.get(mask, mask), L)
             dense = torch.from_numpy(to_dense(fmt)).cuda()
             nnz = int(dense.sum())
             ref = F.scaled_dot_product_attention(*(x.transpose(1, 2).float() for x in (q, k, v)),
                                                  attn_mask=dense).transpose(1, 2)
+            del dense
             row = {"case": case, "mask": mask}
-            for name, (cfg_over, tpl_over) in VARIANTS.items():
-                cfg = AttentionConfig("ws", 64, 16, 12, 2, 1, mma="wgmma", pingpong=True)
-                cfg = AttentionConfig(**{**cfg.__dict__, **cfg_over})
+            for name in names:
+                cfg_over, tpl_over = VARIANTS[name]
+                tpl_over = dict(tpl_over)
+                q_smem = tpl_over.pop("__q_smem__", False)
+                saved = ws_mod.ws_q_in_regs
+                if q_smem:          # the prune then counts no Q registers (a probe only)
+                    ws_mod.ws_q_in_regs = lambda head_dim, kstep=1: head_dim <= 64
                 try:
+                    cfg = base_config(fmt, profile, B, H, D, cfg_over)
                     op = AttentionOp(fmt, cfg, sdt, D, profile)
                     spec = KernelSpec(cfg, sdt, D)
-                    values = {**ws_template_values(spec), **tpl_over}
+                    values = {**AttentionWs().template_values(spec), **tpl_over}
                     values["kernel_name"] = spec.name
-                    src = render(spec.template, spec.name + "_" + name,
+                    template = values.pop("__template__", spec.template)
+                    src = render(template, spec.name + "_" + name,
                                  (spec.name, spec.name + "_combine"), **values)
                     compiled = compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
-                    key = (False, False, False)
-                    op._kernels[key] = load_kernel(compiled, spec.name,
-                                                   dynamic_smem=smem_bytes(cfg, D))
-                    op._combines[key] = load_kernel(compiled, spec.name + "_combine")
+                    op._kernels[(False, False, False)] = (
+                        load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D)),
+                        load_kernel(compiled, spec.name + "_combine"))
                     out = torch.full_like(q, float("nan"))
                     bound = op.bind(qc, kc, vc, cpv(out))
                     bound.launch(stream)
@@ -82,9 +122,12 @@ def main() -> int:
                     err = ((out.float() - ref).norm() / ref.norm()).item()
                     ms = do_bench(lambda b=bound: b.launch(stream), warmup=25, rep=100,
                                   return_mode="median")
-                    row[name] = (round(4 * B * H * D * nnz / ms / 1e9, 1), round(err, 4))
+                    row[name] = (round(4 * B * H * D * nnz / ms / 1e9, 1), round(err, 4),
+                                 round(ms * 1e3, 1))
                 except Exception as e:  # recorded: a variant may not compile or fit
                     row[name] = repr(e)[:160]
+                finally:
+                    ws_mod.ws_q_in_regs = saved
             print(json.dumps(row), flush=True)
     return 0
 
