@@ -34,7 +34,7 @@ from stofc.targets import detect
 MASKS = {"longformer": "longformer:window=256,global=16",
          "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
          "local256": "sliding:window=256", "local64": "sliding:window=64",
-         "dilated": "dilated:window=256,dilation=2"}
+         "dilated": "dilated:window=256,dilation=2", "cw4095": "sliding:window=4095,causal=true"}
 VARIANTS = {                       # name: (config overrides, template overrides)
     "base": ({}, {}),
     "c2": ({"warps": 12}, {}),                          # two consumer warpgroups

@@ -217,7 +217,8 @@ def hopper(arch) -> str:
 
 
 def ws_config(**kw) -> AttentionConfig:
-    return AttentionConfig("ws", 64, 16, 12, kw.pop("stages", 2), 1, mma="wgmma", **kw)
+    return AttentionConfig("ws", 64, 16, kw.pop("warps", 12), kw.pop("stages", 2), 1,
+                           mma="wgmma", **kw)
 
 
 WS = [  # mask, L_max, config: split rows + combine, two tiles per step, no ping-pong
@@ -425,8 +426,9 @@ def test_package_on_cuda_matches_cpu_and_original(tmp_path, example, mask, dtype
 
 
 @pytest.mark.parametrize("dtype,config", [
-    ("bf16", ws_config(stages=3, split=8)), ("fp16", ws_config(stages=4, kstep=2, split=8))],
-    ids=["bf16-split", "fp16-kstep2-split"])
+    ("bf16", ws_config(stages=3, split=8)), ("fp16", ws_config(stages=4, kstep=2, split=8)),
+    ("bf16", ws_config(warps=16, split=8)), ("fp16", ws_config(warps=16, stages=3))],
+    ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers"])
 def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
                                                  config):
     """A package whose attention is the warp-specialised kernel (head_dim 128, forced through
