@@ -1,10 +1,15 @@
 """Variants of the warp-specialised kernel timed side by side (a development probe).
 
-Each variant re-renders ``templates/attention/block_ws.cu.j2`` with some template values
-overridden (e.g. ``q_in_regs=false``: S = Q K^T reads Q from smem), compiles it for
-sm_90a and swaps it into an :class:`AttentionOp` of the same config, so the walk, the
-launch and the check are the product's. Each output is checked against SDPA in float32.
-Usage: PYTHONPATH=. python3 bench/ws_variants.py [--cases B:H:L:D:dtype ...]
+Each variant starts from the selector's ws config for the shape (``ws_config``), applies
+its config overrides (the row split recomputed for the consumer count), re-renders
+``templates/attention/block_ws.cu.j2`` with some template values overridden (e.g.
+``q_in_regs=false``: S = Q K^T reads Q from smem), compiles it for sm_90a and swaps it into
+an :class:`AttentionOp` of that config, so the walk, the launch and the check are the
+product's. ``--old-template attention/X.cu.j2`` adds the variant ``old`` rendered from a
+copy of the template (an A/B of a template change in one call). Each output is checked
+against SDPA in float32; a row holds ``[TF/s, relative error, us]`` per variant.
+Usage: PYTHONPATH=. python3 bench/ws_variants.py [--cases B:H:L:D:dtype ...] [--masks ...]
+    [--variants base,c3,...] [--old-template ...]
 """
 
 from __future__ import annotations
