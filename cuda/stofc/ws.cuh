@@ -120,6 +120,17 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
 
+// ---------------------------------------------------------------- persistent work order
+
+/// The k-th work of block `block` in a persistent grid of `grid` blocks that deals the works
+/// (longest first) in waves of `grid`, snaking: position `block` of even waves, `grid - 1 -
+/// block` of odd ones, so each wave's long end pairs with the next one's short end (a plain
+/// deal, block + k * grid, gave block 0 the longest work of every wave). Every work
+/// w < n_work is some block's exactly once; a block is done at its first index >= n_work.
+__device__ __forceinline__ int ws_work_index(int k, int block, int grid) {
+    return k * grid + ((k & 1) ? grid - 1 - block : block);
+}
+
 // ---------------------------------------------------------------- register reallocation
 
 /// Lower this warpgroup's register limit to N (the producer gives its registers away).
