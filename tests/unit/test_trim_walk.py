@@ -13,13 +13,9 @@ guess round: a global row of a long package run short took nine rounds before).
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
-import pytest
-
-HEADER = Path(__file__).resolve().parents[2] / "cuda" / "stofc" / "attention.cuh"
+from tests.unit.host_cuda import build, header_function
 
 HARNESS = r"""
 #include <algorithm>
@@ -84,24 +80,14 @@ int main() {
 
 
 def _function() -> str:
-    text = HEADER.read_text()
-    start = text.index("__device__ __forceinline__ int trim_walk(")
-    end = text.index("\n}\n", start) + 3
-    fn = text[start:end].replace("__device__ __forceinline__", "static inline")
+    fn = header_function("attention.cuh", "int trim_walk(")
     return re.sub(r"\bkey\[([^\[\]]+)\]", r"ld(key, \1)", fn)   # counted reads
 
 
 def test_trim_walk_matches_the_first_key_at_or_past_the_length(tmp_path):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
     fn = _function()
     assert re.search(r"int tile\)", fn), "trim_walk takes the tile width (the guess round)"
-    src = tmp_path / "trim.cc"
-    src.write_text(HARNESS.replace("@FN@", fn))
-    exe = tmp_path / "trim"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True,
-                   capture_output=True, text=True)
+    exe = build(HARNESS.replace("@FN@", fn), tmp_path, "trim")
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.startswith("checked ")

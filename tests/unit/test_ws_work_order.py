@@ -12,9 +12,7 @@ the mean. The plain deal ``c + k * grid`` put block 0 19% above the mean at B=1,
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +21,7 @@ from stofc.kernels.attention.ws_cost import _item_ns, ws_config
 from stofc.kernels.attention.ws_plan import consumers_of, plan_ws
 from stofc.masks import encode
 from stofc.targets import get_profile
-
-HEADER = Path(__file__).resolve().parents[2] / "cuda" / "stofc" / "ws.cuh"
+from tests.unit.host_cuda import build, header_function
 
 HARNESS = r"""
 #include <cstdio>
@@ -43,24 +40,11 @@ int main(int argc, char** argv) {
 """
 
 
-def _function() -> str:
-    text = HEADER.read_text()
-    start = text.index("__device__ __forceinline__ int ws_work_index(")
-    end = text.index("\n}\n", start) + 3
-    return text[start:end].replace("__device__ __forceinline__", "static inline")
-
-
 @pytest.fixture(scope="module")
 def deal(tmp_path_factory):
     """``deal(grid, n_work)`` -> each block's works, from the compiled header function."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    root = tmp_path_factory.mktemp("work_order")
-    src, exe = root / "order.cc", root / "order"
-    src.write_text(HARNESS.replace("@FN@", _function()))
-    subprocess.run([cxx, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True,
-                   capture_output=True, text=True)
+    fn = header_function("ws.cuh", "int ws_work_index(")
+    exe = build(HARNESS.replace("@FN@", fn), tmp_path_factory.mktemp("work_order"), "order")
 
     def run(grid: int, n_work: int) -> list[list[int]]:
         out = subprocess.run([str(exe), str(grid), str(n_work)], check=True,
