@@ -17,7 +17,7 @@
 #ifndef STOFC_WS_CUH
 #define STOFC_WS_CUH
 
-#include <stofc/mma.cuh>
+#include <stofc/attention.cuh>
 
 namespace stofc {
 
@@ -129,6 +129,67 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 /// w < n_work is some block's exactly once; a block is done at its first index >= n_work.
 __device__ __forceinline__ int ws_work_index(int k, int block, int grid) {
     return k * grid + ((k & 1) ? grid - 1 - block : block);
+}
+
+// ---------------------------------------------------------------- staged output rows
+
+/// Bytes of one staged output row of head_dim D: 16 bytes of padding put the 8 rows of an
+/// 8x8 matrix (stmatrix) and the 8 lanes of a 16-byte read phase in distinct banks.
+template <int D>
+constexpr int staged_row_bytes() { return 2 * D + 16; }
+
+/// Four 8x8 b16 matrices from registers (the inverse of ldmatrix_x4): lanes 8i..8i+7 give
+/// the 16-byte row addresses of matrix i; r[i] is this lane's pair (row lane/4, cols
+/// 2*(lane%4)..+1) of matrix i, the layout of an mma accumulator fragment.
+__device__ __forceinline__ void stmatrix_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+
+/// Write a warp's 16 rows of O (accumulator fragments of m64nDk16 wgmma: lane (g, t4)
+/// holds rows g and g + 8, columns 8n + 2 t4 ..+1 of every n8 block n), divided by the
+/// row sums l (quad-partial, as the softmax keeps them; 0 for a row without keys),
+/// through `stage`, this warp's 16 x staged_row_bytes<D>() bytes of shared memory: the
+/// global stores are then 16-byte vectors of whole 32-byte sectors (two rows of D = 128
+/// per warp store) instead of 4-byte pieces of eight rows each. Row r goes to
+/// ob + (row0 + r) * o_ss if row0 + r < L. Needs ob and o_ss * sizeof(T) 16-byte aligned.
+/// The warp's previous use of `stage` must be over (the leading __syncwarp orders it).
+template <typename T, int ND>
+__device__ __forceinline__ void store_rows_staged(const float (&acc)[ND][4], const float (&l)[2],
+                                                  int row0, T* ob, long long o_ss, int L,
+                                                  int lane, u32 stage) {
+    typedef DTypeTraits<T> DT;
+    constexpr int D = ND * 8;
+    constexpr int ROW = staged_row_bytes<D>();
+    constexpr int CHUNKS = D / 8;                  // 16-byte chunks of a row
+    static_assert(ND % 2 == 0, "stmatrix_x4 takes two n8 blocks of both row halves");
+    const float l0 = quad_sum(l[0]);
+    const float l1 = quad_sum(l[1]);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    __syncwarp();
+    // lane (m, r) addresses row r of matrix m = rows (m & 1) * 8.., n8 block 2 j + (m >> 1)
+    const int m = lane >> 3;
+    const u32 at = stage + static_cast<u32>(((m & 1) * 8 + (lane & 7)) * ROW + (m >> 1) * 16);
+#pragma unroll
+    for (int j = 0; j < ND / 2; ++j) {
+        const int n = 2 * j;
+        stmatrix_x4(at + j * 32, DT::pack(acc[n][0] * inv0, acc[n][1] * inv0),
+                    DT::pack(acc[n][2] * inv1, acc[n][3] * inv1),
+                    DT::pack(acc[n + 1][0] * inv0, acc[n + 1][1] * inv0),
+                    DT::pack(acc[n + 1][2] * inv1, acc[n + 1][3] * inv1));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 16 * CHUNKS / 32; ++i) {
+        const int c = i * 32 + lane;
+        const int r = c / CHUNKS, k = c % CHUNKS;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(stage + static_cast<u32>(r * ROW + k * 16)));
+        if (row0 + r < L) *reinterpret_cast<uint4*>(ob + (row0 + r) * o_ss + k * 8) = v;
+    }
 }
 
 // ---------------------------------------------------------------- register reallocation

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from stofc.kernels.attention import AttentionConfig, prune, search_space
-from stofc.kernels.attention.reference import format_from_dense
+from stofc.kernels.attention.reference import format_from_dense, from_bf16_bits, reference_attention
 from stofc.targets import detect
 from tests.gpu.test_attention import FAMILIES, _seed, check_padding_bias_layouts
-from tests.gpu.test_attention_helpers import TOL, encoded, run_case
+from tests.gpu.test_attention_helpers import TOL, encoded, quantise, run_case
 
 
 def _hopper() -> bool:
@@ -160,3 +160,40 @@ def test_every_config_of_the_search_space():
         res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=600, head_dim=64,
                        seed=_seed("wsspace", cfg))
         _check(res, "float16", cfg.describe())
+
+
+@pytest.mark.parametrize("head_dim,consumers,stages,staged", [
+    (64, 2, 4, True), (64, 3, 4, True), (128, 2, 3, True), (128, 3, 2, True),
+    (128, 3, 4, False), (256, 2, 2, False)])            # no room beside these rings
+def test_output_rows_staged_or_direct(head_dim, consumers, stages, staged):
+    """O leaves through the smem staging area (ws_stage_o) or, for an output view whose rows
+    are not 16-byte aligned, as 4-byte stores: both match float64, bit for bit each other,
+    and leave the view's neighbouring columns and the rows past the run untouched."""
+    import cupy as cp
+
+    from stofc.kernels.attention.ws import ws_stage_o
+    from stofc.runtime.attention import AttentionOp
+
+    dtype, B, H, L, run = "bfloat16", 2, 3, 700, 650      # 650: the last pair row is partial
+    fmt, dense = encoded("longformer:window=96,global=8", L)
+    cfg = ws(stages=stages, consumers=consumers)
+    assert ws_stage_o(stages, head_dim, consumers) == staged
+    rng = np.random.default_rng(_seed("wsstage", head_dim, consumers, stages))
+    (qh, q), (kh, k), (vh, v) = (quantise(rng.standard_normal((B, run, H, head_dim)), dtype)
+                                 for _ in range(3))
+    op = AttentionOp(fmt, cfg, dtype, head_dim, detect())
+    poison = np.uint16(0x7FC0)
+    whole = cp.full((B, run, H, head_dim), poison, dtype=np.uint16)
+    wide = cp.full((B, run, H, head_dim + 4), poison, dtype=np.uint16)   # rows 8 bytes off 16
+    view = wide[..., :head_dim]
+    for out in (whole, view):
+        op.run(cp.asarray(qh), cp.asarray(kh), cp.asarray(vh), out)
+    cp.cuda.runtime.deviceSynchronize()
+    got, got_view = cp.asnumpy(whole), cp.asnumpy(view)
+    assert np.array_equal(got, got_view), "the staged and direct stores differ"
+    assert np.all(cp.asnumpy(wide[..., head_dim:]) == poison), "a store left its row"
+    ref = reference_attention(q, k, v, dense[:run, :run], 1.0 / np.sqrt(head_dim))
+    out64 = from_bf16_bits(got).astype(np.float64)
+    assert not np.isnan(out64).any()
+    err = float(np.linalg.norm(out64 - ref) / np.linalg.norm(ref))
+    assert err <= TOL[dtype], f"relative error {err:.2e}"

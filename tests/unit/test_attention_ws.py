@@ -23,7 +23,14 @@ from stofc.kernels.attention import AttentionConfig, KernelSpec, prune, search_s
 from stofc.kernels.attention.gather import unpack_bits
 from stofc.kernels.attention.reference import dense_from_format, format_from_dense
 from stofc.kernels.attention.render import compile_kernel, render_kernel
-from stofc.kernels.attention.ws import ws_q_in_regs, ws_registers, ws_smem_bytes
+from stofc.kernels.attention.ws import (
+    SM90_SMEM_PER_BLOCK,
+    ws_q_in_regs,
+    ws_registers,
+    ws_smem_bytes,
+    ws_stage_bytes,
+    ws_stage_o,
+)
 from stofc.kernels.attention.ws_plan import FULL, SKIP, default_split, plan_ws
 from stofc.masks import encode
 from stofc.runtime import tensor_map
@@ -232,3 +239,20 @@ def test_launch_arguments_match_the_template(monkeypatch, consumers):
     sig = sig[:sig.index(") {")]
     assert len(combine.args) == len([p for p in sig.split(",") if p.strip()])
     assert combine.block == 256 and combine.grid == 2 * 2 * op._launch.ws.plan.n_split
+
+
+def test_output_staging_fits_where_taken():
+    """O is staged wherever the area fits beside the ring (head_dim <= 128 except three
+    consumers with four stages at 128); the launch's shared memory holds it, and the
+    template asserts so at compile time against the same figure."""
+    taken = {(s, d, c) for s in (2, 3, 4) for d in (64, 128, 256) for c in (2, 3)
+             if ws_stage_o(s, d, c)}
+    assert taken == {(s, d, c) for s in (2, 3, 4) for d in (64, 128) for c in (2, 3)} - {(4, 128, 3)}
+    for s, d, c in taken:
+        assert ws_smem_bytes(s, d, c) <= SM90_SMEM_PER_BLOCK == H100.smem_per_block
+        assert ws_smem_bytes(s, d, c) >= ws_stage_bytes(d, c) + 1024
+    for consumers, stages, staged in ((2, 3, "true"), (3, 4, "false")):
+        spec = KernelSpec(ws(stages=stages, consumers=consumers), "bfloat16", 128)
+        src = render_kernel(spec).code
+        assert f"constexpr bool STAGE_O = {staged};" in src
+        assert f"<= {ws_smem_bytes(stages, 128, consumers)}," in src

@@ -10,7 +10,8 @@ head_dim 64 so); their 160 registers hold head_dim 64's arrays, and head_dim 128
 is read from shared memory (:func:`ws_q_in_regs`; 256's are pruned by
 :func:`ws_registers`). Shared memory holds Q for the block's rows, ``stages`` K and V
 tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
-stage and the ring's mbarriers. One block per SM.
+stage, the ring's mbarriers and, where it fits, an area that stages O for 16-byte
+stores (:func:`ws_stage_o`). One block per SM.
 
 Registered as the family ``attention_ws`` (:class:`AttentionWs`). Its launch data is
 the pair-row walk of :mod:`.ws_plan` (:class:`~.ws_launch.WsLaunchPlan`): the CuPy
@@ -47,6 +48,7 @@ SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chu
 KSTEPS = (1, 2)                # 64-key tiles per softmax step
 Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
 REG_OVERHEAD = 40              # addresses, loop state, masks, softmax state
+SM90_SMEM_PER_BLOCK = 227 * 1024   # the opt-in limit of every sm_90 part (H100, H200, H800)
 
 
 def ws_reg_split(consumers: int) -> tuple[int, int]:
@@ -62,14 +64,41 @@ def ws_consumers(config: AttentionConfig) -> int:
     return consumers_of(config.warps)
 
 
-def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
-    """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack included)."""
+def _ring_bytes(stages: int, head_dim: int, consumers: int) -> int:
+    """Q panels, the K/V ring, the part-tile bitmaps and the mbarriers of one block."""
     panels = head_dim // 64
     q = panels * WS_TILE * consumers * 128
     kv = stages * 2 * panels * WS_TILE * 128
     bitmaps = stages * consumers * (WS_TILE // 8) ** 2 * 8
     barriers = (4 * stages + 2) * 8
-    return q + kv + bitmaps + barriers + 1024
+    return q + kv + bitmaps + barriers
+
+
+def ws_stage_bytes(head_dim: int, consumers: int) -> int:
+    """The output staging area: 16 rows of ``2 * head_dim + 16`` bytes per consumer warp
+    (``staged_row_bytes`` in ``cuda/stofc/ws.cuh``)."""
+    return consumers * 4 * 16 * (2 * head_dim + 16)
+
+
+def ws_stage_o(stages: int, head_dim: int, consumers: int = 2) -> bool:
+    """Whether O leaves through the staging area (``store_rows_staged``: stmatrix, then
+    16-byte stores of whole sectors) rather than as 4-byte stores straight from the
+    accumulators. ncu of local +-64 at head_dim 128 (``bench/results/ncu-ws-epilogue-*``)
+    put 12-16% of the consumers' stall samples on those stores and the drain behind them.
+    Taken wherever the area fits beside the ring (head_dim 64 and 128 but the four-stage
+    ring of three consumers at 128); head_dim 256's ring leaves no room."""
+    staged = -(-_ring_bytes(stages, head_dim, consumers) // 128) * 128
+    return staged + ws_stage_bytes(head_dim, consumers) + 1024 <= SM90_SMEM_PER_BLOCK
+
+
+def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
+    """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack
+    included): the ring (:func:`_ring_bytes`), then, 128-byte aligned, the output staging
+    area where :func:`ws_stage_o` takes it (``OFF_O`` in the template)."""
+    ring = _ring_bytes(stages, head_dim, consumers)
+    if ws_stage_o(stages, head_dim, consumers):
+        ring = -(-ring // 128) * 128 + ws_stage_bytes(head_dim, consumers)
+    return ring + 1024
 
 
 def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
@@ -200,7 +229,9 @@ class AttentionWs(AttentionFamily):
                     producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
                     has_softcap=FLAG[spec.has_softcap],
-                    q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))])
+                    q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],
+                    stage_o=FLAG[ws_stage_o(c.stages, spec.head_dim, ws_consumers(c))],
+                    smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c)))
 
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,

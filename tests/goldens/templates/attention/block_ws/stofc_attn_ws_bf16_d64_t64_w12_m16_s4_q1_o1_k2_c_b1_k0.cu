@@ -15,7 +15,8 @@
 // GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
 // hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
 // granularity; key padding, bias and soft-capping are block_tile.cuh's.
-// A whole pair row writes O normalised; a chunk of a split row writes its unnormalised
+// A whole pair row writes O normalised (staged in shared memory for 16-byte stores where
+// the area fits: STAGE_O); a chunk of a split row writes its unnormalised
 // O, row max and row sum to its workspace slot, merged by stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0_combine.
 #include <stofc/block_tile.cuh>
 #include <stofc/wgmma.cuh>
@@ -39,6 +40,7 @@ constexpr int CONSUMER_REGS = 232;
 constexpr int MAX_CHUNKS = 64;      // chunks of one split row (combine)
 constexpr int KSTEP = 2;                // 64-key tiles per softmax step
 constexpr int CONSUMERS = 2;        // consumer warpgroups: 64 query rows each
+constexpr bool STAGE_O = true;           // O leaves through smem (16-byte stores)
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -60,6 +62,11 @@ constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
 constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
 constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
+constexpr int OFF_O = (OFF_BAR + (4 * STAGES + 2) * 8 + 127) / 128 * 128;   // staged O
+constexpr int O_WARP = 16 * staged_row_bytes<D>();   // a consumer warp's 16 staged rows
+constexpr int SMEM_END = STAGE_O ? OFF_O + CONSUMERS * 4 * O_WARP : OFF_BAR + (4 * STAGES + 2) * 8;
+static_assert(SMEM_END + 1024 <= 105728, "the launch's dynamic shared memory (ws_smem_bytes) "
+              "holds every region and the 1024 bytes of alignment slack");
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
               BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + 1;
 constexpr int SKIP = -2;                   // entry_part: this warpgroup skips the tile
@@ -301,6 +308,11 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     const float cap = softcap / scale;               // soft-capping in raw score units
     const float inv_cap = scale / softcap;
     const u32 q_wg = sQ + w * Q_WG;                  // this warpgroup's 64 rows of each Q panel
+    const u32 o_stage = base + OFF_O + (w * 4 + warp) * O_WARP;   // this warp's staged O rows
+    // 16-byte stores need every row of O 16-byte aligned (always so for the runtime's and
+    // the ORT op's contiguous outputs; another layout takes the 4-byte stores)
+    const bool o_vec = ((reinterpret_cast<unsigned long long>(o) |
+                         static_cast<unsigned long long>(o_sb | o_ss | o_sh) * sizeof(T)) & 15ull) == 0;
 
     // the current work's values (set at each work; the step lambdas below read them)
     int q_use = 0;                                 // Q loads consumed so far
@@ -546,7 +558,11 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         if (!Q_IN_REGS && !empty) release_q();     // the last S = Q K^T has retired
         // ---- epilogue: a whole row writes O; a chunk writes its partial result
         if (x.slot < 0) {
-            store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, o + x.b * o_sb + x.h * o_sh, o_ss, L, t4);
+            T* ob = o + x.b * o_sb + x.h * o_sh;
+            if (STAGE_O && o_vec)
+                store_rows_staged<T, ND>(acc, row_l, rq0 - g, ob, o_ss, L, lane, o_stage);
+            else
+                store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, ob, o_ss, L, t4);
         } else {
         const long long ws = (static_cast<long long>(x.b) * H + x.h) * slots + x.slot;
         const int lr0 = w * TILE + warp * 16 + g;      // rows inside the block
