@@ -256,3 +256,22 @@ def test_output_staging_fits_where_taken():
         src = render_kernel(spec).code
         assert f"constexpr bool STAGE_O = {staged};" in src
         assert f"<= {ws_smem_bytes(stages, 128, consumers)}," in src
+
+
+def test_template_refuses_a_launch_smem_that_misses_the_staging_area():
+    """The rendered kernel asserts at compile time that the dynamic shared memory the launch
+    gives (ws_smem_bytes) holds the ring and the staging area: rendered with 1 KB less it
+    does not compile."""
+    from stofc.codegen import render
+    from stofc.compile import compile_source
+    from stofc.errors import StofcError
+    from stofc.kernels.attention.render import COMPILE_OPTIONS
+    from stofc.kernels.attention.ws import AttentionWs
+
+    spec = KernelSpec(ws(stages=3), "bfloat16", 128)
+    values = AttentionWs().template_values(spec)
+    assert values["stage_o"] == "true"
+    short = {**values, "smem_bytes": values["smem_bytes"] - 1024}
+    src = render(spec.template, spec.name, (spec.name, spec.name + "_combine"), **short)
+    with pytest.raises(StofcError, match="dynamic shared memory"):
+        compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
