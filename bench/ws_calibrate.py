@@ -16,7 +16,8 @@ Usage: python3 bench/ws_calibrate.py bench/results/ws-diag-h100-2026-11-26.jsonl
 
 ``--mha RUN.json ...`` fits the head_dim-128 costs (``D128_COSTS``: two consumers, no
 per-warpgroup term) instead, from the ws rows of ``bench/mha_hopper.py`` runs at the ring
-depth ``--stages``, in the estimator's own form (:func:`~stofc.kernels.attention.ws_cost.
+depth ``--stages`` (``--head-dim 64 --mha-consumers 2|3``: head_dim 64's in the same form,
+the per-warpgroup term left out), in the estimator's own form (:func:`~stofc.kernels.attention.ws_cost.
 ws_estimate`: per-SM entry and part-tile sums, waves of items, LAUNCH_US), weighted by
 relative error.
 """
@@ -74,7 +75,9 @@ def d128_features(spec: str, length: int, split: int, runs: int,
     return [e, m, float(math.ceil(blocks / SMS))]
 
 
-def fit_d128(paths: list[str], stages: int) -> int:
+def fit_d128(paths: list[str], stages: int, head_dim: int = 128, consumers: int = 2) -> int:
+    """Fit ``head_dim``'s costs for ``consumers`` consumer warpgroups from the ws rows of
+    ``bench/mha_hopper.py`` runs at ring depth ``stages``."""
     masks = mha_masks()
     X, y, labels = [], [], []
     for path in paths:
@@ -82,19 +85,21 @@ def fit_d128(paths: list[str], stages: int) -> int:
             rows = json.load(f)["rows"]
         for r in rows:
             b, h, length, d, _ = r["case"].split(":")
-            if int(d) != 128:
+            if int(d) != head_dim:
                 continue
             for c in r["stofc"]:
                 cfg = c["config"]
                 if (c["label"] != "ws" or "ms" not in c or f"stages={stages} " not in cfg
-                        or "keys/step=64 " not in cfg):
+                        or "keys/step=64 " not in cfg
+                        or f"rows/block={64 * consumers} " not in cfg):
                     continue
                 split = re.search(r"split=(\d+)", cfg)
                 X.append(d128_features(masks[r["mask"]], int(length),
-                                       int(split.group(1)) if split else 0, int(b) * int(h)))
+                                       int(split.group(1)) if split else 0, int(b) * int(h),
+                                       consumers))
                 y.append(c["ms"] * 1e3)
-                labels.append(f"{r['case']} {r['mask']}")
-    return _fit_d128(X, y, labels, f"stages {stages}")
+                labels.append(f"{r['case']} {r['mask']} ({c['label']})")
+    return _fit_d128(X, y, labels, f"head_dim {head_dim}, {consumers} consumers, stages {stages}")
 
 
 def _fit_d128(X: list[list[float]], y: list[float], labels: list[str], what: str) -> int:
@@ -103,7 +108,7 @@ def _fit_d128(X: list[list[float]], y: list[float], labels: list[str], what: str
     w = 1.0 / t
     coef, *_ = np.linalg.lstsq(A * w[:, None], (t - LAUNCH_US) * w, rcond=None)
     entry, masked, wave = coef
-    print(f"head_dim 128, {what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
+    print(f"{what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
           f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; + LAUNCH_US]")
     for label, got, want in zip(labels, A @ coef + LAUNCH_US, t, strict=True):
         print(f"    {label:40s} measured {want:8.1f} us  model {got:8.1f}  ({got / want:.2f})")
@@ -130,7 +135,7 @@ def fit_d128_variants(paths: list[str], column: str, consumers: int) -> int:
                                    consumers))
             y.append(v[2])
             labels.append(f"{r['case']} {r['mask']}")
-    return _fit_d128(X, y, labels, f"{consumers} consumers ({column})")
+    return _fit_d128(X, y, labels, f"head_dim 128, {consumers} consumers ({column})")
 
 
 def main() -> int:
@@ -139,6 +144,9 @@ def main() -> int:
     ap.add_argument("--variant", default="s3", help="the ring depth of the variants fitted")
     ap.add_argument("--mha", nargs="+", help="fit D128_COSTS from bench/mha_hopper.py runs")
     ap.add_argument("--stages", type=int, default=2, help="--mha: the ring depth fitted")
+    ap.add_argument("--head-dim", type=int, default=128,
+                    help="--mha: the head_dim fitted (64: D64_COSTS in the same form)")
+    ap.add_argument("--mha-consumers", type=int, default=2, help="--mha: the consumer count")
     ap.add_argument("--variants", nargs="+", help="fit D=128 costs from ws_variants.py lines")
     ap.add_argument("--column", default="c3q", help="--variants: the variant fitted")
     ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
@@ -146,7 +154,7 @@ def main() -> int:
     if args.variants:
         return fit_d128_variants(args.variants, args.column, args.consumers)
     if args.mha:
-        return fit_d128(args.mha, args.stages)
+        return fit_d128(args.mha, args.stages, args.head_dim, args.mha_consumers)
     with open(args.jsonl) as f:
         rows = [r for r in map(json.loads, f) if r.get("part") == "consumers"]
     for consumers in (2, 3):
