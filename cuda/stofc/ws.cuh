@@ -1,5 +1,6 @@
 // stofc Hopper warp-specialisation helpers: mbarriers, the Tensor Memory Accelerator
-// (TMA), bulk copies, named barriers and register reallocation (sm_90a).
+// (TMA), bulk copies, named barriers, the persistent work order, output rows staged
+// through shared memory (stmatrix) and register reallocation (sm_90a).
 //
 // Contract (read-only for every template that includes it):
 //   * Compile with -arch=sm_90a: setmaxnreg and wgmma need the arch-specific target;
