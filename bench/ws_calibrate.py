@@ -75,7 +75,7 @@ def d128_features(spec: str, length: int, split: int, runs: int,
     return [e, m, float(math.ceil(blocks / SMS))]
 
 
-def fit_d128(paths: list[str], stages: int, head_dim: int = 128, consumers: int = 2) -> int:
+def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int = 2) -> int:
     """Fit ``head_dim``'s costs for ``consumers`` consumer warpgroups from the ws rows of
     ``bench/mha_hopper.py`` runs at ring depth ``stages``."""
     masks = mha_masks()
@@ -99,11 +99,12 @@ def fit_d128(paths: list[str], stages: int, head_dim: int = 128, consumers: int 
                                        consumers))
                 y.append(c["ms"] * 1e3)
                 labels.append(f"{r['case']} {r['mask']} ({c['label']})")
-    return _fit_d128(X, y, labels, f"head_dim {head_dim}, {consumers} consumers, stages {stages}")
+    return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers, stages {stages}")
 
 
-def _fit_d128(X: list[list[float]], y: list[float], labels: list[str], what: str) -> int:
-    """Least squares (relative error) of the estimator's D=128 form; prints the constants."""
+def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: str) -> int:
+    """Least squares (relative error) of the estimator's form without the per-warpgroup
+    term (D128_COSTS's; head_dim 64's from --mha); prints the constants."""
     A, t = np.asarray(X), np.asarray(y)
     w = 1.0 / t
     coef, *_ = np.linalg.lstsq(A * w[:, None], (t - LAUNCH_US) * w, rcond=None)
@@ -135,7 +136,7 @@ def fit_d128_variants(paths: list[str], column: str, consumers: int) -> int:
                                    consumers))
             y.append(v[2])
             labels.append(f"{r['case']} {r['mask']}")
-    return _fit_d128(X, y, labels, f"head_dim 128, {consumers} consumers ({column})")
+    return _fit_costs(X, y, labels, f"head_dim 128, {consumers} consumers ({column})")
 
 
 def main() -> int:
@@ -154,7 +155,7 @@ def main() -> int:
     if args.variants:
         return fit_d128_variants(args.variants, args.column, args.consumers)
     if args.mha:
-        return fit_d128(args.mha, args.stages, args.head_dim, args.mha_consumers)
+        return fit_mha(args.mha, args.stages, args.head_dim, args.mha_consumers)
     with open(args.jsonl) as f:
         rows = [r for r in map(json.loads, f) if r.get("part") == "consumers"]
     for consumers in (2, 3):

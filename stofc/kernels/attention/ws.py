@@ -87,18 +87,22 @@ def ws_stage_o(stages: int, head_dim: int, consumers: int = 2) -> bool:
     put 12-16% of the consumers' stall samples on those stores and the drain behind them.
     Taken wherever the area fits beside the ring (head_dim 64 and 128 but the four-stage
     ring of three consumers at 128); head_dim 256's ring leaves no room."""
-    staged = -(-_ring_bytes(stages, head_dim, consumers) // 128) * 128
-    return staged + ws_stage_bytes(head_dim, consumers) + 1024 <= SM90_SMEM_PER_BLOCK
+    return _staged_bytes(stages, head_dim, consumers) + 1024 <= SM90_SMEM_PER_BLOCK
+
+
+def _staged_bytes(stages: int, head_dim: int, consumers: int) -> int:
+    """The ring, then, 128-byte aligned (``OFF_O`` in the template), the staging area."""
+    ring = _ring_bytes(stages, head_dim, consumers)
+    return -(-ring // 128) * 128 + ws_stage_bytes(head_dim, consumers)
 
 
 def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
     """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack
-    included): the ring (:func:`_ring_bytes`), then, 128-byte aligned, the output staging
-    area where :func:`ws_stage_o` takes it (``OFF_O`` in the template)."""
-    ring = _ring_bytes(stages, head_dim, consumers)
+    included): the ring (:func:`_ring_bytes`) and, where :func:`ws_stage_o` takes it, the
+    output staging area after it."""
     if ws_stage_o(stages, head_dim, consumers):
-        ring = -(-ring // 128) * 128 + ws_stage_bytes(head_dim, consumers)
-    return ring + 1024
+        return _staged_bytes(stages, head_dim, consumers) + 1024
+    return _ring_bytes(stages, head_dim, consumers) + 1024
 
 
 def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
