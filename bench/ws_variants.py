@@ -7,7 +7,8 @@ its config overrides (the row split recomputed for the consumer count), re-rende
 an :class:`AttentionOp` of that config, so the walk, the launch and the check are the
 product's. ``--old-template attention/X.cu.j2`` adds the variant ``old`` rendered from a
 copy of the template (an A/B of a template change in one call). Each output is checked
-against SDPA in float32; a row holds ``[TF/s, relative error, us]`` per variant.
+against SDPA in float32; a row holds ``[TF/s, relative error, us]`` per variant, and the
+combine kernel's own us where rows are split.
 Usage: PYTHONPATH=. python3 bench/ws_variants.py [--cases B:H:L:D:dtype ...] [--masks ...]
     [--variants base,c3,...] [--old-template ...]
 """
@@ -27,7 +28,7 @@ from stofc.codegen import render
 from stofc.compile import compile_source
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
 from stofc.kernels.attention.render import COMPILE_OPTIONS
-from stofc.kernels.attention.ws import AttentionWs
+from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config
 from stofc.kernels.attention.ws_plan import consumers_of, default_split
 from stofc.masks import encode, to_dense
@@ -115,6 +116,8 @@ def main() -> int:
                         load_kernel(compiled, spec.name + "_combine"))
                     out = torch.full_like(q, float("nan"))
                     bound = op.bind(qc, kc, vc, cpv(out))
+                    if bound.then is not None and "COMBINE_GROUPS" not in src.code:
+                        bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
                     bound.launch(stream)
                     torch.cuda.synchronize()
                     err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -122,6 +125,10 @@ def main() -> int:
                                   return_mode="median")
                     row[name] = (round(4 * B * H * D * nnz / ms / 1e9, 1), round(err, 4),
                                  round(ms * 1e3, 1))
+                    if bound.then is not None:      # the combine kernel alone, us
+                        row[name] += (round(1e3 * do_bench(lambda c=bound.then: c.launch(stream),
+                                                           warmup=25, rep=100,
+                                                           return_mode="median"), 1),)
                 except Exception as e:  # recorded: a variant may not compile or fit
                     row[name] = repr(e)[:160]
             print(json.dumps(row), flush=True)

@@ -123,6 +123,8 @@ constexpr int64_t kAttentionKernelAbi = 3;
 // (the plan's `consumers`), 64 query rows (one 64-row tile row) per consumer, 64x64 mask
 // tiles; the combine kernel runs 256 threads.
 constexpr int kWsCombineThreads = 256;
+// blocks per split pair row of the combine kernel (COMBINE_GROUPS, stofc/kernels/attention/ws.py)
+constexpr int kWsCombineGroups = 16;
 constexpr int kWsTile = 64;
 constexpr int ws_threads(int consumers) { return 128 * (consumers + 1); }
 constexpr int ws_rows(int consumers) { return kWsTile * consumers; }

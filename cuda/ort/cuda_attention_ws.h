@@ -55,7 +55,7 @@ struct WsLaunch {
 
 /// Launches the persistent main kernel (grid wsc.grid = min(n_work, SMs), wsc.threads
 /// threads, n_work works) and, when rows are split, the combine kernel (grid
-/// wsc.combine_grid, kWsCombineThreads threads).
+/// wsc.combine_grid = H B n_split kWsCombineGroups, kWsCombineThreads threads).
 void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const AttentionLaunchScalars& sc,
                const WsLaunchScalars& wsc);
 

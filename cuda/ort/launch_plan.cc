@@ -247,7 +247,7 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
     r.items = w.items_upto[r.pairs];
     r.n_work = s.H * s.B * r.items;  // work w: head w % H, batch (w / H) % B, item order[w / (H B)]
     r.grid = std::min(r.n_work, std::max<int64_t>(sm_count, 1));
-    r.combine_grid = w.splits ? s.H * s.B * w.n_split : 0;
+    r.combine_grid = w.splits ? s.H * s.B * w.n_split * kWsCombineGroups : 0;
     const bool per_head = p.num_heads > 1;
     r.items_head_stride = per_head ? w.n_items * 4 : 0;
     r.order_head_stride = per_head ? w.orders_per_head : 0;

@@ -114,7 +114,7 @@ struct WsLaunchScalars {
     int64_t items = 0;         // items per head launched: items_upto[pairs]
     int64_t n_work = 0;        // H * B * items: the works of the persistent grid
     int64_t grid = 0;          // min(n_work, sm_count): at most one block per SM
-    int64_t combine_grid = 0;  // H * B * n_split (0 when no row is split)
+    int64_t combine_grid = 0;  // H * B * n_split * kWsCombineGroups (0 when no row is split)
     int items_head_stride = 0, order_head_stride = 0, combine_head_stride = 0, slots = 0;
     TensorMapShape q, k, v;
     size_t part_o_bytes = 0, part_ml_bytes = 0;  // float32 workspace (0 when no row is split)

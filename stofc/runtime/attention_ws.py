@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stofc.kernels.attention.ws import COMBINE_GROUPS
 from stofc.kernels.attention.ws_launch import WsLaunchPlan
 from stofc.runtime.launches import Operands, View, launches
 from stofc.runtime.module import BoundLaunch, LoadedKernel
@@ -84,7 +85,7 @@ class WsLaunchData:
         tail = (i32(batch), i32(heads), i32(seq))
         then = None
         if self.plan.splits:
-            then = BoundLaunch(combine, heads * batch * self.plan.n_split,
+            then = BoundLaunch(combine, heads * batch * self.plan.n_split * COMBINE_GROUPS,
                                COMBINE_THREADS,
                                (out, osb, oss, osh, self._combine, i32(self.plan.combine_head_stride),
                                 part_o, part_ml, i32(slots), *tail))

@@ -238,7 +238,8 @@ def test_launch_arguments_match_the_template(monkeypatch, consumers):
     sig = text[text.index("{{ kernel_name }}_combine(") + len("{{ kernel_name }}_combine("):]
     sig = sig[:sig.index(") {")]
     assert len(combine.args) == len([p for p in sig.split(",") if p.strip()])
-    assert combine.block == 256 and combine.grid == 2 * 2 * op._launch.ws.plan.n_split
+    # a block per sixteenth of each split pair row, of every head and batch
+    assert combine.block == 256 and combine.grid == 2 * 2 * op._launch.ws.plan.n_split * 16
 
 
 def test_output_staging_fits_where_taken():

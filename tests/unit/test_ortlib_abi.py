@@ -212,3 +212,18 @@ def test_grouped_query_and_softcap_launch_arguments(cpu_runtime):
         op.bind(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
     with pytest.raises(rt.StofcError, match="softcap"):
         op.bind(q, k, v, softcap=-1.0)
+
+
+def test_ws_launch_constants_match_the_abi_header():
+    """The combine launch's shape is computed on both sides: the CuPy runtime's
+    constants must be the CUDA twin's, or one side merges a sixteenth of the rows."""
+    from stofc.kernels.attention.ws import COMBINE_GROUPS
+    from stofc.runtime.attention_ws import COMBINE_THREADS
+
+    text = ABI_HEADER.read_text()
+
+    def const(name: str) -> int:
+        return int(re.search(rf"constexpr int {name} = (\d+);", text).group(1))
+
+    assert const("kWsCombineGroups") == COMBINE_GROUPS
+    assert const("kWsCombineThreads") == COMBINE_THREADS

@@ -44,6 +44,7 @@ WS_WARPS = (12, 16)            # producer + two or three consumer warpgroups
 WS_STAGES = (2, 3, 4)
 REG_SPLITS = {2: (40, 232), 3: (32, 160)}   # consumers -> (producer, consumer) registers
 MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel merges
+COMBINE_GROUPS = 16            # combine blocks per split pair row (kWsCombineGroups)
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step
 Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
@@ -231,6 +232,7 @@ class AttentionWs(AttentionFamily):
                     stages=c.stages, pingpong=FLAG[c.pingpong], kstep=c.kstep,
                     consumers=ws_consumers(c),
                     producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
+                    combine_groups=COMBINE_GROUPS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
                     has_softcap=FLAG[spec.has_softcap],
                     q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],

@@ -589,47 +589,58 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
 }
 
 // Merge the chunks of every split pair row: O = sum_c 2^(m_c - M) O_c / sum_c 2^(m_c - M) l_c
-// (M = max_c m_c, log2 units); a row whose chunks saw no allowed key writes 0.
+// (M = max_c m_c, log2 units); a row whose chunks saw no allowed key writes 0. A block
+// merges CROWS rows of one split pair row (grid: H * B * split rows * COMBINE_GROUPS),
+// a thread four columns of one row: every thread reads its row's (m, l) itself, so there
+// is no shared memory and no barrier, and the chunks' loads are independent.
+constexpr int COMBINE_GROUPS = 16;   // blocks per split pair row
+constexpr int CROWS = ROWS / COMBINE_GROUPS;            // rows merged by one block
+constexpr int C4 = D / 4;                               // float4 pieces of a row
+static_assert(ROWS % COMBINE_GROUPS == 0, "a combine block merges whole rows");
+
 extern "C" __global__ void __launch_bounds__(256)
 stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0_combine(T* __restrict__ o, long long o_sb, long long o_ss, long long o_sh,
                           const int* __restrict__ combine, int combine_head_stride,
                           const float* __restrict__ part_o, const float* __restrict__ part_ml,
                           int slots, int B, int H, int L) {
-    __shared__ float weight[MAX_CHUNKS][ROWS];
     int idx = blockIdx.x;
+    const int g = idx % COMBINE_GROUPS; idx /= COMBINE_GROUPS;
     const int h = idx % H; idx /= H;
     const int b = idx % B; idx /= B;
     const int* c3 = combine + h * combine_head_stride + 3 * idx;
     const int prow = c3[0], first = c3[1], chunks = min(c3[2], MAX_CHUNKS);
-    if (prow < 0 || prow * ROWS >= L) return;
+    if (prow < 0 || prow * ROWS + g * CROWS >= L) return;
     const long long ws0 = (static_cast<long long>(b) * H + h) * slots + first;
-    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
-        float mx = STOFC_NEG_INF;
-        for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, part_ml[((ws0 + c) * ROWS + r) * 2]);
-        float total = 0.0f;
-        for (int c = 0; c < chunks; ++c) {
-            const float2 ml = *reinterpret_cast<const float2*>(part_ml + ((ws0 + c) * ROWS + r) * 2);
-            const float e = mx == STOFC_NEG_INF ? 0.0f : exp2f(ml.x - mx);
-            weight[c][r] = e;
-            total += e * ml.y;
-        }
-        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        for (int c = 0; c < chunks; ++c) weight[c][r] *= inv;
-    }
-    __syncthreads();
     typedef DTypeTraits<T> DT;
     T* ob = o + b * o_sb + h * o_sh;
-    for (int i = threadIdx.x; i < ROWS * (D / 2); i += blockDim.x) {
-        const int r = i / (D / 2), col = 2 * (i % (D / 2));
+    for (int i = threadIdx.x; i < CROWS * C4; i += blockDim.x) {
+        const int r = g * CROWS + i / C4, col = 4 * (i % C4);
         const int qr = prow * ROWS + r;
         if (qr >= L) continue;
-        float2 sum = make_float2(0.0f, 0.0f);
-        for (int c = 0; c < chunks; ++c) {
-            if (weight[c][r] == 0.0f) continue;        // an empty chunk wrote no partial O
-            const float2 x = *reinterpret_cast<const float2*>(part_o + ((ws0 + c) * ROWS + r) * D + col);
-            sum.x = fmaf(weight[c][r], x.x, sum.x);
-            sum.y = fmaf(weight[c][r], x.y, sum.y);
+        const float* ml = part_ml + (ws0 * ROWS + r) * 2;     // chunk c: ml[c * ROWS * 2]
+        const float* po = part_o + (ws0 * ROWS + r) * D + col;
+        float mx = STOFC_NEG_INF;
+#pragma unroll 8
+        for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, ml[static_cast<long long>(c) * ROWS * 2]);
+        float total = 0.0f;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (mx != STOFC_NEG_INF) {
+#pragma unroll 4
+            for (int c = 0; c < chunks; ++c) {
+                const float2 mlc = *reinterpret_cast<const float2*>(ml + static_cast<long long>(c) * ROWS * 2);
+                const float e = exp2f(mlc.x - mx);
+                if (e == 0.0f) continue;                   // an empty chunk wrote no partial O
+                const float4 x = *reinterpret_cast<const float4*>(po + static_cast<long long>(c) * ROWS * D);
+                total = fmaf(e, mlc.y, total);
+                sum.x = fmaf(e, x.x, sum.x);
+                sum.y = fmaf(e, x.y, sum.y);
+                sum.z = fmaf(e, x.z, sum.z);
+                sum.w = fmaf(e, x.w, sum.w);
+            }
         }
-        *reinterpret_cast<u32*>(ob + qr * o_ss + col) = DT::pack(sum.x, sum.y);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        u32* out = reinterpret_cast<u32*>(ob + qr * o_ss + col);
+        out[0] = DT::pack(sum.x * inv, sum.y * inv);
+        out[1] = DT::pack(sum.z * inv, sum.w * inv);
     }
 }
