@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import unittest.mock
 from dataclasses import replace
 
 import cupy as cp
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+import stofc.runtime.attention as attention_rt
 from stofc.codegen import render
 from stofc.compile import compile_source
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
@@ -53,6 +55,11 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # (three consumers at head_dim 128 read Q from shared memory: ws_q_in_regs; the
     # committed ws-variants-d128-c3 file names that variant "c3q", run before the product did)
     "c3_s3": ({"warps": 16, "stages": 3}, {}),
+    # head_dim 64, Q read from smem (needs --exp-template: the product's template asserts
+    # Q in registers below head_dim 128), with one or two 64-key tiles per step
+    "c3q": ({"warps": 16}, {"q_in_regs": "false", "__exp__": True}),
+    "k2c3q": ({"warps": 16, "kstep": 2, "stages": 4}, {"q_in_regs": "false", "__exp__": True}),
+    "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
 }
 
 
@@ -74,6 +81,9 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--old-template", default="",
                     help="a copy of block_ws.cu.j2 (under templates/) timed as variant 'old'")
+    ap.add_argument("--exp-template", default="",
+                    help="a template copy (under templates/) for the variants marked __exp__; "
+                         "their configs skip the register-estimate pruning")
     args = ap.parse_args()
     if args.old_template:
         VARIANTS["old"] = ({}, {"__template__": args.old_template})
@@ -103,7 +113,13 @@ def main() -> int:
                 cfg_over, tpl_over = VARIANTS[name]
                 try:
                     cfg = base_config(fmt, profile, B, H, D, cfg_over)
-                    op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    tpl_over = dict(tpl_over)
+                    if tpl_over.pop("__exp__", False):
+                        tpl_over["__template__"] = args.exp_template
+                        with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
+                            op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    else:
+                        op = AttentionOp(fmt, cfg, sdt, D, profile)
                     spec = KernelSpec(cfg, sdt, D)
                     values = {**AttentionWs().template_values(spec), **tpl_over}
                     values["kernel_name"] = spec.name
