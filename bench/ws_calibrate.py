@@ -32,14 +32,16 @@ from pathlib import Path
 
 import numpy as np
 
-from stofc.kernels.attention.ws_cost import LAUNCH_US, _entry_flags
+from stofc.kernels.attention.ws_cost import COMBINE_US, LAUNCH_US, _entry_flags
 from stofc.kernels.attention.ws_plan import SKIP, default_split, plan_ws
 from stofc.masks import encode
 
 FAMILIES = {"dense": "dense", "causal": "causal", "local64": "sliding:window=64",
             "local256": "sliding:window=256", "longformer": "longformer:window=256,global=16",
             "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0"}
-VARIANT_MASKS = {"local256": "sliding:window=256"}     # bench/ws_variants.py's other names
+VARIANT_MASKS = {"local256": "sliding:window=256",     # bench/ws_variants.py's other names
+                 "dilated": "dilated:window=256,dilation=2",
+                 "cw4095": "sliding:window=4095,causal=true"}
 SMS = 132
 
 
@@ -102,41 +104,53 @@ def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int =
     return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers, stages {stages}")
 
 
-def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: str) -> int:
+def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: str,
+               fixed: list[float] | None = None) -> int:
     """Least squares (relative error) of the estimator's form without the per-warpgroup
-    term (D128_COSTS's; head_dim 64's from --mha); prints the constants."""
+    term (D128_COSTS's; head_dim 64's from --mha and --variants); prints the constants.
+    ``fixed``: each run's fixed microseconds beyond LAUNCH_US (the combine launch's
+    COMBINE_US where rows are split), subtracted before the fit."""
     A, t = np.asarray(X), np.asarray(y)
+    base = LAUNCH_US + (np.asarray(fixed) if fixed is not None else 0.0)
     w = 1.0 / t
-    coef, *_ = np.linalg.lstsq(A * w[:, None], (t - LAUNCH_US) * w, rcond=None)
+    coef, *_ = np.linalg.lstsq(A * w[:, None], (t - base) * w, rcond=None)
     entry, masked, wave = coef
     print(f"{what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
-          f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; + LAUNCH_US]")
-    for label, got, want in zip(labels, A @ coef + LAUNCH_US, t, strict=True):
+          f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; + LAUNCH_US"
+          f"{' + COMBINE_US where split' if fixed is not None else ''}]")
+    for label, got, want in zip(labels, A @ coef + base, t, strict=True):
         print(f"    {label:40s} measured {want:8.1f} us  model {got:8.1f}  ({got / want:.2f})")
     return 0
 
 
-def fit_d128_variants(paths: list[str], column: str, consumers: int) -> int:
+def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 128,
+                 exclude: str = "") -> int:
     """Fit from ``bench/ws_variants.py`` lines: the ``column`` variant's time of each
-    head_dim-128 case (run at the split ``default_split`` gives ``consumers``)."""
+    ``head_dim`` case (run at the split ``default_split`` gives ``consumers``: fit with the
+    code that ran, ``exclude`` the runs it no longer gives), less COMBINE_US where rows are
+    split (the estimator charges the combine launch that)."""
     masks = {**FAMILIES, **VARIANT_MASKS}
-    X, y, labels = [], [], []
+    X, y, labels, fixed = [], [], [], []
     for path in paths:
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.startswith("{")]
         for r in rows:
             b, h, length, d, _ = r["case"].split(":")
             v = r.get(column)
-            if int(d) != 128 or not isinstance(v, list):
+            if (int(d) != head_dim or not isinstance(v, list)
+                    or (exclude and re.search(exclude, f"{r['case']} {r['mask']}"))):
                 continue
             fmt = encode(masks[r["mask"]], int(length))
             split = default_split(fmt, batch=int(b), heads=int(h), sm_count=SMS,
                                   consumers=consumers)
             X.append(d128_features(masks[r["mask"]], int(length), split, int(b) * int(h),
                                    consumers))
+            fixed.append(COMBINE_US if plan_ws(fmt, split_tiles=split,
+                                               consumers=consumers).splits else 0.0)
             y.append(v[2])
             labels.append(f"{r['case']} {r['mask']}")
-    return _fit_costs(X, y, labels, f"head_dim 128, {consumers} consumers ({column})")
+    return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers ({column})",
+                      fixed)
 
 
 def main() -> int:
@@ -148,12 +162,17 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=128,
                     help="--mha: the head_dim fitted (64: D64_COSTS in the same form)")
     ap.add_argument("--mha-consumers", type=int, default=2, help="--mha: the consumer count")
-    ap.add_argument("--variants", nargs="+", help="fit D=128 costs from ws_variants.py lines")
+    ap.add_argument("--variants", nargs="+",
+                    help="fit one consumer count's costs (--head-dim) from ws_variants.py lines")
     ap.add_argument("--column", default="c3q", help="--variants: the variant fitted")
     ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
+    ap.add_argument("--exclude", default="",
+                    help="--variants: skip 'case mask' labels matching this regex (runs whose "
+                         "split default_split no longer gives)")
     args = ap.parse_args()
     if args.variants:
-        return fit_d128_variants(args.variants, args.column, args.consumers)
+        return fit_variants(args.variants, args.column, args.consumers, args.head_dim,
+                            args.exclude)
     if args.mha:
         return fit_mha(args.mha, args.stages, args.head_dim, args.mha_consumers)
     with open(args.jsonl) as f:

@@ -128,6 +128,25 @@ def test_default_split_bounds_the_longest_item():
     assert default_split(encode("sliding:window=64", 4096), batch=8, heads=12, sm_count=132) == 0
 
 
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("spec", ["longformer:window=256,global=16",
+                                  "bigbird:block=64,window=3,global=2,random=3,seed=0"])
+@pytest.mark.parametrize("L,batch", [(4096, 4), (8192, 1), (16384, 1), (16384, 2)])
+def test_default_split_splits_only_the_outliers(spec, L, batch, consumers):
+    """Rows up to twice the mean stay whole (one chunk, no combine traffic); the longest
+    row is split when it is an outlier."""
+    fmt = encode(spec, L)
+    split = default_split(fmt, batch=batch, heads=12, sm_count=132, consumers=consumers)
+    plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
+    tiles = plan.tiles_per_pair
+    ordinary = tiles <= 2 * tiles.mean()
+    combine = np.asarray(plan.combine).reshape(-1, 3)
+    split_rows = set(combine[combine[:, 0] >= 0, 0].tolist())
+    assert not split_rows & set(np.flatnonzero(ordinary).tolist())
+    if split:
+        assert split_rows and max(split_rows, key=lambda p: tiles[p]) == int(tiles.argmax())
+
+
 def test_prune_and_search_space():
     assert prune(ws(), 128, H100) is None and prune(ws(), 256, H100) is None
     assert "Hopper-only" in prune(ws(), 64, A100)

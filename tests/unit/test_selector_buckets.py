@@ -62,16 +62,16 @@ def test_each_bucket_gets_the_selectors_pick_at_its_length(formats):
                                head_dim=D)
     assert ak.choice.config == base.config
     picks = {b.seq_len: b.choice.kernel for b in ak.buckets}
-    # the estimates differ with the length, and so do the picks
-    assert picks[2048] == "ws" and ak.choice.kernel == "block" and picks[128] == "block"
+    # the estimates differ with the length, and so do the picks (H100, 4 heads: ws at 8192
+    # measured 27.7 us against block-wise's 31.2, selector-ab-d64-2-h100-2026-11-26)
+    assert picks[2048] == "ws" and ak.choice.kernel == "ws" and picks[128] == "block"
     assert ak.buckets[0].choice.estimates != ak.buckets[2].choice.estimates
-    # 512 launches what 2048 does: no variants of its own
-    assert [b.launched for b in ak.buckets] == [True, False, True]
+    # 512 and 2048 launch what the base does: no variants of their own
+    assert [b.launched for b in ak.buckets] == [True, False, False]
     bounds = [(v.max_seq_len, v.choice.kernel) for v in ak.variants]
-    assert bounds[-1] == (0, "block")                      # the base's own split variant
-    assert (2048, "ws") in bounds and bounds.index((2048, "ws")) > bounds.index((128, "block"))
-    assert all(v.max_seq_len in (128, 2048) for v in ak.variants[:-1])
-    assert all("selector at S <= " in v.reason for v in ak.variants[:-1])
+    assert bounds == [(128, "block"), (128, "block")]      # its query split, then the whole
+    assert "query split" in ak.variants[0].reason
+    assert all("selector at S <= " in v.reason for v in ak.variants)
 
 
 def test_a_planned_config_ignores_the_selector_buckets(formats):
@@ -107,7 +107,7 @@ def test_package_for_8192_launches_the_bucket_pick_of_the_run_length(fake, tmp_p
                         instruments=Instruments(progress=False))
     (entry,) = json.loads((pkg / "plan.json").read_text())["attention"]
     assert [(b["seq_len"], b["kernel"], b["launched"]) for b in entry["buckets"]] == \
-        [(128, "block", True), (512, "ws", False), (2048, "ws", True)]
+        [(128, "block", True), (512, "ws", False), (2048, "ws", False)]
     assert all(set(b["estimate_us"]) >= {"block", "row", "ws"} for b in entry["buckets"])
     node = next(n for n in onnx.load(str(pkg / "model.onnx")).graph.node
                 if n.op_type == "SparseAttention")
@@ -134,5 +134,5 @@ def test_package_for_8192_launches_the_bucket_pick_of_the_run_length(fake, tmp_p
         assert attn[0] == want, (B, S)
         launched.append(attn[0])
     kinds = [name.split("_")[2] for name in launched]
-    assert kinds == ["block", "ws", "block", "ws"]          # 100: block, 1000/2000: ws, 8192
-    assert launched[0] != launched[2]                       # 100: the split, 8192: the whole
+    assert kinds == ["block", "ws", "ws", "ws"]             # 100: block, 1000/2000/8192: ws
+    assert launched[1] == launched[2] == launched[3]        # the base kernel past 128

@@ -83,6 +83,11 @@ class WsPlan:
         """Entries over every pair row and format head (the block's tile steps)."""
         return int(self.tiles_per_pair.sum())
 
+    @property
+    def splits(self) -> bool:
+        """Whether some pair row is split (the launch runs the combine kernel too)."""
+        return bool((np.asarray(self.combine).reshape(-1, 3)[:, 0] >= 0).any())
+
 
 def _pair_lists(fmt: MaskFormat, head: int, pair: int, consumers: int
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -216,7 +221,10 @@ def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
     similar length (windows, causal) are already balanced by the longest-first order, and
     splitting them only adds chunks and the combine (a +-256 window split at 8 ran 1.6x
     slower, ws-diag-h100-2026-11-26). At least 8 entries per chunk, so the combine's extra
-    traffic stays small."""
+    traffic stays small, and no fewer than the longest ordinary row (at most twice the
+    mean), so only the outliers are split: with three consumers at B=1 8K a Longformer
+    chunk of 8 split nearly every 13-entry pair row in two and the launch ran 121 us
+    against 91 with two consumers (ws-variants-d64-consumers-h100-2026-11-26)."""
     plan = plan_ws(fmt, consumers=consumers)
     per_head = heads if fmt.num_heads == 1 else 1
     work = plan.work() * per_head * batch
@@ -227,4 +235,8 @@ def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
     limit = max(8, int(share // 4))
     if longest <= limit or longest <= 2 * mean:
         return 0
-    return 1 << (limit.bit_length() - 1)            # a power of two <= limit
+    split = 1 << (limit.bit_length() - 1)           # a power of two <= limit
+    ordinary = int(tiles[tiles <= 2 * mean].max())
+    while split < ordinary:
+        split *= 2
+    return split if split < longest else 0
