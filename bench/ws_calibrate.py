@@ -105,18 +105,25 @@ def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int =
 
 
 def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: str,
-               fixed: list[float] | None = None) -> int:
+               fixed: list[float] | None = None, launch: bool = False) -> int:
     """Least squares (relative error) of the estimator's form without the per-warpgroup
     term (D128_COSTS's; head_dim 64's from --mha and --variants); prints the constants.
-    ``fixed``: each run's fixed microseconds beyond LAUNCH_US (the combine launch's
-    COMBINE_US where rows are split), subtracted before the fit."""
+    ``fixed``: each run's fixed microseconds beyond the launch constant (the combine
+    launch's COMBINE_US where rows are split), subtracted before the fit. ``launch``: fit
+    the launch constant too (head_dim 64's ``launch_us``: the fitted value less
+    BLOCK_SHORT_BIAS_US), else LAUNCH_US."""
     A, t = np.asarray(X), np.asarray(y)
-    base = LAUNCH_US + (np.asarray(fixed) if fixed is not None else 0.0)
+    base = np.asarray(fixed) if fixed is not None else np.zeros(len(t))
+    if launch:
+        A = np.column_stack([A, np.ones(len(t))])
+    else:
+        base = base + LAUNCH_US
     w = 1.0 / t
     coef, *_ = np.linalg.lstsq(A * w[:, None], (t - base) * w, rcond=None)
-    entry, masked, wave = coef
+    entry, masked, wave = coef[:3]
+    const = f"launch {coef[3]:.2f} us" if launch else "+ LAUNCH_US"
     print(f"{what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
-          f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; + LAUNCH_US"
+          f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; {const}"
           f"{' + COMBINE_US where split' if fixed is not None else ''}]")
     for label, got, want in zip(labels, A @ coef + base, t, strict=True):
         print(f"    {label:40s} measured {want:8.1f} us  model {got:8.1f}  ({got / want:.2f})")
@@ -124,7 +131,7 @@ def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: st
 
 
 def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 128,
-                 exclude: str = "") -> int:
+                 exclude: str = "", launch: bool = False) -> int:
     """Fit from ``bench/ws_variants.py`` lines: the ``column`` variant's time of each
     ``head_dim`` case (run at the split ``default_split`` gives ``consumers``: fit with the
     code that ran, ``exclude`` the runs it no longer gives), less COMBINE_US where rows are
@@ -150,7 +157,7 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
             y.append(v[2])
             labels.append(f"{r['case']} {r['mask']}")
     return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers ({column})",
-                      fixed)
+                      fixed, launch)
 
 
 def main() -> int:
@@ -166,13 +173,15 @@ def main() -> int:
                     help="fit one consumer count's costs (--head-dim) from ws_variants.py lines")
     ap.add_argument("--column", default="c3q", help="--variants: the variant fitted")
     ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
+    ap.add_argument("--launch", action="store_true",
+                    help="--variants: fit the per-launch constant too (D64_COSTS' launch_us)")
     ap.add_argument("--exclude", default="",
                     help="--variants: skip 'case mask' labels matching this regex (runs whose "
                          "split default_split no longer gives)")
     args = ap.parse_args()
     if args.variants:
         return fit_variants(args.variants, args.column, args.consumers, args.head_dim,
-                            args.exclude)
+                            args.exclude, args.launch)
     if args.mha:
         return fit_mha(args.mha, args.stages, args.head_dim, args.mha_consumers)
     with open(args.jsonl) as f:
