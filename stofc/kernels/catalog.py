@@ -15,7 +15,17 @@ A new family is one module under ``stofc/kernels/`` and one import line here.
 
 from __future__ import annotations
 
-from stofc.kernels import gemm, gemm_gemm, gemm_norm, glu, norm, ort, rotary, vendor_gemm
+from stofc.kernels import (
+    embed_norm,
+    gemm,
+    gemm_gemm,
+    gemm_norm,
+    glu,
+    norm,
+    ort,
+    rotary,
+    vendor_gemm,
+)
 from stofc.kernels.attention import block, row, ws
 from stofc.kernels.registry import (
     KernelFamily,
@@ -27,7 +37,8 @@ from stofc.kernels.registry import (
     family_of_params,
 )
 
-BUILTIN = (gemm, gemm_norm, vendor_gemm, gemm_gemm, glu, norm, ort, rotary, block, row, ws)
+BUILTIN = (gemm, gemm_norm, vendor_gemm, gemm_gemm, glu, norm, embed_norm, ort, rotary, block, row,
+           ws)
 
 
 def segment_kind(kind: str) -> KernelFamily:

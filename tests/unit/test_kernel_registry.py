@@ -38,6 +38,7 @@ BUILTIN = {
     "attention_block": "stofc.kernels.attention.block",
     "attention_row": "stofc.kernels.attention.row",
     "attention_ws": "stofc.kernels.attention.ws",
+    "embed_norm": "stofc.kernels.embed_norm",
     "gemm": "stofc.kernels.gemm",
     "gemm_gemm": "stofc.kernels.gemm_gemm",
     "gemm_glu": "stofc.kernels.glu",

@@ -6,7 +6,8 @@ each template's switches: GEMM output layouts, epilogues (bias, activations,
 residual, LayerNorm / RMSNorm, the pre-norm store), dtypes, the gated FFN's activation
 pass (with and without its bias) and its GEMM (the product in registers), the rotary kernel
 (rotate-half, partial, interleaved, vector widths), GEMM+GEMM's direct and
-workspace modes, Add+Norm's float32 inputs and parameters, and the attention
+workspace modes, Add+Norm's float32 inputs and parameters, the embedding kernel (summands,
+beta, float32 parameters, warps per row), and the attention
 kernels' tiles, query split, pipeline depth, occupancy bound, wgmma, soft-capping, head_dim
 256 (Q re-read from shared memory) and inputs, and the warp-specialised kernel's stages,
 ping-pong, split, two-tile steps and three consumer warpgroups.
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from stofc.codegen import Source
+from stofc.kernels import embed_norm as embed_family
 from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
 from stofc.kernels import glu as glu_family
@@ -76,6 +78,17 @@ def _norm() -> list[Source]:
     ]
 
 
+def _embed_norm() -> list[Source]:
+    """The EmbedLayerNorm op's kernel: BERT-base's three summands with beta, two summands
+    without beta and float32 gamma (bf16), one summand over several warps per row."""
+    P, C = embed_family.EmbedNormProblem, embed_family.EmbedNormConfig
+    return [
+        embed_family.render_embed_norm(P("float16", 768, 3, True), C(32, 4)),
+        embed_family.render_embed_norm(P("bfloat16", 1024, 2, False, params_fp32=True), C(64, 2)),
+        embed_family.render_embed_norm(P("float16", 4096, 1, True), C(128, 1)),
+    ]
+
+
 def _glu() -> list[Source]:
     """The gated FFN's kernels: the gated-activation pass (cuBLASLt's, no bias: the CUDA
     twin; plain cuBLAS's, with it) and the mma.sync GEMM with the product in registers."""
@@ -128,8 +141,8 @@ def _attention() -> list[Source]:
     return [render_kernel(s) for s in specs]
 
 
-SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_glu(), *_norm(), *_rotary(),
-                                     *_attention())}
+SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_glu(), *_norm(), *_embed_norm(),
+                                     *_rotary(), *_attention())}
 
 
 def test_every_template_is_covered():
