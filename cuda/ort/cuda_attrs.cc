@@ -387,6 +387,56 @@ RotaryLaunch parse_rotary_launch(const AttrSource& a, int64_t head_dim, int64_t 
     return l;
 }
 
+EmbedNormLaunch parse_embed_norm_launch(const AttrSource& a) {
+    require_cuda_abi(a, "EmbedLayerNorm");
+    EmbedNormLaunch l;
+    std::string ref;
+    if (!a.get_string("kernel", ref) || ref.empty())
+        throw AttrError("attribute 'kernel' (FILE.cubin:ENTRY of the EmbedLayerNorm kernel) is required to run "
+                        "EmbedLayerNorm on the CUDA execution provider; rewrite the package");
+    l.kernel = parse_kernel_ref(ref, "kernel");
+    const std::string& entry = l.kernel.entry;
+    auto bad = [&]() {
+        return AttrError("attribute 'kernel' names '" + entry + "', not a stofc EmbedLayerNorm kernel "
+                         "(stofc_embed_norm_<float16|bfloat16>[_f32p]_e<1..3>_<ln|ln_ns>_n<C>_t<tpr>x<rows>)");
+    };
+    auto number = [&](const std::string& digits) -> int64_t {
+        if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+            throw bad();
+        return std::stoll(digits);
+    };
+    // stofc embed norm <dtype> [f32p] e<K> ln [ns] n<C> t<tpr>x<rows>
+    const auto parts = split(entry, '_');
+    size_t i = 4;
+    if (parts.size() < 8 || parts[0] != "stofc" || parts[1] != "embed" || parts[2] != "norm" ||
+        (parts[3] != "float16" && parts[3] != "bfloat16"))
+        throw bad();
+    l.bf16 = parts[3] == "bfloat16";
+    if (parts[i] == "f32p") l.params_fp32 = true, ++i;
+    if (i >= parts.size() || parts[i].size() < 2 || parts[i][0] != 'e') throw bad();
+    l.summands = number(parts[i++].substr(1));
+    if (i >= parts.size() || parts[i++] != "ln") throw bad();
+    if (i < parts.size() && parts[i] == "ns") l.has_beta = false, ++i;
+    if (i >= parts.size() || parts[i].size() < 2 || parts[i][0] != 'n') throw bad();
+    l.width = number(parts[i++].substr(1));
+    if (i + 1 != parts.size() || parts[i].size() < 4 || parts[i][0] != 't') throw bad();
+    const auto x = parts[i].find('x');
+    if (x == std::string::npos) throw bad();
+    l.tpr = number(parts[i].substr(1, x - 1));
+    l.rows = number(parts[i].substr(x + 1));
+    if (l.summands < 1 || l.summands > 3)
+        throw AttrError("attribute 'kernel' names '" + entry + "', which sums " + std::to_string(l.summands) +
+                        " tables; EmbedLayerNorm sums 1 to 3");
+    if (l.width < 8 || l.width % 8)
+        throw AttrError("attribute 'kernel' names '" + entry + "' for rows of " + std::to_string(l.width) +
+                        " elements, not a positive multiple of 8 (16-byte vectors)");
+    if (l.tpr < 32 || l.tpr % 32 || l.rows < 1 || l.tpr * l.rows > 1024)
+        throw AttrError("attribute 'kernel' names '" + entry + "' with " + std::to_string(l.tpr) +
+                        " threads per row and " + std::to_string(l.rows) +
+                        " rows per block, not whole warps per row and at most 1024 threads");
+    return l;
+}
+
 GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_residual,
                            bool residual_after_activation) {
     if (act != "none" && act != "gelu_erf" && act != "gelu_tanh")

@@ -161,6 +161,18 @@ struct RotaryLaunch {
 RotaryLaunch parse_rotary_launch(const AttrSource& attrs, int64_t head_dim, int64_t rotary_dim,
                                  bool interleaved);
 
+/// The kernel an EmbedLayerNorm CUDA twin launches (attribute `kernel`, OPS.md "EmbedLayerNorm"):
+/// the entry stofc_embed_norm_{float16|bfloat16}[_f32p]_e{summands}_{ln|ln_ns}_n{C}_t{tpr}x{rows}
+/// (stofc.kernels.embed_norm) says what it is compiled for; every run checks it against the
+/// node's inputs (the summands present, beta, gamma's type, the tables' type and width).
+struct EmbedNormLaunch {
+    KernelRef kernel;
+    bool bf16 = false, params_fp32 = false, has_beta = true;
+    int64_t summands = 0, width = 0, tpr = 0, rows = 0;
+    int64_t threads() const { return tpr * rows; }
+};
+EmbedNormLaunch parse_embed_norm_launch(const AttrSource& attrs);
+
 /// FusedGemm's cuBLASLt algorithm choice (attributes lt_algo_m, lt_algo_rank; OPS.md):
 /// a run with M rows uses the heuristic's result number rank_for(M), 0 (its best) for
 /// an M that is not listed.

@@ -185,7 +185,54 @@ struct AddLayerNormCpu {
     OrtStatusPtr ComputeV2(OrtKernelContext* context);
 };
 
+/// EmbedLayerNorm's attributes (OPS.md, "EmbedLayerNorm"), validated at creation by both twins.
+struct EmbedNormAttrs {
+    float epsilon = 1e-5f;
+    explicit EmbedNormAttrs(const OrtKernelInfo* info);
+};
+
+/// The most tables one EmbedLayerNorm sums (its input pairs ids_i, table_i).
+constexpr int kEmbedMaxSummands = 3;
+
+/// The checked geometry of one EmbedLayerNorm call (both twins). The summands are the
+/// present (ids_i, table_i) pairs, in input order: summand k is pair slot[k]. Ids are
+/// [B or 1, S or 1] (broadcast to [B, S]; sb / ss: the element strides of batch and
+/// sequence, 0 = broadcast), int64 or int32 (ids32); table k has V[k] rows of C.
+struct EmbedCall {
+    int64_t B = 0, S = 0, C = 0;
+    int summands = 0;
+    int slot[kEmbedMaxSummands] = {0, 0, 0};
+    int64_t sb[kEmbedMaxSummands] = {0, 0, 0}, ss[kEmbedMaxSummands] = {0, 0, 0};
+    int64_t V[kEmbedMaxSummands] = {0, 0, 0};
+    bool ids32[kEmbedMaxSummands] = {false, false, false};
+    std::vector<int64_t> out_shape() const { return {B, S, C}; }
+};
+
+/// Validates EmbedLayerNorm's inputs for tables of element type `t` (OPS.md): ids_0 and
+/// table_0 given, each pair both or neither, ids int64 / int32 of rank 2 broadcasting to
+/// [B, S], tables [V_i, C] in t, gamma [C] in t or float, beta [C] in gamma's type. Throws
+/// OpError naming the input.
+EmbedCall check_embed_layer_norm(ONNXTensorElementDataType t, const Input (&ids)[kEmbedMaxSummands],
+                                 const Input (&tables)[kEmbedMaxSummands], const Input& gamma, const Input& beta);
+
+/// The table row of one id: negative ids count from the end (ONNX Gather); -1 outside [-V, V).
+inline int64_t embed_table_row(int64_t id, int64_t V) {
+    if (id < 0) id += V;
+    return id >= 0 && id < V ? id : -1;
+}
+
+template <typename T>
+struct EmbedLayerNormCpu {
+    EmbedNormAttrs attrs;
+    explicit EmbedLayerNormCpu(const OrtKernelInfo* info) : attrs(info) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context);
+};
+
 /// The CUDA twins (cuda_ops.cc). Created only when a node is assigned to the CUDA EP.
+struct EmbedLayerNormCuda;
+EmbedLayerNormCuda* make_embed_layer_norm_cuda(const OrtKernelInfo* info, const std::string& package_dir);
+OrtStatusPtr compute(EmbedLayerNormCuda* k, OrtKernelContext* context);
+void destroy(EmbedLayerNormCuda* k);
 struct SparseAttentionCuda;
 struct FusedGemmCuda;
 struct AddLayerNormCuda;
@@ -251,6 +298,11 @@ constexpr OpSignature kGatedGemmSig{"GatedGemm", 3, 2, 0u, 0u, 1, 0u};
 // Rotary(q, k?, v?, cos, sin, position_ids?) -> qkv (OPS.md): k and v optional (both omitted =
 // q packed); cos and sin are float (kRotaryF32In); position_ids (int64) is checked in Compute.
 constexpr OpSignature kRotarySig{"Rotary", 6, 5, (1u << 1) | (1u << 2), 1u << 5, 1, 0u};
+// EmbedLayerNorm(ids_0, table_0, ids_1?, table_1?, ids_2?, table_2?, gamma, beta?) -> y (OPS.md): the
+// tables are T; the ids (int64 or int32) and gamma / beta (T or float) are typed "any" and checked
+// in Compute, so the tables' type alone picks the registration (and y's type).
+constexpr OpSignature kEmbedLayerNormSig{"EmbedLayerNorm", 8, 7, (1u << 2) | (1u << 3) | (1u << 4) | (1u << 5),
+                                         (1u << 0) | (1u << 2) | (1u << 4) | (1u << 6) | (1u << 7), 1, 0u};
 
 /// Every (op, element type, execution provider) RegisterCustomOps registers, in order.
 /// stofc_ort.cc registers exactly these; the unit test binary prints them.
@@ -292,6 +344,9 @@ constexpr Registration kRegistrations[] = {
     {&kRotarySig, kF32, false, kRotaryF32In},  {&kRotarySig, kF16, false, kRotaryF32In},
     {&kRotarySig, kBF16, false, kRotaryF32In}, {&kRotarySig, kF16, true, kRotaryF32In},
     {&kRotarySig, kBF16, true, kRotaryF32In},
+    {&kEmbedLayerNormSig, kF32, false},  {&kEmbedLayerNormSig, kF16, false},
+    {&kEmbedLayerNormSig, kBF16, false}, {&kEmbedLayerNormSig, kF16, true},
+    {&kEmbedLayerNormSig, kBF16, true},
 };
 
 /// One registered op: a signature, an element type, an execution provider and a

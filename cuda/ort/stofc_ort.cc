@@ -2,7 +2,7 @@
 //
 // Loaded with SessionOptions.register_custom_ops_library(".../libstofc_ort.so").
 // Each call creates the ai.stofc domain with every op twice (CPU twin for float,
-// float16 and bfloat16, CUDA twin for float16 and bfloat16 (GatedGemm and Rotary too), plus the bfloat16
+// float16 and bfloat16, CUDA twin for float16 and bfloat16 (GatedGemm, Rotary and EmbedLayerNorm too), plus the bfloat16
 // packages' float pre-LN forms of FusedGemm and AddLayerNorm on both; KeyPrep once
 // per provider, its output being uint8) bound to the package directory:
 //   1. the session config entry "stofc.package_dir" when it is set (set it
@@ -76,6 +76,10 @@ using NormCuda = CudaKernelHandle<AddLayerNormCuda>;
 using KeyPrepCudaK = CudaKernelHandle<KeyPrepCuda>;
 using GatedCuda = CudaKernelHandle<GatedGemmCuda>;
 using RotaryCudaK = CudaKernelHandle<RotaryCuda>;
+using EmbedCuda = CudaKernelHandle<EmbedLayerNormCuda>;
+EmbedCuda* make_embed_cuda(const OrtKernelInfo* i, const std::string& d) {
+    return new EmbedCuda(make_embed_layer_norm_cuda(i, d));
+}
 RotaryCudaK* make_rotary_cuda_k(const OrtKernelInfo* i, const std::string& d) {
     return new RotaryCudaK(make_rotary_cuda(i, d));
 }
@@ -104,6 +108,8 @@ void add_cpu(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::CustomOpDomain
         add<GatedGemmCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<GatedGemmCpu<T>>);
     else if (r.sig == &kRotarySig)
         add<RotaryCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<RotaryCpu<T>>);
+    else if (r.sig == &kEmbedLayerNormSig)
+        add<EmbedLayerNormCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<EmbedLayerNormCpu<T>>);
     else
         add<AddLayerNormCpu<T>>(ops, domain, r, nullptr, dir, &make_cpu<AddLayerNormCpu<T>>);
 }
@@ -124,6 +130,7 @@ void add_registration(std::vector<std::unique_ptr<OrtCustomOp>>& ops, Ort::Custo
         else if (r.sig == &kFusedGemmSig) add<GemmCuda>(ops, domain, r, kCudaEp, dir, &make_gemm_cuda);
         else if (r.sig == &kGatedGemmSig) add<GatedCuda>(ops, domain, r, kCudaEp, dir, &make_gated_cuda);
         else if (r.sig == &kRotarySig) add<RotaryCudaK>(ops, domain, r, kCudaEp, dir, &make_rotary_cuda_k);
+        else if (r.sig == &kEmbedLayerNormSig) add<EmbedCuda>(ops, domain, r, kCudaEp, dir, &make_embed_cuda);
         else add<NormCuda>(ops, domain, r, kCudaEp, dir, &make_norm_cuda);
     } else if (r.elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
         add_cpu<float>(ops, domain, r, dir);

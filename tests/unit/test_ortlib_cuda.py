@@ -49,8 +49,8 @@ def test_cuda_twins_registered_for_float16_and_bfloat16(driver):
     lines = res.stdout.splitlines()
     assert lines[-1] == f"abi {KERNEL_ABI}"
     regs = {tuple(line.split()) for line in lines[:-1]}
-    assert len(regs) == len(lines) - 1 == 31
-    ops = ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm")
+    assert len(regs) == len(lines) - 1 == 36
+    ops = ("SparseAttention", "FusedGemm", "AddLayerNorm", "GatedGemm", "EmbedLayerNorm")
     f32, f16, bf16, u8 = "1", "10", "16", "2"   # ONNX TensorProto element types
     eps = ("CUDAExecutionProvider", "CPUExecutionProvider")
     # bf16 packages' float pre-LN forms (OPS.md): FusedGemm bias (input 2) float -> y float;

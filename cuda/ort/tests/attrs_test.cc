@@ -7,7 +7,8 @@
 //   otherwise: each stdin line is "<parser>|name=i:VALUE|name=s:TEXT|name=l:1,2|..." and the
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, glu:<activation> (GatedGemm's gated-activation kernel), rotary (Rotary's
-//   kernel: head_dim, rotary_dim, interleaved and the node's kernel attributes), gemm_split (attributes bias, act, residual, after),
+//   kernel: head_dim, rotary_dim, interleaved and the node's kernel attributes), embed_norm (EmbedLayerNorm's
+//   kernel attributes), gemm_split (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
 //   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed, Hkv, sm: the
 //   attention launch's scalars; for a ws plan its work items, grids (sm: the GPU's SMs,
@@ -98,6 +99,11 @@ std::string run(const std::string& parser, const MapSource& a) {
         const RotaryLaunch l = parse_rotary_launch(a, a.i("head_dim"), a.i("rotary_dim"), a.i("interleaved"));
         out << "bf16=" << l.bf16 << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " vec=" << l.vec
             << " threads=" << l.threads;
+    } else if (parser == "embed_norm") {  // EmbedLayerNorm's kernel attributes
+        const EmbedNormLaunch l = parse_embed_norm_launch(a);
+        out << "bf16=" << l.bf16 << " file=" << l.kernel.file << " entry=" << l.kernel.entry
+            << " f32p=" << l.params_fp32 << " summands=" << l.summands << " beta=" << l.has_beta
+            << " width=" << l.width << " tpr=" << l.tpr << " rows=" << l.rows;
     } else if (parser == "gemm_split") {
         const GemmSplit s = split_fused_gemm(a.i("bias"), a.s("act"), a.i("residual"), a.i("after"));
         out << "lt_epilogue=" << s.lt_epilogue << " lt_residual=" << s.lt_residual << " rest=" << s.rest.str();

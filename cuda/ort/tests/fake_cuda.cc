@@ -284,6 +284,17 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         for (int j = 0; j < 22; ++j)
             s << (j ? ", " : "") << "\"" << names[j] << "\": "
               << (kinds[j] == 'p' ? ptr_value(args[j]) : kinds[j] == 'L' ? value<long long>(args[j]) : value<int>(args[j]));
+    } else if (name.rfind("stofc_embed_norm_", 0) == 0) {  // OPS.md "EmbedLayerNorm": 23 arguments
+        static const char* names[] = {"ids0", "ids1", "ids2", "table0", "table1", "table2", "gamma", "beta",
+                                      "out",  "sb0",  "ss0",  "sb1",    "ss1",    "sb2",    "ss2",   "V0",
+                                      "V1",   "V2",   "ids32", "B",     "S",      "C",      "eps"};
+        static const char kinds[] = "pppppppppLLLLLLLLLiiiif";  // p pointer, L int64, i int32, f float
+        for (int j = 0; j < 23; ++j)
+            s << (j ? ", " : "") << "\"" << names[j] << "\": "
+              << (kinds[j] == 'p'   ? ptr_value(args[j])
+                  : kinds[j] == 'L' ? value<long long>(args[j])
+                  : kinds[j] == 'i' ? value<int>(args[j])
+                                    : value<float>(args[j]));
     } else if (name.rfind("stofc_add_norm_", 0) == 0) {
         static const char* ptrs[] = {"x", "bias", "residual", "gamma", "beta", "out", "pre_norm"};
         for (int j = 0; j < 7; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);
