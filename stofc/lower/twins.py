@@ -28,6 +28,11 @@ attributes name:
 * ``Rotary``: ``kernel`` ``FILE:ENTRY`` of the rotary kernel compiled for the node's
   head_dim, rotary_dim and form (:mod:`stofc.kernels.rotary`, ``rope/rotary.cu.j2``) and
   ``kernel_abi``; the launch (one block per token, the kernel's threads) follows from them.
+* ``EmbedLayerNorm``: ``kernel`` ``FILE:ENTRY`` of the embedding kernel compiled for the
+  node (:mod:`stofc.kernels.embed_norm`, ``norm/embed_norm.cu.j2``: dtype, width, the summands
+  present, beta, float32 gamma / beta in a bf16 package) and ``kernel_abi``; the entry name
+  says all the twin checks, and the launch (a warp group per token, grid over the tokens)
+  follows from it, as Rotary's does.
 * ``AddLayerNorm``: the same four attributes naming the Add+Norm kernel compiled
   for the node (residual, LayerNorm/RMSNorm, beta, the ``sum`` output; in a bf16
   package a float32 ``x`` and float32 gamma/beta, entry ``..._f32in_f32p_...``).
@@ -54,6 +59,7 @@ from onnx import TensorProto, helper
 from stofc.errors import PlanError
 from stofc.kernels import catalog, glu
 from stofc.kernels import norm as norm_family
+from stofc.kernels.embed_norm import EmbedNormProblem, check_problem, embed_norm_kernel
 from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.registry import KernelInstance
 from stofc.kernels.rotary import RotaryProblem, rotary_kernel
@@ -62,7 +68,7 @@ from stofc.lower.emit import KERNEL_ABI, EmittedSegment
 from stofc.package.layout import kernel_file
 from stofc.plan.plan import Plan, Segment
 
-__all__ = ["KERNEL_ABI", "TwinLaunches", "annotate_cuda", "epilogue_kernel",
+__all__ = ["KERNEL_ABI", "TwinLaunches", "annotate_cuda", "embed_norm_problem", "epilogue_kernel",
            "gated_epilogue_kernel", "gated_launch_attributes", "launch_attributes",
            "lt_algo_attributes", "norm_epilogue"]
 TOKENS_HINT = 4096
@@ -176,6 +182,22 @@ def lt_algo_attributes(seg: Segment | None, width: int, plans: tuple[Plan, ...]
     return {"lt_algo_m": ms, "lt_algo_rank": [pairs[m] for m in ms]}
 
 
+def embed_norm_problem(node: onnx.NodeProto, widths: dict[str, list[int]], fp32_inits: set[str],
+                       dtype: str) -> EmbedNormProblem | None:
+    """The kernel problem of an EmbedLayerNorm node: its summands (the present table inputs
+    1, 3, 5), width (table_0's), beta and float gamma; None when no kernel implements it (the
+    twin then fails at session creation on the CUDA EP, saying so)."""
+    inputs = list(node.input) + [""] * 8
+    width = widths.get(inputs[1], [0, 0])[-1]
+    problem = EmbedNormProblem(dtype, width, sum(bool(inputs[i]) for i in (1, 3, 5)),
+                               bool(inputs[7]), inputs[6] in fp32_inits)
+    try:
+        check_problem(problem)
+    except PlanError:
+        return None
+    return problem
+
+
 @dataclass(frozen=True)
 class TwinLaunches:
     """What :func:`annotate_cuda` decided besides the attributes: the CUDA twins' epilogue
@@ -208,7 +230,7 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
     all_plans = (plan, *(p for _, p in buckets))
     pending: list[tuple[onnx.NodeProto, KernelInstance, Epilogue]] = []
     gated: list[tuple[onnx.NodeProto, KernelInstance]] = []
-    rotary: list[KernelInstance] = []
+    direct: list[KernelInstance] = []   # kernels a twin launches by its `kernel` attribute
     launch_plans: dict[str, Any] = {}
     for node in model.graph.node:
         if node.domain != "ai.stofc":
@@ -224,13 +246,21 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
             extra = {"variant_launch_plans": ";".join(files[1:])} if ak.variants else {}
             _set(node, launch_plan=files[0], kernel_abi=KERNEL_ABI, **extra)
             continue
+        if node.op_type == "EmbedLayerNorm":
+            embed = embed_norm_problem(node, widths, fp32_inits, dtype)
+            if embed is not None:
+                kernel = embed_norm_kernel(embed)
+                _set(node, kernel_abi=KERNEL_ABI,
+                     kernel=f"{kernel_file(kernel.name, arch)}:{kernel.name}")
+                direct.append(kernel)
+            continue
         if node.op_type == "Rotary":
             kernel = rotary_kernel(RotaryProblem(
                 dtype, int(_attr(node, "head_dim", 0)), int(_attr(node, "rotary_dim", 0)),
                 bool(_attr(node, "interleaved", 0))))
             _set(node, kernel_abi=KERNEL_ABI,
                  kernel=f"{kernel_file(kernel.name, arch)}:{kernel.name}")
-            rotary.append(kernel)
+            direct.append(kernel)
             continue
         inputs = list(node.input) + [""] * 4
         x_fp32 = params_fp32 = False
@@ -266,7 +296,7 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
                                  params_fp32=params_fp32)
         pending.append((node, kernel, ep))
     kernels = {k.name: k for _, k, _ in pending} | {k.name: k for _, k in gated} | \
-        {k.name: k for k in rotary}
+        {k.name: k for k in direct}
     for node, kernel, ep in pending:
         _set(node, **launch_attributes(kernel, ep, kernel_file(kernel.name, arch)))
     for node, kernel in gated:

@@ -4,7 +4,8 @@ Every ai.stofc node of a compiled package must carry what its CUDA twin launches
 SparseAttention a ``*.plan.bin`` equal to what ``AttentionOp`` would upload for the
 plan's config (row-wise, block-wise, gathered, residue-permuted); FusedGemm and
 AddLayerNorm an Add+Norm kernel compiled for exactly the epilogue the twin leaves
-to it (:func:`stofc.lower.twins.split_fused_gemm`, ``norm_epilogue``), in
+to it (:func:`stofc.lower.twins.split_fused_gemm`, ``norm_epilogue``), EmbedLayerNorm the
+embedding kernel compiled for its tables, summands, beta and gamma type, each in
 the package with its PTX and source, hashed in the manifest and listed in plan.json.
 The CPU EP still runs the package to the masked reference.
 """
@@ -141,6 +142,21 @@ def check_cuda_attributes(pkg: Path) -> dict[str, int]:
                                          f"r{a['rotary_dim']}_{form}_"), (node.name, a)
             assert entry_name.encode() in (pkg / path).read_bytes()
             assert path in hashed and path in listed, path
+            continue
+        if node.op_type == "EmbedLayerNorm":
+            # the embedding kernel compiled for the node's tables, summands, beta and gamma type
+            path, entry_name = a["kernel"].rsplit(":", 1)
+            ins = list(node.input) + [""] * 8
+            f32p = "_f32p" if any(t.name == ins[6] and t.data_type == onnx.TensorProto.FLOAT
+                                  for t in model.graph.initializer) else ""
+            summands = sum(bool(ins[i]) for i in (1, 3, 5))
+            assert entry_name.startswith(
+                f"stofc_embed_norm_{read_manifest(pkg).dtype}{f32p}_e{summands}_"
+                f"{'ln' if ins[7] else 'ln_ns'}_n{widths[ins[1]][-1]}_t"), (node.name, a)
+            assert entry_name.encode() in (pkg / path).read_bytes()
+            stem = path[:-len(".sm_90.cubin")]
+            for rel in (path, f"{stem}.compute_90.ptx", f"kernels/{entry_name}.cu"):
+                assert rel in hashed and rel in listed, rel
             continue
         if node.op_type == "FusedGemm":
             width = widths[inputs[1]][-1]

@@ -3,14 +3,17 @@
 Checked here on the exporter fixtures (head_dim 16: rewrite only, CPU twins): HF
 BERT and GPT-2 (TorchScript and dynamo) and T5 gather from float16 tables and
 write the first fused op's input directly (no float32 Gather table, no float32
-LayerNormalization, no ``cast_in`` Cast on the embedding); BERT's norm is one
-more AddLayerNorm, which takes the token type rows as its residual where the
-dynamo export's shapes prove they have the sum's shape; bfloat16 packages
-rewrite only regions with no Add left (the CPU EP has no bfloat16 Add) and that the
-residual stream does not read in float32 (T5's embedding stays float32); a region
-whose values are read elsewhere is left as it was; every package matches the
-masked float32 reference on ONNX Runtime's CPU EP within the end-to-end bound.
-A compiled package's embedding AddLayerNorm carries its CUDA launch attributes.
+LayerNormalization, no ``cast_in`` Cast on the embedding). BERT's embedding (a norm
+over three Gathers whose ids are 2-D) is ONE ``EmbedLayerNorm`` reading the model's ids and
+the tables in the dtype, in float16 and in bfloat16 packages alike (no ONNX Add is left, so
+the CPU EP's missing bfloat16 Add does not matter; gamma / beta float32 in bfloat16); a region
+it cannot take (a Shape node reading a Gather result) keeps the Gathers, the Adds in the dtype
+and an AddLayerNorm, which takes the token type rows as its residual where the dynamo export's
+shapes prove they have the sum's shape; bfloat16 packages rewrite that form only with no Add
+left, and never an embedding the residual stream reads in float32 (T5's); a region whose
+values are read elsewhere is left as it was; every package matches the masked float32
+reference on ONNX Runtime's CPU EP within the end-to-end bound. A compiled package's
+EmbedLayerNorm carries its CUDA launch attributes and its kernel.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from stofc.frontend import load_model
+from stofc.frontend.graph import GraphIndex
 from stofc.lower.rewrite import DOMAIN
 from stofc.lower.twins import KERNEL_ABI
 from stofc.package.ortlib import build_library
@@ -46,6 +50,7 @@ F16, BF16, F32 = TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT
 BERT_LN = "/model/embeddings/LayerNorm/LayerNormalization_output_0"   # TorchScript names
 BERT_SUM = "/model/embeddings/Add_output_0"                           # word + token type
 BERT_TABLES = [f"model.embeddings.{t}_embeddings.weight" for t in ("word", "position", "token_type")]
+BERT_SUMMANDS = [BERT_TABLES[i] for i in (0, 2, 1)]   # (words + token types) + positions
 GPT2_TABLES = ["model.wte.weight", "model.wpe.weight"]
 
 
@@ -126,6 +131,29 @@ def assert_in_dtype(model: onnx.ModelProto, value: str, dtype: int,
     return producer(model, f"{value}::stofc_{tag}")
 
 
+def assert_embed_layer_norm(model: onnx.ModelProto, original: onnx.ModelProto, value: str,
+                            dtype: int, tables: list[str]) -> onnx.NodeProto:
+    """``value`` (the embedding) is written by one EmbedLayerNorm in ``dtype`` that reads, in
+    the model's order, each of ``tables`` in the dtype (nothing else reads them) with the ids
+    the model's Gather of it read; no Gather, Add or LayerNormalization of the region is
+    left, nor the float32 tables or the Cast. Returns the node."""
+    init = inits(model)
+    tag = {F16: "f16", BF16: "bf16"}[dtype]
+    node = producer(model, f"{value}::stofc_{tag}")
+    assert node.domain == DOMAIN and node.op_type == "EmbedLayerNorm"
+    gathers = {n.input[0]: n for n in original.graph.node if n.op_type == "Gather"}
+    want = [name for t in tables for name in (gathers[t].input[1], f"{t}::stofc_{tag}")]
+    assert list(node.input[:2 * len(tables)]) == want
+    assert all(name == "" for name in node.input[2 * len(tables):6])
+    for table in tables:
+        assert table not in init and init[f"{table}::stofc_{tag}"].data_type == dtype
+        assert [n.name for n in model.graph.node if f"{table}::stofc_{tag}" in n.input] == \
+            [node.name]
+    assert not any(value in n.output for n in model.graph.node)
+    assert not cast_in(model, value)
+    return node
+
+
 def assert_float32_embedding(model: onnx.ModelProto, value: str, tables: list[str],
                              emitted) -> None:
     """The embedding left as the model wrote it: float32 tables, the value Cast to enter."""
@@ -135,34 +163,32 @@ def assert_float32_embedding(model: onnx.ModelProto, value: str, tables: list[st
     assert not embedding_notes(emitted)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fixture", ["bert_ts_op17_eager", "bert_dynamo_op18"])
-def test_bert_embedding_runs_in_float16(fixture, tmp_path, library):
-    graph, formats, model, emitted = rewrite(fixture, tmp_path / "f16")
-    # the bfloat16 package of the same model, whose embedding needs an Add, is the "before"
-    _, _, before, before_emitted = rewrite(fixture, tmp_path / "bf16", dtype="bfloat16")
+def test_bert_embedding_is_one_embed_layer_norm(fixture, dtype, tmp_path, library):
+    graph, formats, model, emitted = rewrite(fixture, tmp_path / "pkg", dtype)
+    # the same model with its embedding also a graph output keeps the region: the "before"
     value = next(n for n in graph.model.graph.node if n.op_type == "LayerNormalization"
                  and n.input[1] == "model.embeddings.LayerNorm.weight").output[0]
+    _, _, before, before_emitted = rewrite(
+        read_elsewhere(onnx.load(str(FIXTURES / f"{fixture}.onnx")), value, by_node=False),
+        tmp_path / "before", dtype)
     assert_float32_embedding(before, value, BERT_TABLES, before_emitted)
-    norm = assert_in_dtype(model, value, F16, BERT_TABLES)
-    assert norm.domain == DOMAIN and norm.op_type == "AddLayerNorm"
-    assert count(model, "AddLayerNorm") == count(before, "AddLayerNorm") + 1
-    assert count(model, "LayerNormalization") == 0 and count(before, "LayerNormalization") == 1
+    elem = {"float16": F16, "bfloat16": BF16}[dtype]
+    node = assert_embed_layer_norm(model, graph.model, value, elem, BERT_SUMMANDS)
+    # words + token types + positions, in the model's order, their ids proven 2-D
+    assert [GraphIndex(graph.model).rank(i) for i in node.input[0:6:2]] == [2, 2, 2]
     init = inits(model)
-    assert [init[p].data_type for p in norm.input[2:]] == [F16, F16]
-    assert abs(attrs(norm)["epsilon"] - 1e-12) < 1e-15
-    x_node = producer(model, norm.input[0])
-    if fixture.startswith("bert_dynamo"):
-        # the shapes prove word and token type rows are [B, S, C]: the norm adds the token
-        # types as its residual, one Add (words + the [1, S, C] positions) before it
-        assert x_node.op_type == "Add" and count(model, "Add") == count(before, "Add") - 1
-        assert producer(model, norm.input[1]).input[0] == \
-            "model.embeddings.token_type_embeddings.weight::stofc_f16"
-    else:
-        # TorchScript's inferred shapes are unnamed: nothing proves a [B, S, C] summand
-        assert norm.input[1] == "" and x_node.op_type == "Add"
-        assert producer(model, x_node.input[0]).op_type == "Add"
-        assert count(model, "Add") == count(before, "Add")
-    assert len(notes := embedding_notes(emitted)) == 1 and "float16" in notes[0]
+    params = [elem, elem] if dtype == "float16" else [F32, F32]   # bf16: float32 (OPS.md)
+    assert [init[p].data_type for p in node.input[6:]] == params
+    assert abs(attrs(node)["epsilon"] - 1e-12) < 1e-15
+    assert count(before, "Gather") - count(model, "Gather") == 3
+    assert count(before, "Add") - count(model, "Add") == 2
+    assert count(model, "LayerNormalization") == 0 and count(before, "LayerNormalization") == 1
+    assert count(model, "AddLayerNorm") == count(before, "AddLayerNorm")
+    assert len(notes := embedding_notes(emitted)) == 1
+    assert f"embedding in {dtype}: EmbedLayerNorm ({node.name}) write " in notes[0]
+    assert "float32 Gather x3" in notes[0] and "float32 Add x2" in notes[0]
     assert_matches_reference(graph, formats, model, library)
 
 
@@ -203,13 +229,10 @@ def test_bfloat16_keeps_t5s_embedding_float32_for_the_residual_stream(tmp_path, 
     assert_matches_reference(graph, formats, model, library)
 
 
-@pytest.mark.parametrize("fixture", ["bert_ts_op17_eager", "gpt2_ts_op17_eager"])
-def test_bfloat16_keeps_an_embedding_that_needs_an_add(fixture, tmp_path):
-    _, _, model, emitted = rewrite(fixture, tmp_path, dtype="bfloat16")
-    if fixture.startswith("bert"):
-        assert_float32_embedding(model, BERT_LN, BERT_TABLES, emitted)
-    else:
-        assert_float32_embedding(model, "/model/Add_output_0", GPT2_TABLES, emitted)
+def test_bfloat16_keeps_an_embedding_that_needs_an_add(tmp_path):
+    """GPT-2's embedding is a sum without a norm: in bfloat16 its Add would remain."""
+    _, _, model, emitted = rewrite("gpt2_ts_op17_eager", tmp_path, dtype="bfloat16")
+    assert_float32_embedding(model, "/model/Add_output_0", GPT2_TABLES, emitted)
 
 
 def without_summand(model: onnx.ModelProto, table: str) -> onnx.ModelProto:
@@ -228,12 +251,71 @@ def without_summand(model: onnx.ModelProto, table: str) -> onnx.ModelProto:
     return out
 
 
+def test_bfloat16_two_summands_are_one_embed_layer_norm(tmp_path, library):
+    """Word + token type rows (BERT without positions): EmbedLayerNorm of two bfloat16 tables
+    with float32 gamma / beta, in a bfloat16 package."""
+    original = without_summand(onnx.load(str(FIXTURES / "bert_dynamo_op18.onnx")),
+                               "model.embeddings.position_embeddings.weight")
+    graph, formats, rewritten, emitted = rewrite(original, tmp_path, dtype="bfloat16")
+    node = assert_embed_layer_norm(rewritten, graph.model, "layer_norm", BF16,
+                                   [BERT_TABLES[0], BERT_TABLES[2]])
+    init = inits(rewritten)
+    assert [init[p].data_type for p in node.input[6:]] == [F32, F32]
+    assert len(embedding_notes(emitted)) == 1
+    assert_matches_reference(graph, formats, rewritten, library)
+
+
+def with_shape_of_a_summand(model: onnx.ModelProto, table: str) -> onnx.ModelProto:
+    """``model`` with the shape of ``table``'s gathered rows also a graph output: the Gather
+    result must stay, so the region cannot be one EmbedLayerNorm."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    gather = next(n for n in out.graph.node if n.op_type == "Gather" and n.input[0] == table)
+    name = f"{gather.output[0]}/shape"
+    out.graph.node.append(helper.make_node("Shape", [gather.output[0]], [name],
+                                           name=f"{name}_node"))
+    out.graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT64, None))
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["bert_ts_op17_eager", "bert_dynamo_op18"])
+def test_a_gather_result_read_by_shape_keeps_gathers_adds_and_add_layer_norm(fixture, tmp_path,
+                                                                            library):
+    """The form before EmbedLayerNorm: Gathers from float16 tables, Adds in float16, one
+    AddLayerNorm; the dynamo export's shapes prove the token type rows have the sum's shape, so
+    the norm adds them as its residual (one Add fewer); TorchScript's do not."""
+    original = with_shape_of_a_summand(onnx.load(str(FIXTURES / f"{fixture}.onnx")),
+                                       BERT_TABLES[0])
+    graph, formats, model, emitted = rewrite(original, tmp_path)
+    value = next(n for n in graph.model.graph.node if n.op_type == "LayerNormalization"
+                 and n.input[1] == "model.embeddings.LayerNorm.weight").output[0]
+    norm = assert_in_dtype(model, value, F16, BERT_TABLES)
+    assert norm.domain == DOMAIN and norm.op_type == "AddLayerNorm"
+    assert count(model, "EmbedLayerNorm") == 0
+    init = inits(model)
+    assert [init[p].data_type for p in norm.input[2:]] == [F16, F16]
+    x_node = producer(model, norm.input[0])
+    assert x_node.op_type == "Add"
+    if fixture.startswith("bert_dynamo"):
+        assert producer(model, norm.input[1]).input[0] == \
+            "model.embeddings.token_type_embeddings.weight::stofc_f16"
+        assert producer(model, x_node.input[0]).op_type == "Gather"
+    else:
+        assert norm.input[1] == "" and producer(model, x_node.input[0]).op_type == "Add"
+    shape = next(n for n in model.graph.node if n.op_type == "Shape"
+                 and n.output[0].endswith("/shape"))
+    assert shape.input[0] == table_gather(model, f"{BERT_TABLES[0]}::stofc_f16").output[0]
+    assert len(notes := embedding_notes(emitted)) == 1 and "AddLayerNorm" in notes[0]
+    assert_matches_reference(graph, formats, model, library)
+
+
 def test_bfloat16_folds_two_summands_into_the_norm(tmp_path, library):
-    """Word + token type rows (BERT without positions): AddLayerNorm(words, token types) with
-    bfloat16 tables and float32 gamma / beta, no Add, in a bfloat16 package."""
-    model = without_summand(onnx.load(str(FIXTURES / "bert_dynamo_op18.onnx")),
-                            "model.embeddings.position_embeddings.weight")
-    graph, formats, rewritten, emitted = rewrite(model, tmp_path, dtype="bfloat16")
+    """The same form in a bfloat16 package when no Add is left: word + token type rows
+    (without positions) as AddLayerNorm(words, token types), float32 gamma / beta."""
+    original = with_shape_of_a_summand(
+        without_summand(onnx.load(str(FIXTURES / "bert_dynamo_op18.onnx")),
+                        "model.embeddings.position_embeddings.weight"), BERT_TABLES[0])
+    graph, formats, rewritten, emitted = rewrite(original, tmp_path, dtype="bfloat16")
     norm = assert_in_dtype(rewritten, "layer_norm", BF16, [BERT_TABLES[0], BERT_TABLES[2]])
     assert norm.op_type == "AddLayerNorm"
     assert [producer(rewritten, v).op_type for v in norm.input[:2]] == ["Gather", "Gather"]
@@ -278,29 +360,32 @@ def with_token_types(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_compiled_package_launches_the_embedding_norm(dtype, tmp_path):
-    """compile_model: the embedding AddLayerNorm gets an Add+Norm kernel (width 128) like the
-    layers' norms; plan.json's segment note says so; the package verifies on the CPU EP.
-    bf16: word + token type rows only (no Add), folded into the norm with float gamma/beta."""
+@pytest.mark.parametrize("dtype,positions", [("fp16", True), ("bf16", True), ("bf16", False)],
+                         ids=["fp16", "bf16", "bf16-no-positions"])
+def test_compiled_package_launches_the_embedding_kernel(dtype, positions, tmp_path):
+    """compile_model: the embedding is one EmbedLayerNorm whose CUDA attributes name the
+    embedding kernel (width 128) compiled for its summands, beta and gamma type, built into the
+    package; plan.json's segment note says so; the package verifies on the CPU EP.
+    bf16: float32 gamma / beta (``_f32p``)."""
     model = with_token_types(build_model())
-    if dtype == "bf16":
+    if not positions:
         model = without_summand(model, "embeddings.position_embeddings.weight")
     source = tmp_path / "model.onnx"
     onnx.save(model, str(source))
     pkg = compile_model(source, MASK, dtype=dtype, max_seq_len=64, out_dir=tmp_path / "pkg",
                         instruments=Instruments(progress=False))
     rewritten = onnx.load(str(pkg / "model.onnx"))
-    norm = next(n for n in rewritten.graph.node if n.op_type == "AddLayerNorm"
-                and n.input[2].startswith("/embeddings/LayerNorm.weight"))
-    a = attrs(norm)
-    assert a["kernel_abi"] == KERNEL_ABI and a["epilogue_kernel"], a
-    entry = a["epilogue_kernel"].split(":")[1]
-    want = ("stofc_add_norm_float16_ln_n128_" if dtype == "fp16"
-            else "stofc_add_norm_bfloat16_f32p_r_ln_n128_")
-    assert entry.startswith(want), entry
-    assert check_cuda_attributes(pkg)["AddLayerNorm"] == 5
+    (node,) = [n for n in rewritten.graph.node if n.op_type == "EmbedLayerNorm"]
+    a = attrs(node)
+    assert a["kernel_abi"] == KERNEL_ABI and a["kernel"], a
+    path, entry = a["kernel"].split(":")
+    want = {"fp16": "stofc_embed_norm_float16_e3_ln_n128_t32x4",
+            "bf16": f"stofc_embed_norm_bfloat16_f32p_e{3 if positions else 2}_ln_n128_t32x4"}
+    assert entry == want[dtype] and path == f"kernels/{entry}.sm_90.cubin"
+    assert (pkg / path).read_bytes()[:4] == b"\x7fELF"
+    counts = check_cuda_attributes(pkg)
+    assert counts["EmbedLayerNorm"] == 1 and counts["AddLayerNorm"] == 4
     doc = json.loads((pkg / "plan.json").read_text())
-    assert sum(norm.name in s["note"] for s in doc["segments"]) == 1
+    assert sum(node.name in s["note"] for s in doc["segments"]) == 1
     report = verify_package(pkg, cases=[(2, 64), (3, 37)])
     assert report.passed, report.worst
