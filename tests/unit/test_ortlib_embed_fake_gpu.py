@@ -14,16 +14,22 @@ attribute test binary.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 from stofc.kernels.embed_norm import (
+    ARGUMENTS,
+    I64,
     EmbedNormConfig,
     EmbedNormProblem,
     embed_norm_launch,
     kernel_name,
+    render_embed_norm,
 )
+from stofc.package.ortlib import sources_dir
 from tests.unit.test_ortlib_cuda import ask
 from tests.unit.test_ortlib_fake_gpu import run
 
@@ -217,3 +223,22 @@ def test_the_attribute_parser_reads_the_entry_name(driver):
 def test_the_attribute_parser_refuses_other_names_in_one_line(driver, entry, message):
     (line,) = ask(driver, ("embed_norm", {"kernel_abi": 3, "kernel": f"k.cubin:{entry}"}))
     assert line.startswith("ERR ") and message in line, line
+
+
+def test_the_argument_list_is_the_templates_and_documented_in_ops_md():
+    """ARGUMENTS (what the twin and the GPU tests pass) = the kernel's parameters, in order, with
+    the types I64 says, = OPS.md's table under the CUDA twins' "EmbedLayerNorm"."""
+    source = render_embed_norm(EmbedNormProblem("float16", 768, 3, True), CONFIG).code
+    params = source[source.index(f"{kernel_name(EmbedNormProblem('float16', 768, 3, True), CONFIG)}(")
+                    :source.index(") {", source.index("extern \"C\""))]
+    found = re.findall(r"(const \w+\*|\w+\*|long long|int|float) (?:__restrict__ )?(\w+)", params)
+    assert [n for _, n in found] == list(ARGUMENTS)
+    assert {n for t, n in found if t == "long long"} == I64
+    assert {n for t, n in found if t == "float"} == {"eps"}
+    text = (sources_dir() / "OPS.md").read_text()
+    section = text[text.index("### EmbedLayerNorm"):]
+    section = section[:section.index("\n### ", 4)]
+    rows = re.findall(r"^\| [\d., ]+ \| (.+?) \| (ptr|i64|i32|f32) \|", section, re.M)
+    documented = [(n, t) for names, t in rows for n in re.findall(r"`(\w+)`", names)]
+    assert [n for n, _ in documented] == list(ARGUMENTS)
+    assert {n for n, t in documented if t == "i64"} == I64
