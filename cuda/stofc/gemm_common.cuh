@@ -1,4 +1,4 @@
-// stofc downstream kernels: device helpers shared by the GEMM and norm templates.
+// stofc downstream kernels: device helpers shared by the GEMM, GLU and norm templates.
 // mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate), ldmatrix, cp.async with
 // zero-fill predication, dtype traits, activations. sm_80 and newer.
 #pragma once
@@ -78,6 +78,53 @@ template <int ACT> __device__ __forceinline__ float activate(float x) {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 8 consecutive elements <-> 8 floats with one 16-byte access (16-bit T: one uint4; float:
+// two float4). p must be 16-byte aligned. Used by the norm and GLU templates.
+template <typename T>
+__device__ __forceinline__ void load8(float (&d)[8], const T* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const typename Traits<T>::T2* h = reinterpret_cast<const typename Traits<T>::T2*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = Traits<T>::unpack(h[j]);
+    d[2 * j] = f.x;
+    d[2 * j + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void load8(float (&d)[8], const float* p) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w;
+  d[4] = b.x; d[5] = b.y; d[6] = b.z; d[7] = b.w;
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&d)[8]) {
+  uint4 raw;
+  typename Traits<T>::T2* h = reinterpret_cast<typename Traits<T>::T2*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) h[j] = Traits<T>::pack(d[2 * j], d[2 * j + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Sum over the WPR warps that hold one row (row rl of a block, lane lt of the row); every
+// thread gets the total. With WPR > 1 every thread of the block must call it (barriers);
+// red holds ROWS * WPR floats.
+template <int WPR>
+__device__ __forceinline__ float row_sum(float v, float* red, int rl, int lt) {
+  v = warp_sum(v);
+  if constexpr (WPR > 1) {
+    __syncthreads();
+    if ((lt & 31) == 0) red[rl * WPR + lt / 32] = v;
+    __syncthreads();
+    v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WPR; ++w) v += red[rl * WPR + w];
+  }
   return v;
 }
 

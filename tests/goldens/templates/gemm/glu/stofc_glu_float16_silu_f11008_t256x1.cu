@@ -7,30 +7,10 @@
 namespace {
 using namespace stofc_ds;
 typedef __half T;
-typedef Traits<T>::T2 T2;
 constexpr int TPR = 256, ROWS = 1;
 constexpr int HAS_BIAS = 0, ACT = 4;
 constexpr int THREADS = TPR * ROWS;
 static_assert(TPR % 32 == 0, "a row is handled by whole warps");
-
-__device__ __forceinline__ void load8(float (&d)[8], const T* p) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T2* h = reinterpret_cast<const T2*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = Traits<T>::unpack(h[j]);
-    d[2 * j] = f.x;
-    d[2 * j + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ void store8(T* p, const float (&d)[8]) {
-  uint4 raw;
-  T2* h = reinterpret_cast<T2*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) h[j] = Traits<T>::pack(d[2 * j], d[2 * j + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS) stofc_glu_float16_silu_f11008_t256x1(

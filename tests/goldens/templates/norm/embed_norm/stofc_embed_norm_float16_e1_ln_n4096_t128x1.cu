@@ -9,53 +9,12 @@
 namespace {
 using namespace stofc_ds;
 typedef __half T;
-typedef Traits<T>::T2 T2;
 typedef T TP;
 constexpr int TPR = 128, ROWS = 1, ITEMS = 4;
 constexpr int SUMMANDS = 1, HAS_BETA = 1;
 constexpr int THREADS = TPR * ROWS, WPR = TPR / 32;
 static_assert(TPR % 32 == 0, "a row is handled by whole warps");
 static_assert(SUMMANDS >= 1 && SUMMANDS <= 3, "one to three gathered tables");
-
-__device__ __forceinline__ void load8(float (&d)[8], const T* p) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T2* h = reinterpret_cast<const T2*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = Traits<T>::unpack(h[j]);
-    d[2 * j] = f.x;
-    d[2 * j + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ void load8(float (&d)[8], const float* p) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
-  d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w;
-  d[4] = b.x; d[5] = b.y; d[6] = b.z; d[7] = b.w;
-}
-
-__device__ __forceinline__ void store8(T* p, const float (&d)[8]) {
-  uint4 raw;
-  T2* h = reinterpret_cast<T2*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) h[j] = Traits<T>::pack(d[2 * j], d[2 * j + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
-
-// Sum over the TPR threads of one row (whole warps); every thread gets the total.
-__device__ __forceinline__ float row_sum(float v, float* red, int rl, int lt) {
-  v = warp_sum(v);
-  if constexpr (WPR > 1) {
-    __syncthreads();
-    if ((lt & 31) == 0) red[rl * WPR + lt / 32] = v;
-    __syncthreads();
-    v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WPR; ++w) v += red[rl * WPR + w];
-  }
-  return v;
-}
 
 // The table row a token reads: ids[at] (int32 when `i32`, else int64), a negative id counted
 // from the end (ONNX Gather); -1 when it is outside [-V, V).
@@ -116,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stofc_embed_norm_float16_e
     for (int j = 0; j < 8; ++j) sum += v[it][j];
   }
   const float inv_n = 1.0f / static_cast<float>(C);
-  const float mean = row_sum(sum, red, rl, lt) * inv_n;
+  const float mean = row_sum<WPR>(sum, red, rl, lt) * inv_n;
   float q = 0.0f;
 #pragma unroll
   for (int it = 0; it < ITEMS; ++it) {
@@ -127,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stofc_embed_norm_float16_e
       q += ok ? d * d : 0.0f;
     }
   }
-  const float rstd = rsqrtf(row_sum(q, red, rl, lt) * inv_n + eps);
+  const float rstd = rsqrtf(row_sum<WPR>(q, red, rl, lt) * inv_n + eps);
   const float nan = __int_as_float(0x7fc00000);
 #pragma unroll
   for (int it = 0; it < ITEMS; ++it) {
