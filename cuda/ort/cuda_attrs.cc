@@ -437,6 +437,52 @@ EmbedNormLaunch parse_embed_norm_launch(const AttrSource& a) {
     return l;
 }
 
+HopperGemmLaunch parse_hopper_gemm(const AttrSource& a) {
+    HopperGemmLaunch l;
+    std::string ref;
+    if (!a.get_string("hopper_gemm", ref) || ref.empty()) return l;
+    l.present = true;
+    l.kernel = parse_kernel_ref(ref, "hopper_gemm");
+    const std::string& entry = l.kernel.entry;
+    auto bad = [&]() {
+        return AttrError("attribute 'hopper_gemm' names '" + entry + "', not a stofc Hopper GEMM kernel "
+                         "(stofc_gemm_ws_<float16|bfloat16>_<act>_b<0|1>_n<BN>_s<STAGES>_<coop|pp>_p<PASS>)");
+    };
+    auto number = [&](const std::string& part, char tag) -> int64_t {
+        const std::string digits = part.size() > 1 && part[0] == tag ? part.substr(1) : "";
+        if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos)
+            throw bad();
+        return std::stoll(digits);
+    };
+    const auto parts = split(entry, '_');
+    if (parts.size() < 10 || parts[0] != "stofc" || parts[1] != "gemm" || parts[2] != "ws" ||
+        (parts[3] != "float16" && parts[3] != "bfloat16"))
+        throw bad();
+    l.bf16 = parts[3] == "bfloat16";
+    const size_t tail = parts.size() - 5;  // b<0|1> n<BN> s<STAGES> <coop|pp> p<PASS>
+    for (size_t i = 4; i < tail; ++i) l.act += (i > 4 ? "_" : "") + parts[i];
+    if (l.act != "none" && l.act != "gelu_erf" && l.act != "gelu_tanh" && l.act != "relu" && l.act != "silu")
+        throw bad();
+    const int64_t bias = number(parts[tail], 'b');
+    if (bias > 1) throw bad();
+    l.bias = bias == 1;
+    l.bn = number(parts[tail + 1], 'n');
+    l.stages = number(parts[tail + 2], 's');
+    if (parts[tail + 3] != "coop" && parts[tail + 3] != "pp") throw bad();
+    l.coop = parts[tail + 3] == "coop";
+    l.pass = number(parts[tail + 4], 'p');
+    if ((l.bn != 128 && l.bn != 256) || (l.pass != 64 && l.pass != 128) || l.bn % l.pass || l.stages < 2 ||
+        l.smem() > HopperGemmLaunch::kSmemLimit)
+        throw AttrError("attribute 'hopper_gemm' names '" + entry + "': tile width " + std::to_string(l.bn) +
+                        ", " + std::to_string(l.stages) + " stages and " + std::to_string(l.pass) +
+                        " staged columns are not a config the kernel takes (128 or 256 wide, passes of 64 or "
+                        "128, at most " + std::to_string(HopperGemmLaunch::kSmemLimit) + " bytes of shared memory)");
+    if (!a.get_int("hopper_gemm_min_m", l.min_m) || l.min_m < 1)
+        throw AttrError("attribute 'hopper_gemm_min_m' (the fewest rows a run needs to take the Hopper GEMM) "
+                        "must be given with hopper_gemm and be >= 1; rewrite the package");
+    return l;
+}
+
 GemmSplit split_fused_gemm(bool has_bias, const std::string& act, bool has_residual,
                            bool residual_after_activation) {
     if (act != "none" && act != "gelu_erf" && act != "gelu_tanh")

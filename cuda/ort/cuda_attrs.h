@@ -188,6 +188,29 @@ struct LtAlgoChoice {
 constexpr int64_t kLtMaxAlgoRank = 255;
 LtAlgoChoice parse_lt_algo_choice(const AttrSource& attrs);
 
+/// FusedGemm's Hopper GEMM (attributes hopper_gemm, hopper_gemm_min_m; OPS.md): a run with
+/// M >= min_m rows launches the kernel `kernel` names (stofc.kernels.gemm_ws,
+/// gemm/gemm_ws.cu.j2: act(x @ w + bias) in one pass) instead of cuBLASLt and the epilogue
+/// kernel. The entry name says what it is compiled for:
+/// stofc_gemm_ws_<float16|bfloat16>_<act>_b<0|1>_n<BN>_s<STAGES>_<coop|pp>_p<PASS>.
+struct HopperGemmLaunch {
+    bool present = false;
+    KernelRef kernel;
+    bool bf16 = false, bias = false, coop = true;
+    std::string act;
+    int64_t bn = 0, stages = 0, pass = 0, min_m = 0;
+    int64_t bm() const { return coop ? 128 : 64; }
+    /// Rows x columns of the output tiles the persistent grid walks.
+    int64_t tiles(int64_t M, int64_t N) const { return ((M + bm() - 1) / bm()) * ((N + bn - 1) / bn); }
+    /// The launch's dynamic shared memory (GemmWsConfig.smem_bytes): the ring, the staged
+    /// epilogue rows of eight warps, the ring's barriers, 1024 bytes of alignment slack.
+    int64_t smem() const { return stages * 8192 * (bm() / 64 + bn / 64) + 8 * 16 * (2 * pass + 16) + 16 * stages + 1024; }
+    static constexpr int kThreads = 384;
+    static constexpr int64_t kSmemLimit = 232448;
+};
+/// Absent hopper_gemm (or empty): present = false. AttrError for a malformed one.
+HopperGemmLaunch parse_hopper_gemm(const AttrSource& attrs);
+
 /// Requires kernel_abi == kCudaLaunchAbi.
 void require_cuda_abi(const AttrSource& attrs, const char* op);
 

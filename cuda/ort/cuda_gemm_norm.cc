@@ -16,6 +16,10 @@
 // and a float x / float gamma-beta: entry "..._f32in_f32p_...", bf16 packages).
 // bf16 packages' pre-LN FusedGemm has a float bias: cuBLASLt writes y = x@w + bias
 // in float (Ctype = Dtype = CUDA_R_32F, A/B bf16, CUBLAS_COMPUTE_32F), no residual.
+// FusedGemm with hopper_gemm (OPS.md; stofc.kernels.gemm_ws): a run with M >= hopper_gemm_min_m
+// rows, 16-byte aligned operands and K, N multiples of 8 launches that kernel instead (one
+// pass: act(x @ w + bias), w read as stored, x and w through TMA tensor maps kept per
+// address and shape); other runs take the cuBLASLt path above.
 // Both: ORT's compute stream, scratch and cuBLASLt workspace from ORT's allocator,
 // no device synchronisation; the cuBLASLt handle (one per context) and each
 // shape's descriptors and algorithm are created at the first run of that shape
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "cublas_lt.h"
+#include "cuda_attention_ws.h"
 #include "cuda_lt_gemm.h"
 #include "cuda_module.h"
 #include "ops.h"
@@ -60,6 +65,23 @@ void launch_add_norm(CUfunction fn, const EpilogueLaunch& e, CUstream stream, co
               "cuLaunchKernel(add_norm)");
 }
 
+/// A TMA map of a row-major [rows, cols] 16-bit matrix in 64 x 64 boxes (rank 4, unit outer
+/// extents: the kernel's tma_load_4d; stofc/runtime/gemm_ws.py encodes the same).
+TensorMapShape matrix_map(int64_t rows, int64_t cols) {
+    TensorMapShape m;
+    const uint64_t pitch = static_cast<uint64_t>(cols) * 2;
+    m.dims[0] = static_cast<uint64_t>(cols);
+    m.dims[1] = static_cast<uint64_t>(rows);
+    m.dims[2] = m.dims[3] = 1;
+    m.strides[0] = pitch;
+    m.strides[1] = m.strides[2] = pitch * static_cast<uint64_t>(rows);
+    m.box[0] = m.box[1] = 64;
+    m.box[2] = m.box[3] = 1;
+    return m;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 std::string dtype_mismatch(const EpilogueLaunch& e) {
     return "kernel " + e.kernel.entry + " is compiled for " + (e.bf16 ? "bfloat16" : "float16") +
            " but the node's data has the other type; rewrite the package for this dtype";
@@ -71,15 +93,19 @@ struct FusedGemmCuda {
     GemmAttrs attrs;
     EpilogueLaunch epi;
     LtGemm lt;  // cuBLASLt, with lt_algo_m / lt_algo_rank: which heuristic result each M uses
-    std::unique_ptr<CudaModule> module;
+    HopperGemmLaunch hopper;  // the one-pass Hopper GEMM for runs of >= hopper.min_m rows
+    std::unique_ptr<CudaModule> module, hopper_module;
     std::mutex mu;
     ScratchAllocator scratch_alloc;  // ORT's allocator, asked once
     StreamContext streams;           // ORT's stream -> its CUDA context
+    TensorMapCache maps;             // the Hopper GEMM's x and w maps
+    std::vector<std::pair<CUcontext, int>> sm_counts;  // SMs of each context's device
 
     FusedGemmCuda(const OrtKernelInfo* info, const std::string& dir)
         : attrs(info),
           epi(checked_attrs([&] { return parse_epilogue_launch(OrtAttrSource(info), "FusedGemm"); })),
-          lt(checked_attrs([&] { return parse_lt_algo_choice(OrtAttrSource(info)); })) {
+          lt(checked_attrs([&] { return parse_lt_algo_choice(OrtAttrSource(info)); })),
+          hopper(checked_attrs([&] { return parse_hopper_gemm(OrtAttrSource(info)); })) {
         const std::string act = act_name(attrs.activation);
         // Without an epilogue kernel only cuBLASLt can apply the activation: the tanh GELU
         // (split_fused_gemm; every run checks the split against its inputs).
@@ -93,6 +119,59 @@ struct FusedGemmCuda {
                               "GEMM result in the input type; rewrite the package",
                           ORT_INVALID_GRAPH);
         if (epi.present) module = load_package_module(dir, epi.kernel);
+        if (hopper.present) {
+            if (hopper.act != act)
+                throw OpError("attribute hopper_gemm names " + hopper.kernel.entry + ", compiled for activation '" +
+                                  hopper.act + "', but the node applies '" + act + "'; rewrite the package",
+                              ORT_INVALID_GRAPH);
+            hopper_module = load_package_module(dir, hopper.kernel);
+        }
+    }
+
+    /// SMs of `ctx`'s device (asked once per context; call with `mu` held).
+    int sm_count(CUcontext ctx) {
+        for (const auto& e : sm_counts)
+            if (e.first == ctx) return e.second;
+        const Driver& drv = driver();
+        ScopedContext scope(drv, ctx);
+        CUdevice dev = 0;
+        int sms = 0;
+        drv.check(drv.CtxGetDevice(&dev), "cuCtxGetDevice");
+        drv.check(drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                  "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+        sm_counts.emplace_back(ctx, sms);
+        return sms;
+    }
+
+    /// Whether this run takes the Hopper GEMM: enough rows, a 16-bit output, aligned
+    /// operands (the TMA's and the 16-byte stores' needs); a kernel that does not fit the
+    /// node (dtype, bias, a residual) is an error, not a fallback.
+    bool use_hopper(int64_t M, int64_t N, int64_t K, bool bf16, bool f32_out, const Input& x, const Input& w,
+                    const Input& bias, const Input& res, const void* y) const {
+        if (!hopper.present || M < hopper.min_m || f32_out) return false;
+        if (hopper.bf16 != bf16 || hopper.bias != bias.present() || res.present())
+            throw OpError("kernel " + hopper.kernel.entry + " (attribute hopper_gemm) is compiled for " +
+                          (hopper.bf16 ? "bfloat16" : "float16") + (hopper.bias ? " with" : " without") +
+                          " a bias and no residual, which is not this node's inputs; rewrite the package");
+        if (M > 0x7fffffffLL || N % 8 || K % 8) return false;
+        return aligned16(x.value.GetTensorRawData()) && aligned16(w.value.GetTensorRawData()) && aligned16(y) &&
+               (!bias.present() || aligned16(bias.value.GetTensorRawData()));
+    }
+
+    void launch_hopper(CUcontext ctx, CUstream stream, bool bf16, int64_t M, int64_t N, int64_t K, const void* x,
+                       const void* w, const void* bias, void* y) {
+        const Driver& drv = driver();
+        CUfunction fn = hopper_module->function(ctx, stream, static_cast<int>(hopper.smem()));
+        const int sms = sm_count(ctx);
+        abi::map xm = maps.get(drv, bf16, x, matrix_map(M, K));
+        abi::map wm = maps.get(drv, bf16, w, matrix_map(K, N));
+        const void* b = bias ? bias : y;  // never read: the kernel is compiled without a bias
+        int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+        void* args[] = {&xm, &wm, &b, &y, &m, &n, &k};
+        const int64_t grid = std::min<int64_t>(hopper.tiles(M, N), sms);
+        drv.check(drv.LaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, HopperGemmLaunch::kThreads, 1, 1,
+                                   static_cast<unsigned>(hopper.smem()), stream, args, nullptr),
+                  "cuLaunchKernel(gemm_ws)");
     }
 
     void compute(OrtKernelContext* context) {
@@ -122,6 +201,11 @@ struct FusedGemmCuda {
         CUfunction fn = module ? module->function(cuctx, stream) : nullptr;
         std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
         const void* bias_ptr = bias.present() ? bias.value.GetTensorRawData() : nullptr;
+        if (use_hopper(M, N, K, bf16, f32_out, x, w, bias, res, out.GetTensorMutableRawData())) {
+            launch_hopper(cuctx, stream, bf16, M, N, K, x.value.GetTensorRawData(), w.value.GetTensorRawData(),
+                          bias_ptr, out.GetTensorMutableRawData());
+            return;
+        }
         const LtBound plan = lt.bind(cuctx, stream, M, N, K, dtype, f32_out ? kCudaR32F : dtype, split.lt_epilogue,
                                      bias_ptr);
         const bool direct = split.rest_is_identity();

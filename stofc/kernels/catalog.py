@@ -20,6 +20,7 @@ from stofc.kernels import (
     gemm,
     gemm_gemm,
     gemm_norm,
+    gemm_ws,
     glu,
     norm,
     ort,
@@ -37,7 +38,7 @@ from stofc.kernels.registry import (
     family_of_params,
 )
 
-BUILTIN = (gemm, gemm_norm, vendor_gemm, gemm_gemm, glu, norm, embed_norm, ort, rotary, block, row,
+BUILTIN = (gemm, gemm_norm, vendor_gemm, gemm_gemm, gemm_ws, glu, norm, embed_norm, ort, rotary, block, row,
            ws)
 
 

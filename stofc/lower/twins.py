@@ -20,6 +20,11 @@ attributes name:
   ``epilogue_threads``, ``epilogue_rows``; and, when the tuner chose a cuBLASLt
   heuristic rank for the node's GEMM, ``lt_algo_m`` / ``lt_algo_rank``
   (:func:`lt_algo_attributes`).
+  On an sm_90 package, a FusedGemm whose activation cuBLASLt cannot fold (the erf GELU),
+  with a bias or none, no residual, a 16-bit output and K <= 1024 also gets ``hopper_gemm``
+  ``FILE:ENTRY`` and ``hopper_gemm_min_m``: its twin runs that kernel
+  (:mod:`stofc.kernels.gemm_ws`, one pass) for runs of at least that many rows
+  (:func:`stofc.kernels.gemm_ws.twin_choice`).
 * ``GatedGemm``: cuBLASLt computes ``x @ [Wg | Wu]`` with the bias folded, then the
   gated-activation kernel (:mod:`stofc.kernels.glu`, ``gemm/glu.cu.j2``, compiled for
   the node's ``activation`` and F) writes ``act(gate) * up``: ``epilogue_kernel``,
@@ -57,7 +62,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from stofc.errors import PlanError
-from stofc.kernels import catalog, glu
+from stofc.kernels import catalog, gemm_ws, glu
 from stofc.kernels import norm as norm_family
 from stofc.kernels.embed_norm import EmbedNormProblem, check_problem, embed_norm_kernel
 from stofc.kernels.epilogue import Epilogue
@@ -287,6 +292,17 @@ def annotate_cuda(model: onnx.ModelProto, emitted: tuple[EmittedSegment, ...], p
         if node.op_type == "FusedGemm" and node.output[0] not in fp32_values:
             # (a float32-output GEMM keeps cuBLASLt's best: the tuned rank is for the bf16 D)
             _set(node, **lt_algo_attributes(seg, width, all_plans))
+        if node.op_type == "FusedGemm":
+            hopper = gemm_ws.twin_choice(
+                arch=arch, dtype=dtype, act=_text(_attr(node, "activation", "none")),
+                has_bias=bool(inputs[2]), has_residual=bool(inputs[3]),
+                fp32_out=node.output[0] in fp32_values, k=widths.get(inputs[1], [0, 0])[0],
+                n=width)
+            if hopper is not None:
+                kernel = gemm_ws.gemm_ws_kernel(hopper)
+                _set(node, hopper_gemm=f"{kernel_file(kernel.name, arch)}:{kernel.name}",
+                     hopper_gemm_min_m=gemm_ws.MIN_ROWS)
+                direct.append(kernel)
         if ep is None or not width:
             continue                      # no CUDA kernel: the twin says so at session creation
         if ep.is_identity:

@@ -43,6 +43,7 @@ BUILTIN = {
     "gemm_gemm": "stofc.kernels.gemm_gemm",
     "gemm_glu": "stofc.kernels.glu",
     "gemm_norm": "stofc.kernels.gemm_norm",
+    "gemm_ws": "stofc.kernels.gemm_ws",
     "glu": "stofc.kernels.glu",
     "ort": "stofc.kernels.ort",
     "rotary": "stofc.kernels.rotary",

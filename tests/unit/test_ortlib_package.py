@@ -25,6 +25,10 @@ from onnx import helper
 from stofc.kernels.attention import AttentionConfig
 from stofc.kernels.attention.config import attention_family
 from stofc.kernels.attention.launch import launch_data
+from stofc.kernels.gemm_ws import DEFAULT as GEMM_WS_DEFAULT
+from stofc.kernels.gemm_ws import MIN_ROWS as GEMM_WS_MIN_ROWS
+from stofc.kernels.gemm_ws import entry_name as gemm_ws_entry
+from stofc.kernels.gemm_ws import twin_choice
 from stofc.kernels.vendor_gemm import split_fused_gemm
 from stofc.lower.twins import KERNEL_ABI, norm_epilogue
 from stofc.masks import load as load_format
@@ -162,6 +166,23 @@ def check_cuda_attributes(pkg: Path) -> dict[str, int]:
             width = widths[inputs[1]][-1]
             ep = split_fused_gemm(bool(inputs[2]), a["activation"], bool(inputs[3]),
                                   bool(a["residual_after_activation"])).rest
+            manifest = read_manifest(pkg)
+            hopper = twin_choice(arch=manifest.arch, dtype=manifest.dtype, act=a["activation"],
+                                 has_bias=bool(inputs[2]), has_residual=bool(inputs[3]),
+                                 fp32_out=any(t.name == inputs[2] and t.data_type ==
+                                              onnx.TensorProto.FLOAT
+                                              for t in model.graph.initializer),
+                                 k=widths[inputs[1]][0], n=width)
+            assert ("hopper_gemm" in a) == (hopper is not None), (node.name, a)
+            if hopper is not None:
+                # the one-pass Hopper GEMM for long runs (OPS.md): built for sm_90a, listed
+                path, entry_name = a["hopper_gemm"].rsplit(":", 1)
+                assert entry_name == gemm_ws_entry(hopper, GEMM_WS_DEFAULT), (node.name, a)
+                assert a["hopper_gemm_min_m"] == GEMM_WS_MIN_ROWS
+                assert entry_name.encode() in (pkg / path).read_bytes()
+                stem = path[:-len(".sm_90.cubin")]
+                for rel in (path, f"{stem}.compute_90.ptx", f"kernels/{entry_name}.cu"):
+                    assert rel in hashed and rel in listed, rel
         else:
             width = widths[inputs[2]][-1]
             ep = norm_epilogue(has_residual=bool(inputs[1]), rms=bool(a["rms"]),
@@ -188,6 +209,9 @@ def test_compiled_package_carries_cuda_launch_attributes(example, tmp_path):
     counts = check_cuda_attributes(pkg)
     # per layer: the packed Q|K|V GEMM, the output projection and the two FFN GEMMs
     assert counts == {"SparseAttention": 2, "FusedGemm": 8, "AddLayerNorm": 4, "KeyPrep": 1}
+    model = onnx.load(str(pkg / "model.onnx"))
+    hopper = [n.name for n in model.graph.node if "hopper_gemm" in attrs(n)]
+    assert len(hopper) == 2          # each layer's erf-GELU FFN GEMM (h100: sm_90)
     assert all(a["kernel_abi"] == KERNEL_ABI
                for a in json.loads((pkg / "plan.json").read_text())["attention"])
     assert verify_package(pkg, cases=[(2, 100)]).passed

@@ -22,6 +22,7 @@ import pytest
 
 from stofc.codegen import Source
 from stofc.kernels import embed_norm as embed_family
+from stofc.kernels import gemm_ws as gemm_ws_family
 from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
 from stofc.kernels import glu as glu_family
@@ -89,6 +90,17 @@ def _embed_norm() -> list[Source]:
     ]
 
 
+def _gemm_ws() -> list[Source]:
+    """The Hopper GEMM: the default cooperative config with the erf GELU and a bias (fp16,
+    what sm_90 packages build), ping-pong without a bias (bf16, SiLU)."""
+    P, C = gemm_ws_family.GemmWsProblem, gemm_ws_family.GemmWsConfig
+    return [
+        gemm_ws_family.render_gemm_ws(P("float16", "gelu_erf", True)),
+        gemm_ws_family.render_gemm_ws(P("bfloat16", "silu", False),
+                                      C(bn=256, stages=4, coop=False, pass_cols=128)),
+    ]
+
+
 def _glu() -> list[Source]:
     """The gated FFN's kernels: the gated-activation pass (cuBLASLt's, no bias: the CUDA
     twin; plain cuBLAS's, with it) and the mma.sync GEMM with the product in registers."""
@@ -142,6 +154,7 @@ def _attention() -> list[Source]:
 
 
 SOURCES = {src.name: src for src in (*_gemm(), *_gemm_gemm(), *_glu(), *_norm(), *_embed_norm(),
+                                     *_gemm_ws(),
                                      *_rotary(), *_attention())}
 
 

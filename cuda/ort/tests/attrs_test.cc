@@ -8,7 +8,8 @@
 //   answer is one line "OK <summary>" or "ERR <message>". Parsers: attention,
 //   epilogue:<op>, glu:<activation> (GatedGemm's gated-activation kernel), rotary (Rotary's
 //   kernel: head_dim, rotary_dim, interleaved and the node's kernel attributes), embed_norm (EmbedLayerNorm's
-//   kernel attributes), gemm_split (attributes bias, act, residual, after),
+//   kernel attributes), hopper_gemm (FusedGemm's hopper_gemm, hopper_gemm_min_m), gemm_split
+//   (attributes bias, act, residual, after),
 //   norm_epilogue (residual, rms, beta, sum), tag, entry, plan (path: a *.plan.bin),
 //   pack (path, B, S, H, D, kpm, bias, bias_sb, bias_sh, per_row, scale_milli, packed, Hkv, sm: the
 //   attention launch's scalars; for a ws plan its work items, grids (sm: the GPU's SMs,
@@ -104,6 +105,13 @@ std::string run(const std::string& parser, const MapSource& a) {
         out << "bf16=" << l.bf16 << " file=" << l.kernel.file << " entry=" << l.kernel.entry
             << " f32p=" << l.params_fp32 << " summands=" << l.summands << " beta=" << l.has_beta
             << " width=" << l.width << " tpr=" << l.tpr << " rows=" << l.rows;
+    } else if (parser == "hopper_gemm") {  // FusedGemm's hopper_gemm, hopper_gemm_min_m
+        const HopperGemmLaunch l = parse_hopper_gemm(a);
+        out << "present=" << l.present;
+        if (l.present)
+            out << " file=" << l.kernel.file << " entry=" << l.kernel.entry << " bf16=" << l.bf16 << " act=" << l.act
+                << " bias=" << l.bias << " bn=" << l.bn << " bm=" << l.bm() << " stages=" << l.stages
+                << " pass=" << l.pass << " smem=" << l.smem() << " min_m=" << l.min_m;
     } else if (parser == "gemm_split") {
         const GemmSplit s = split_fused_gemm(a.i("bias"), a.s("act"), a.i("residual"), a.i("after"));
         out << "lt_epilogue=" << s.lt_epilogue << " lt_residual=" << s.lt_residual << " rest=" << s.rest.str();

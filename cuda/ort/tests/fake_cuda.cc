@@ -295,6 +295,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
                   : kinds[j] == 'L' ? value<long long>(args[j])
                   : kinds[j] == 'i' ? value<int>(args[j])
                                     : value<float>(args[j]));
+    } else if (name.rfind("stofc_gemm_ws_", 0) == 0) {  // OPS.md "FusedGemm": the Hopper GEMM, 7 arguments
+        s << "\"x_map\": " << map_value(args[0]) << ", \"w_map\": " << map_value(args[1])
+          << ", \"bias\": " << ptr_value(args[2]) << ", \"out\": " << ptr_value(args[3])
+          << ", \"M\": " << get<int>(args, 4) << ", \"N\": " << get<int>(args, 5) << ", \"K\": " << get<int>(args, 6);
     } else if (name.rfind("stofc_add_norm_", 0) == 0) {
         static const char* ptrs[] = {"x", "bias", "residual", "gamma", "beta", "out", "pre_norm"};
         for (int j = 0; j < 7; ++j) s << (j ? ", " : "") << "\"" << ptrs[j] << "\": " << ptr_value(args[j]);

@@ -1,0 +1,103 @@
+// stofc Hopper GEMM helpers: wgmma with both operands in shared memory, A K-major and
+// B MN-major (a row-major [K, N] weight read as stored), N = 128 or 256 (sm_90a only).
+//
+// Contract (read-only for every template that includes it):
+//   * Compile with -arch=sm_90a; include <stofc/wgmma.cuh> first (descriptors, fences).
+//   * Operand layouts are wgmma.cuh's 128-byte-swizzled panels: A is one panel of 64 rows
+//     by 64 k (k16 step kk at +32 kk bytes, descriptor sw128_desc(a, 16, 1024)); B is N / 64
+//     panels of 64 k rows by 64 n columns placed `lbo` bytes apart (k16 step kk at
+//     +2048 kk bytes, descriptor sw128_desc(b, lbo, 1024)).
+//   * d holds the m64nNk16 accumulator layout of wgmma.cuh; `accumulate` 0 overwrites d.
+#ifndef STOFC_GEMM_WS_CUH
+#define STOFC_GEMM_WS_CUH
+
+#include <stofc/wgmma.cuh>
+
+namespace stofc {
+
+#define STOFC_G1(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define STOFC_G8(d, o) \
+    STOFC_G1(d, o + 0), STOFC_G1(d, o + 1), STOFC_G1(d, o + 2), STOFC_G1(d, o + 3), \
+    STOFC_G1(d, o + 4), STOFC_G1(d, o + 5), STOFC_G1(d, o + 6), STOFC_G1(d, o + 7)
+#define STOFC_GD64 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define STOFC_GD128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+/// GELU, exact (erf) form, to fp32 rounding, branchless: x * Phi(x) with the upper tail
+/// erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z = |x| / sqrt 2 (Numerical Recipes'
+/// erfcc: relative error < 1.2e-7 for every z >= 0; Phi = erfc(z) / 2 below 0, 1 - that
+/// above). Two MUFU (rcp.approx, ex2.approx: ~2^-22 relative each) and ~15 FMA-pipe instructions; CUDA's erff takes two divergent branches
+/// (both run in most warps). Relative error against the erff form <= ~4e-7, and smaller
+/// than that form's in the far negative tail, where 1 + erf(x / sqrt 2) cancels.
+__device__ __forceinline__ float gelu_erf_fast(float x) {
+    const float z = fabsf(x) * 0.70710678118654752f;
+    float t;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(t) : "f"(fmaf(0.5f, z, 1.0f)));
+    float p = 0.17087277f;
+    p = fmaf(p, t, -0.82215223f);
+    p = fmaf(p, t, 1.48851587f);
+    p = fmaf(p, t, -1.13520398f);
+    p = fmaf(p, t, 0.27886807f);
+    p = fmaf(p, t, -0.18628806f);
+    p = fmaf(p, t, 0.09678418f);
+    p = fmaf(p, t, 0.37409196f);
+    p = fmaf(p, t, 1.00002368f);
+    p = fmaf(p, t, -1.26551223f);
+    const float half_erfc = 0.5f * t * exp2_fast((p - z * z) * 1.4426950408889634f);
+    return x * (x >= 0.0f ? 1.0f - half_erfc : half_erfc);
+}
+
+/// 16 bytes of shared memory at `addr` (16-byte aligned).
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+/// d (64 x N) = A (64 x 16, smem, K-major) * B (16 x N, smem, MN-major) [+ d if accumulate].
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], u64 desc_a, u64 desc_b,
+                                            int accumulate);
+
+#define STOFC_WGMMA_SS_TB(TY, NAME)                                                               \
+    template <>                                                                                   \
+    __device__ __forceinline__ void wgmma_ss_tb<TY, 128>(float (&d)[16][4], u64 desc_a,          \
+                                                         u64 desc_b, int accumulate) {            \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." NAME "." NAME " " STOFC_GD64  \
+                     ", %64, %65, p, 1, 1, 0, 1;\n}\n"                                            \
+                     : STOFC_G8(d, 0), STOFC_G8(d, 8)                                             \
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                \
+    }                                                                                             \
+    template <>                                                                                   \
+    __device__ __forceinline__ void wgmma_ss_tb<TY, 256>(float (&d)[32][4], u64 desc_a,          \
+                                                         u64 desc_b, int accumulate) {            \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                \
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." NAME "." NAME " " STOFC_GD128 \
+                     ", %128, %129, p, 1, 1, 0, 1;\n}\n"                                          \
+                     : STOFC_G8(d, 0), STOFC_G8(d, 8), STOFC_G8(d, 16), STOFC_G8(d, 24)          \
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                \
+    }
+STOFC_WGMMA_SS_TB(__half, "f16")
+STOFC_WGMMA_SS_TB(__nv_bfloat16, "bf16")
+#undef STOFC_WGMMA_SS_TB
+#undef STOFC_G1
+#undef STOFC_G8
+#undef STOFC_GD64
+#undef STOFC_GD128
+
+}  // namespace stofc
+
+#endif  // STOFC_GEMM_WS_CUH
