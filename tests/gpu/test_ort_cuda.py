@@ -315,6 +315,44 @@ def test_fused_gemm_cuda_matches_cpu_twin(tmp_path, lib, arch, act, has_bias, ha
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2, err_msg=f"B={B} S={S}")
 
 
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_fused_gemm_hopper_gemm_matches_cpu_twin(tmp_path, lib, hopper, has_bias):
+    """FusedGemm with hopper_gemm (OPS.md): runs of >= hopper_gemm_min_m rows take the one-pass
+    Hopper GEMM (their outputs differ in bits from the cuBLASLt path's, which rounds the GEMM
+    result before the GELU), shorter ones cuBLASLt; both match the CPU twin."""
+    from stofc.kernels.gemm_ws import GemmWsProblem, gemm_ws_kernel
+
+    rng = np.random.default_rng(5)
+    ep = split_fused_gemm(has_bias, "gelu_erf", False).rest
+    kern = epilogue_kernel(ep, N, "float16")
+    attrs = launch_attributes(kern, ep, write_kernel(tmp_path, render_kernel(kern, (hopper,)).source,
+                                                     hopper))
+    gk = gemm_ws_kernel(GemmWsProblem("float16", "gelu_erf", has_bias))
+    rel = f"kernels/{gk.name}.sm_90.cubin"
+    (tmp_path / rel).write_bytes(compile_source(render_kernel(gk, (hopper,)).source, "sm_90a").binary)
+    inits = [numpy_helper.from_array(fp16(rng, K, N, scale=K ** -0.5), "w")]
+    if has_bias:
+        inits.append(numpy_helper.from_array(fp16(rng, N), "b"))
+    names = ["x", "w", "b"] if has_bias else ["x", "w"]
+    inputs = [helper.make_tensor_value_info("x", F16, ["B", "S", K])]
+    outputs = [helper.make_tensor_value_info("y", F16, ["B", "S", N])]
+    runs = {}
+    for min_m in (100, 1 << 30):     # the Hopper GEMM from 100 rows, and never
+        node = helper.make_node("FusedGemm", names, ["y"], domain="ai.stofc", activation="gelu_erf",
+                                hopper_gemm=f"{rel}:{gk.name}", hopper_gemm_min_m=min_m, **attrs)
+        cuda, cpu = sessions(make_model(node, inputs, outputs, inits), tmp_path, lib)
+        for B, S in ((1, 1), (2, 77), (4, 256), (3, 1000)):
+            feeds = {"x": fp16(np.random.default_rng(B * S), B, S, K)}
+            got = cuda.run(None, feeds)[0]
+            want = cpu.run(None, feeds)[0].astype(np.float32)
+            np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2,
+                                       err_msg=f"min_m={min_m} B={B} S={S}")
+            runs[(min_m, B * S)] = got
+    for m in (154, 1024, 3000):
+        assert not np.array_equal(runs[(100, m)], runs[(1 << 30, m)]), m   # another kernel ran
+    assert np.array_equal(runs[(100, 1)], runs[(1 << 30, 1)])            # cuBLASLt both times
+
+
 @pytest.mark.parametrize("has_res,rms,has_beta,has_sum", [
     c for c in itertools.product((False, True), repeat=4) if not (c[1] and c[2])])
 def test_add_layer_norm_cuda_matches_cpu_twin(tmp_path, lib, arch, has_res, rms, has_beta,
