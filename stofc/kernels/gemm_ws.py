@@ -20,7 +20,12 @@ MN-major (no transpose pass), persistent over the output tiles.
   cooperative 128 x 256 with four stages ran 79.5 us at (8192, 768, 3072) + GELU against
   84.0 with three stages, 91.8 for 128 x 128 and 109.9 for ping-pong 64 x 256, whose
   per-warpgroup tiles read w twice as often from L2 (the bound there: ~9-11 TB/s of L2
-  reads). Four stages of 48 KB leave room for 64 staged columns per pass, not 128.
+  reads). Four stages of 48 KB leave room for 64 staged columns per pass, not 128. Tried
+  and not kept: 128 x 128 per warpgroup (ping-pong), which matched cuBLASLt without an
+  activation (609 TF/s) but ran 88-89 us with the GELU: its epilogue (~20 instructions per
+  element, one warp per scheduler) outlasts the other warpgroup's mainloop
+  (gemm-ws-wm-tried-h100-2026-11-27.jsonl); the erf GELU is the epilogue's cost (the same
+  kernel without it: 66.5-67.0 us).
 * :func:`render_gemm_ws`: the kernel's source for a problem and config.
 * :func:`gemm_ws_grid`: the persistent grid (one block per SM at most).
 * :func:`twin_choice`: whether a package's FusedGemm node gets the kernel, and from how many
