@@ -153,7 +153,7 @@ struct FusedGemmCuda {
             throw OpError("kernel " + hopper.kernel.entry + " (attribute hopper_gemm) is compiled for " +
                           (hopper.bf16 ? "bfloat16" : "float16") + (hopper.bias ? " with" : " without") +
                           " a bias and no residual, which is not this node's inputs; rewrite the package");
-        if (M > 0x7fffffffLL || N % 8 || K % 8) return false;
+        if (M > 0x7fffffffLL || N % 8 || K % 8 || N < 64 || K < 64) return false;  // twin_choice's shapes
         return aligned16(x.value.GetTensorRawData()) && aligned16(w.value.GetTensorRawData()) && aligned16(y) &&
                (!bias.present() || aligned16(bias.value.GetTensorRawData()));
     }

@@ -165,10 +165,11 @@ def twin_choice(*, arch: str, dtype: str, act: str, has_bias: bool, has_residual
     """The problem of the kernel a FusedGemm node's CUDA twin launches for runs of
     :data:`MIN_ROWS` rows or more, or None when the node keeps cuBLASLt and the epilogue
     kernel at every M: not an sm_90 package, an activation cuBLASLt folds, a residual (the
-    kernel has none), a float32 output, K above :data:`MAX_K` or K, N not multiples of 8."""
+    kernel has none), a float32 output, K above :data:`MAX_K`, K or N below one 64-wide TMA
+    box (the GPU tests' smallest) or not multiples of 8."""
     if arch != "sm_90" or dtype not in _CTYPES or act not in TWIN_ACTS or has_residual:
         return None
-    if fp32_out or k > MAX_K or k <= 0 or k % 8 or n <= 0 or n % 8:
+    if fp32_out or not 64 <= k <= MAX_K or k % 8 or n < 64 or n % 8:
         return None
     return GemmWsProblem(dtype, act, has_bias)
 

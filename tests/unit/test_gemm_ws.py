@@ -128,6 +128,7 @@ def test_twin_choice_takes_only_what_the_kernel_wins_and_computes():
     assert twin_choice(**base | {"k": MAX_K}) is not None
     for change in ({"arch": "sm_80"}, {"arch": "sm_89"}, {"act": "gelu_tanh"}, {"act": "none"},
                    {"has_residual": True}, {"fp32_out": True}, {"k": MAX_K + 8}, {"k": 100},
+                   {"k": 56}, {"n": 56},
                    {"n": 3071}, {"dtype": "float32"}):
         assert twin_choice(**base | change) is None, change
 

@@ -22,9 +22,9 @@ import pytest
 
 from stofc.codegen import Source
 from stofc.kernels import embed_norm as embed_family
-from stofc.kernels import gemm_ws as gemm_ws_family
 from stofc.kernels import gemm as gemm_family
 from stofc.kernels import gemm_gemm as gg_family
+from stofc.kernels import gemm_ws as gemm_ws_family
 from stofc.kernels import glu as glu_family
 from stofc.kernels import norm as norm_family
 from stofc.kernels import rotary as rotary_family
