@@ -269,14 +269,7 @@ struct SparseAttentionCuda {
             };
             prepare(base);
             for (auto& v : variants) prepare(v);
-            const Driver& drv = driver();
-            ScopedContext scope(drv, ctx);
-            CUdevice dev = 0;
-            int sms = 0;
-            drv.check(drv.CtxGetDevice(&dev), "cuCtxGetDevice");
-            drv.check(drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-                      "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
-            at = prepared.insert(prepared.end(), {ctx, sms});
+            at = prepared.insert(prepared.end(), {ctx, multiprocessor_count(ctx)});
         }
         return {unit.module->function(ctx, stream, static_cast<int>(unit.launch.smem_bytes)),
                 device_plan(*unit.slot, ctx, stream), at->second};

@@ -132,15 +132,8 @@ struct FusedGemmCuda {
     int sm_count(CUcontext ctx) {
         for (const auto& e : sm_counts)
             if (e.first == ctx) return e.second;
-        const Driver& drv = driver();
-        ScopedContext scope(drv, ctx);
-        CUdevice dev = 0;
-        int sms = 0;
-        drv.check(drv.CtxGetDevice(&dev), "cuCtxGetDevice");
-        drv.check(drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-                  "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
-        sm_counts.emplace_back(ctx, sms);
-        return sms;
+        sm_counts.emplace_back(ctx, multiprocessor_count(ctx));
+        return sm_counts.back().second;
     }
 
     /// Whether this run takes the Hopper GEMM: enough rows, a 16-bit output, aligned

@@ -86,6 +86,17 @@ void require_not_capturing(CUstream stream, const char* what) {
                       ORT_FAIL);
 }
 
+int multiprocessor_count(CUcontext ctx) {
+    const Driver& drv = driver();
+    ScopedContext scope(drv, ctx);
+    CUdevice dev = 0;
+    int sms = 0;
+    drv.check(drv.CtxGetDevice(&dev), "cuCtxGetDevice");
+    drv.check(drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+              "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+    return sms;
+}
+
 OrtAllocator* ScratchAllocator::get(const Ort::KernelContext& ctx, int device_id) {
     std::lock_guard<std::mutex> lock(mu_);
     if (alloc_ && device_ == device_id) return alloc_;

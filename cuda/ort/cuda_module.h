@@ -66,6 +66,9 @@ std::unique_ptr<CudaModule> load_package_module(const std::string& package_dir, 
 /// must happen in an ordinary run first.
 void require_not_capturing(CUstream stream, const char* what);
 
+/// The SM count of `ctx`'s device (a driver query: callers keep it per context).
+int multiprocessor_count(CUcontext ctx);
+
 /// A kernel's handle on ORT's device allocator, asked of the kernel context once and kept
 /// with the kernel (KernelContext::GetAllocator wraps the session's allocator in a new
 /// host object at every call; the session's allocator outlives its kernels), so a run's

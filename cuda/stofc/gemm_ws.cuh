@@ -2,7 +2,8 @@
 // B MN-major (a row-major [K, N] weight read as stored), N = 128 or 256 (sm_90a only).
 //
 // Contract (read-only for every template that includes it):
-//   * Compile with -arch=sm_90a; include <stofc/wgmma.cuh> first (descriptors, fences).
+//   * Compile with -arch=sm_90a; wgmma.cuh (included here) gives the descriptors, fences and
+//     the accumulator operand-list macros.
 //   * Operand layouts are wgmma.cuh's 128-byte-swizzled panels: A is one panel of 64 rows
 //     by 64 k (k16 step kk at +32 kk bytes, descriptor sw128_desc(a, 16, 1024)); B is N / 64
 //     panels of 64 k rows by 64 n columns placed `lbo` bytes apart (k16 step kk at
@@ -14,25 +15,6 @@
 #include <stofc/wgmma.cuh>
 
 namespace stofc {
-
-#define STOFC_G1(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
-#define STOFC_G8(d, o) \
-    STOFC_G1(d, o + 0), STOFC_G1(d, o + 1), STOFC_G1(d, o + 2), STOFC_G1(d, o + 3), \
-    STOFC_G1(d, o + 4), STOFC_G1(d, o + 5), STOFC_G1(d, o + 6), STOFC_G1(d, o + 7)
-#define STOFC_GD64 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define STOFC_GD128 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 /// GELU, exact (erf) form, to fp32 rounding, branchless: x * Phi(x) with the upper tail
 /// erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z = |x| / sqrt 2 (Numerical Recipes'
@@ -76,27 +58,24 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 8][4], u64 desc_a, u6
     __device__ __forceinline__ void wgmma_ss_tb<TY, 128>(float (&d)[16][4], u64 desc_a,          \
                                                          u64 desc_b, int accumulate) {            \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." NAME "." NAME " " STOFC_GD64  \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." NAME "." NAME " " STOFC_D64  \
                      ", %64, %65, p, 1, 1, 0, 1;\n}\n"                                            \
-                     : STOFC_G8(d, 0), STOFC_G8(d, 8)                                             \
+                     : STOFC_ACC8_AT(d, 0), STOFC_ACC8_AT(d, 8)                                   \
                      : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                \
     }                                                                                             \
     template <>                                                                                   \
     __device__ __forceinline__ void wgmma_ss_tb<TY, 256>(float (&d)[32][4], u64 desc_a,          \
                                                          u64 desc_b, int accumulate) {            \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                \
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." NAME "." NAME " " STOFC_GD128 \
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." NAME "." NAME " " STOFC_D128 \
                      ", %128, %129, p, 1, 1, 0, 1;\n}\n"                                          \
-                     : STOFC_G8(d, 0), STOFC_G8(d, 8), STOFC_G8(d, 16), STOFC_G8(d, 24)          \
+                     : STOFC_ACC8_AT(d, 0), STOFC_ACC8_AT(d, 8), STOFC_ACC8_AT(d, 16),           \
+                       STOFC_ACC8_AT(d, 24)                                                      \
                      : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                \
     }
 STOFC_WGMMA_SS_TB(__half, "f16")
 STOFC_WGMMA_SS_TB(__nv_bfloat16, "bf16")
 #undef STOFC_WGMMA_SS_TB
-#undef STOFC_G1
-#undef STOFC_G8
-#undef STOFC_GD64
-#undef STOFC_GD128
 
 }  // namespace stofc
 

@@ -286,13 +286,11 @@ __device__ __forceinline__ void wgmma_rs_tb<__nv_bfloat16, 256>(float (&d)[32][4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
-#undef STOFC_ACC1
-#undef STOFC_ACC8_AT
-#undef STOFC_D128
+// STOFC_ACC1, STOFC_ACC8_AT, STOFC_D64 and STOFC_D128 stay defined: gemm_ws.cuh's wgmma
+// forms take the same operand lists.
 #undef STOFC_ACC8
 #undef STOFC_ACC8_HI
 #undef STOFC_D32
-#undef STOFC_D64
 
 }  // namespace stofc
 
