@@ -151,10 +151,9 @@ struct FusedGemmCuda {
                (!bias.present() || aligned16(bias.value.GetTensorRawData()));
     }
 
-    void launch_hopper(CUcontext ctx, CUstream stream, bool bf16, int64_t M, int64_t N, int64_t K, const void* x,
-                       const void* w, const void* bias, void* y) {
+    void launch_hopper(CUfunction fn, CUcontext ctx, CUstream stream, bool bf16, int64_t M, int64_t N, int64_t K,
+                       const void* x, const void* w, const void* bias, void* y) {
         const Driver& drv = driver();
-        CUfunction fn = hopper_module->function(ctx, stream, static_cast<int>(hopper.smem()));
         const int sms = sm_count(ctx);
         abi::map xm = maps.get(drv, bf16, x, matrix_map(M, K));
         abi::map wm = maps.get(drv, bf16, w, matrix_map(K, N));
@@ -191,12 +190,16 @@ struct FusedGemmCuda {
 
         auto stream = static_cast<CUstream>(ctx.GetGPUComputeStream());
         const CUcontext cuctx = streams.of(stream);
+        // both modules at every run, so the first run (whatever its M) loads them outside any
+        // CUDA graph capture, as the attention twin prepares all its variants
         CUfunction fn = module ? module->function(cuctx, stream) : nullptr;
+        CUfunction hopper_fn =
+            hopper_module ? hopper_module->function(cuctx, stream, static_cast<int>(hopper.smem())) : nullptr;
         std::lock_guard<std::mutex> lock(mu);  // descriptors are shared by this node's runs
         const void* bias_ptr = bias.present() ? bias.value.GetTensorRawData() : nullptr;
         if (use_hopper(M, N, K, bf16, f32_out, x, w, bias, res, out.GetTensorMutableRawData())) {
-            launch_hopper(cuctx, stream, bf16, M, N, K, x.value.GetTensorRawData(), w.value.GetTensorRawData(),
-                          bias_ptr, out.GetTensorMutableRawData());
+            launch_hopper(hopper_fn, cuctx, stream, bf16, M, N, K, x.value.GetTensorRawData(),
+                          w.value.GetTensorRawData(), bias_ptr, out.GetTensorMutableRawData());
             return;
         }
         const LtBound plan = lt.bind(cuctx, stream, M, N, K, dtype, f32_out ? kCudaR32F : dtype, split.lt_epilogue,

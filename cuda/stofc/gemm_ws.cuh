@@ -16,12 +16,13 @@
 
 namespace stofc {
 
-/// GELU, exact (erf) form, to fp32 rounding, branchless: x * Phi(x) with the upper tail
-/// erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z = |x| / sqrt 2 (Numerical Recipes'
-/// erfcc: relative error < 1.2e-7 for every z >= 0; Phi = erfc(z) / 2 below 0, 1 - that
-/// above). Two MUFU (rcp.approx, ex2.approx: ~2^-22 relative each) and ~15 FMA-pipe instructions; CUDA's erff takes two divergent branches
-/// (both run in most warps). Relative error against the erff form <= ~4e-7, and smaller
-/// than that form's in the far negative tail, where 1 + erf(x / sqrt 2) cancels.
+/// GELU, exact (erf) form, branchless: x * Phi(x) with the upper tail erfc(z) = t exp(-z^2 +
+/// P(t)), t = 1 / (1 + z / 2), z = |x| / sqrt 2 (Numerical Recipes' erfcc, relative error <
+/// 1.2e-7 for every z >= 0; Phi = erfc(z) / 2 below 0, 1 - that above). Two MUFU (rcp.approx,
+/// ex2.approx) and ~15 FMA-pipe instructions. Against float64 GELU (the same operations in
+/// numpy float32, 2001 points in [-12, 12]): relative error <= 1.0e-6 on [-3, inf), <= 1.3e-5 in
+/// the far negative tail, where the float32 0.5 x (1 + erf(x / sqrt 2)) form loses every digit.
+/// Measured on the H100 as fast as CUDA's erff in the GEMM epilogue (gemm-ws-h100-2026-11-27).
 __device__ __forceinline__ float gelu_erf_fast(float x) {
     const float z = fabsf(x) * 0.70710678118654752f;
     float t;

@@ -9,7 +9,8 @@ writes on sm_90 packages, :func:`stofc.kernels.gemm_ws.twin_choice`):
   (:meth:`GemmWsConfig.smem_bytes`), the run's x / w / y / bias pointers, (M, N, K), and the
   x and w tensor maps stofc/runtime/gemm_ws.py encodes (64 x 64 boxes over ``[M, K]`` and
   ``[K, N]``, 128-byte swizzle); the maps are encoded once per buffer;
-* a shorter run takes cuBLASLt and the epilogue kernel, as without the attributes;
+* a shorter run takes cuBLASLt and the epilogue kernel, as without the attributes; the first
+  run loads both kernels' modules whatever its rows (nothing left for a captured run);
 * a kernel for the other dtype, or a node with a residual, fails the run in one line; a
   malformed entry name or a missing ``hopper_gemm_min_m`` fails session creation.
 The attribute parser itself is checked through the attribute test binary.
@@ -114,6 +115,19 @@ def test_long_runs_launch_the_hopper_gemm_and_short_runs_cublaslt(fake, tmp_path
             assert mp["dtype"] == (9 if dtype == "bfloat16" else 6)
     # x's map per (address, M), w's once: the repeated 300-row run reuses both
     assert len({(r["map"]["address"], tuple(r["map"]["dims"])) for r in maps_made}) == len(maps_made)
+
+
+def test_the_first_run_loads_both_modules_whatever_its_rows(fake, tmp_path):
+    """A short first run (cuBLASLt) loads the Hopper GEMM's module too, so a later long run,
+    e.g. one being captured into a CUDA graph, does no first-use work."""
+    code, out, records = run(fake, tmp_path, _model(tmp_path), [_feeds(MIN_M - 1), _feeds(300)])
+    assert code == 0, out
+    second = records.index({"call": "run", "index": 1})
+    first, later = records[:second], records[second:]
+    assert [r["call"] for r in first].count("module_load") == 2      # epilogue + Hopper GEMM
+    assert not [r for r in later if r["call"] == "module_load"]
+    assert [r["fn"] for r in later if r["call"] == "launch"] == [
+        entry_name(GemmWsProblem("float16", "gelu_erf", True), DEFAULT)]
 
 
 def test_the_config_in_the_name_sets_grid_and_shared_memory(fake, tmp_path):
