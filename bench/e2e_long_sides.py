@@ -365,4 +365,5 @@ def _split_row(split: dict) -> dict:
     parts = split["split_ms"]
     return dict(attention_ms=parts["attention"], gemm_ms=parts["gemm"], other_ms=parts["other"],
                 gpu_busy_ms=split["gpu_busy_ms"], wall_ms=split["wall_ms"],
-                kernels_per_run=split["kernels_per_run"], top=split["top"][:12])
+                kernels_per_run=split["kernels_per_run"], top=split["top"][:12],
+                timeline=split.get("timeline"))

@@ -242,11 +242,18 @@ def profile_table(rows: list[dict]) -> list[str]:
         return []
     lines = ["## Where the GPU time goes (CUPTI through torch.profiler, ms per run)", ""]
     lines += _header(["model", "mask", "B", "L", "side", "attention", "GEMMs", "rest",
-                      "GPU busy", "wall"])
+                      "GPU busy", "idle: host / device", "wall"])
     for r in prof:
+        tl = r.get("timeline") or {}
+        idle = (f"{_fmt(tl['host_gap'])} / {_fmt(tl['device_gap'])}" if "host_gap" in tl
+                else "-")
         lines.append(f"| {r['model']} | {r.get('mask') or '-'} | {r['B']} | {r['S']} | "
                      f"{r['impl']} | {_fmt(r['attention_ms'])} | {_fmt(r['gemm_ms'])} | "
-                     f"{_fmt(r['other_ms'])} | {_fmt(r['gpu_busy_ms'])} | {_fmt(r['wall_ms'])} |")
+                     f"{_fmt(r['other_ms'])} | {_fmt(r['gpu_busy_ms'])} | {idle} | "
+                     f"{_fmt(r['wall_ms'])} |")
+    lines += ["", "idle: the gaps between a run's GPU activities, 'host' where the next launch "
+              "call ended after the GPU went idle (the GPU waited for the host), 'device' "
+              "where it was queued (the GPU's own turnaround)."]
     return [*lines, ""]
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +43,71 @@ def classify(name: str) -> str:
     if ATTENTION.search(name):
         return "attention"
     return "gemm" if GEMM.search(name) else "other"
+
+
+GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def timeline(events: list[dict], runs: int, top: int = 8, head_n: int = 16) -> dict:
+    """Where a run's wall time goes between GPU activities, from a chrome trace's events.
+
+    Contract: ``events`` are torch.profiler chrome-trace events of ``runs`` identical runs
+    on one stream; GPU activities (``GPU_CATS``) link to their launch call (``LAUNCH_CATS``)
+    through ``args.correlation``. Each gap between two consecutive activities of a run is
+    ``host`` when the next one's launch call ended after the previous activity ended (the GPU
+    waited for the host) and ``device`` otherwise (the launch was queued: the gap is the
+    GPU's own turnaround). Returns, per run in ms: ``span`` (first start to last end),
+    ``idle`` (span minus busy), ``host_gap`` and ``device_gap`` (idle split that way),
+    ``lead`` (first launch call to first activity: host work before the GPU starts), the
+    gap count, the ``top`` (previous, next) name pairs by idle time per run, and ``head``:
+    the first ``head_n`` activities of the first run (name, gap before it, and
+    ``queued``: how long before it started its launch call had ended, negative if after).
+    """
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATS and "dur" in e),
+                 key=lambda e: e["ts"])
+    launch = {e["args"]["correlation"]: e for e in events
+              if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    if not gpu or len(gpu) % runs:
+        return {"error": f"{len(gpu)} GPU activities for {runs} runs"}
+    per = len(gpu) // runs
+
+    def call_end(act: dict) -> float | None:
+        call = launch.get(act.get("args", {}).get("correlation"))
+        return None if call is None else call["ts"] + call.get("dur", 0)
+
+    head = []
+    for i, act in enumerate(gpu[:min(head_n, per)]):
+        gap = act["ts"] - (gpu[i - 1]["ts"] + gpu[i - 1]["dur"]) if i else 0.0
+        done = call_end(act)
+        head.append(dict(name=act["name"][:60], gap_us=round(gap, 1),
+                         queued_us=None if done is None else round(act["ts"] - done, 1)))
+    totals = collections.Counter()
+    pairs: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for r in range(runs):
+        chunk = gpu[r * per:(r + 1) * per]
+        first_call = launch.get(chunk[0].get("args", {}).get("correlation"))
+        if first_call is not None:
+            totals["lead"] += chunk[0]["ts"] - first_call["ts"]
+        totals["span"] += chunk[-1]["ts"] + chunk[-1]["dur"] - chunk[0]["ts"]
+        end = chunk[0]["ts"] + chunk[0]["dur"]
+        for prev, nxt in itertools.pairwise(chunk):
+            gap = nxt["ts"] - end
+            end = max(end, nxt["ts"] + nxt["dur"])
+            if gap <= 0:
+                continue
+            done = call_end(nxt)
+            host = done is not None and done > prev["ts"] + prev["dur"]
+            totals["host_gap" if host else "device_gap"] += gap
+            totals["gaps"] += 1
+            pairs[(prev["name"][:60], nxt["name"][:60])] += gap
+    out = {k: round(totals[k] / runs / 1e3, 4) for k in ("span", "host_gap", "device_gap", "lead")}
+    out["idle"] = round(out["host_gap"] + out["device_gap"], 4)
+    out["gaps"] = round(totals["gaps"] / runs, 1)
+    out["top"] = [dict(prev=a, next=b, us=round(v / runs, 1))
+                  for (a, b), v in sorted(pairs.items(), key=lambda kv: -kv[1])[:top]]
+    out["head"] = head
+    return out
 
 
 def kernel_breakdown(run, runs: int = 5) -> dict:
@@ -73,6 +140,12 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
             continue
         busy += e - max(s, end)
         end = e
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            prof.export_chrome_trace(f"{tmp}/trace.json")
+            gaps = timeline(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"], runs)
+    except Exception as err:  # the split above stands without the timeline
+        gaps = {"error": str(err)[:200]}
     top = [dict(name=n, us=round(v, 1), n=round(count[n], 1), kind=classify(n))
            for n, v in sorted(per.items(), key=lambda kv: -kv[1])[:25]]
     split = {"attention": 0.0, "gemm": 0.0, "other": 0.0}
@@ -80,7 +153,7 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
         split[classify(n)] += v / 1e3
     return dict(wall_ms=round(wall, 3), gpu_busy_ms=round(busy / runs / 1e3, 3),
                 kernels_per_run=round(sum(count.values()), 1),
-                gpu_sum_ms=round(sum(per.values()) / 1e3, 3), top=top,
+                gpu_sum_ms=round(sum(per.values()) / 1e3, 3), top=top, timeline=gaps,
                 split_ms={k: round(v, 3) for k, v in split.items()})
 
 

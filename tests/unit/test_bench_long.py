@@ -176,6 +176,31 @@ def test_classify_kernel_names():
     assert classify("triton_per_fused_add_native_layer_norm_3") == "other"
 
 
+def test_timeline_splits_idle_into_host_and_device_gaps():
+    """Two runs of three activities: a queued launch leaves a 2 us device gap, a launch
+    that ends after the GPU went idle leaves an 8 us host gap; the memset counts as GPU."""
+    from profile_e2e import timeline
+
+    events = []
+    for r, base in enumerate((0, 100)):
+        acts = [("k1", "kernel", 0, 10, -5, 1), ("memset", "gpu_memset", 12, 10, -3, 1),
+                ("k3", "kernel", 30, 5, 27, 2)]
+        for i, (name, cat, ts, dur, call_ts, call_dur) in enumerate(acts):
+            corr = 10 * r + i
+            events.append(dict(cat=cat, name=name, ts=base + ts, dur=dur,
+                               args=dict(correlation=corr)))
+            events.append(dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=base + call_ts,
+                               dur=call_dur, args=dict(correlation=corr)))
+    events.append(dict(cat="cpu_op", name="aten::empty", ts=1, dur=1, args={}))
+    out = timeline(events, runs=2)
+    assert out["span"] == 0.035 and out["gaps"] == 2.0
+    assert out["device_gap"] == 0.002 and out["host_gap"] == 0.008 and out["idle"] == 0.01
+    assert out["lead"] == 0.005
+    assert out["top"][0] == dict(prev="memset", next="k3", us=8.0)
+    assert [h["gap_us"] for h in out["head"]] == [0.0, 2.0, 8.0]
+    assert [h["queued_us"] for h in out["head"]] == [4.0, 14.0, 1.0]
+    assert timeline(events[:-3], runs=2)["error"].startswith("5 GPU activities")
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
