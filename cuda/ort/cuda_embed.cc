@@ -9,7 +9,8 @@
 // against what the kernel is compiled for. Ids are device data, so an id outside [-V, V) cannot
 // fail the run here: the kernel writes NaN for that token's row instead (the CPU twin fails the
 // run). The present summands go into the kernel's slots 0..K-1 in input order; the other
-// slots' pointers are any valid pointer (not read).
+// slots' pointers are any valid pointer (not read). A table without its ids (rows by
+// position) gets a null ids pointer and strides 0, 1: the kernel reads row s.
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -65,7 +66,7 @@ struct EmbedLayerNormCuda {
         int ids32 = 0;
         for (int k = 0; k < kEmbedMaxSummands; ++k) {
             const int at = k < c.summands ? k : 0;  // slots past the summands: not read
-            ids_ptr[k] = ids[c.slot[at]].value.GetTensorRawData();
+            ids_ptr[k] = c.positions[at] ? nullptr : ids[c.slot[at]].value.GetTensorRawData();  // null: positions
             table_ptr[k] = tables[c.slot[at]].value.GetTensorRawData();
             if (k >= c.summands) continue;
             sb[k] = c.sb[k], ss[k] = c.ss[k], V[k] = c.V[k];

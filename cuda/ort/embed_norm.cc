@@ -2,7 +2,7 @@
 //
 // EmbedLayerNorm(ids_0, table_0, ids_1?, table_1?, ids_2?, table_2?, gamma, beta?) -> y (OPS.md,
 // "EmbedLayerNorm"): y[b, s] = LayerNorm(sum_i table_i[ids_i[b, s]]) over the last axis, the
-// ids broadcast to [B, S]. The CPU twin forms the sum in float in input order and the statistics
+// ids broadcast to [B, S]; table 1 or 2 without its ids is gathered by position s. The CPU twin forms the sum in float in input order and the statistics
 // in double (as AddLayerNorm's), rounding y once; an id outside [-V, V) fails the run before
 // anything is written. The CUDA twin (cuda_embed.cc) launches norm/embed_norm.cu.j2, which
 // writes NaN for that token's row instead (ids are device data there).
@@ -41,10 +41,10 @@ EmbedCall check_embed_layer_norm(ONNXTensorElementDataType t, const Input (&ids)
     std::string first_ids;  // for messages: the shapes seen so far
     for (int i = 0; i < kEmbedMaxSummands; ++i) {
         const Input &id = ids[i], &table = tables[i];
-        if (id.present() != table.present())
-            throw OpError("input " + indexed(id.present() ? "table" : "ids", i) + " is omitted but " +
-                          indexed(id.present() ? "ids" : "table", i) + " is given; give both or neither");
-        if (!id.present()) continue;
+        if (id.present() && !table.present())
+            throw OpError("input " + indexed("table", i) + " is omitted but " + indexed("ids", i) +
+                          " is given; give both, neither, or the table alone (rows by position)");
+        if (!table.present()) continue;
         if (table.type != t)
             throw OpError("input " + indexed("table", i) + " is " + type_name(table.type) + " but table_0 is " +
                           type_name(t) + "; give every table in one type");
@@ -52,6 +52,14 @@ EmbedCall check_embed_layer_norm(ONNXTensorElementDataType t, const Input (&ids)
             throw OpError("input " + indexed("table", i) + " has shape " + shape_str(table.shape) +
                           (c.summands > 0 ? ", expected [V, " + std::to_string(c.C) + "] (table_0's width)"
                                           : ", expected [V, C]"));
+        if (!id.present()) {  // pairs 1 and 2 only (ids_0 is required): rows by sequence position
+            const int k = c.summands++;
+            c.C = table.shape[1];
+            c.slot[k] = i;
+            c.V[k] = table.shape[0];
+            c.positions[k] = true;
+            continue;
+        }
         if (id.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 && id.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)
             throw OpError("input " + indexed("ids", i) + " is " + type_name(id.type) + "; it must be int64 or int32");
         if (id.shape.size() != 2 || !broadcast(B, id.shape[0]) || !broadcast(S, id.shape[1]))
@@ -67,6 +75,10 @@ EmbedCall check_embed_layer_norm(ONNXTensorElementDataType t, const Input (&ids)
     }
     c.B = B, c.S = S;
     for (int k = 0; k < c.summands; ++k) {
+        if (c.positions[k]) {
+            c.sb[k] = 0, c.ss[k] = 1;
+            continue;
+        }
         const std::vector<int64_t>& s = ids[c.slot[k]].shape;
         c.sb[k] = s[0] > 1 ? s[1] : 0;
         c.ss[k] = s[1] > 1 ? 1 : 0;
@@ -105,8 +117,14 @@ OrtStatusPtr EmbedLayerNormCpu<T>::ComputeV2(OrtKernelContext* context) {
             for (int64_t b = 0; b < c.B; ++b)
                 for (int64_t s = 0; s < c.S; ++s) {
                     const int64_t at = b * c.sb[k] + s * c.ss[k];
-                    const int64_t raw = c.ids32[k] ? id.data<int32_t>()[at] : id.data<int64_t>()[at];
+                    const int64_t raw = c.positions[k] ? at
+                                        : c.ids32[k] ? id.data<int32_t>()[at] : id.data<int64_t>()[at];
                     const int64_t r = embed_table_row(raw, c.V[k]);
+                    if (r < 0 && c.positions[k])
+                        throw OpError("the sequence has " + std::to_string(c.S) + " tokens but " +
+                                      indexed("table", c.slot[k]) + " (rows by position, no " +
+                                      indexed("ids", c.slot[k]) + ") has " + std::to_string(c.V[k]) +
+                                      " rows; run sequences of at most " + std::to_string(c.V[k]) + " tokens");
                     if (r < 0)
                         throw OpError("input " + indexed("ids", c.slot[k]) + " holds " + std::to_string(raw) +
                                       " for token (" + std::to_string(b) + ", " + std::to_string(s) +

@@ -197,7 +197,9 @@ constexpr int kEmbedMaxSummands = 3;
 /// The checked geometry of one EmbedLayerNorm call (both twins). The summands are the
 /// present (ids_i, table_i) pairs, in input order: summand k is pair slot[k]. Ids are
 /// [B or 1, S or 1] (broadcast to [B, S]; sb / ss: the element strides of batch and
-/// sequence, 0 = broadcast), int64 or int32 (ids32); table k has V[k] rows of C.
+/// sequence, 0 = broadcast), int64 or int32 (ids32); table k has V[k] rows of C. A table
+/// given without its ids (pairs 1 and 2 only) is gathered by sequence position: positions[k],
+/// sb 0, ss 1 (the position is the row).
 struct EmbedCall {
     int64_t B = 0, S = 0, C = 0;
     int summands = 0;
@@ -205,13 +207,14 @@ struct EmbedCall {
     int64_t sb[kEmbedMaxSummands] = {0, 0, 0}, ss[kEmbedMaxSummands] = {0, 0, 0};
     int64_t V[kEmbedMaxSummands] = {0, 0, 0};
     bool ids32[kEmbedMaxSummands] = {false, false, false};
+    bool positions[kEmbedMaxSummands] = {false, false, false};
     std::vector<int64_t> out_shape() const { return {B, S, C}; }
 };
 
 /// Validates EmbedLayerNorm's inputs for tables of element type `t` (OPS.md): ids_0 and
-/// table_0 given, each pair both or neither, ids int64 / int32 of rank 2 broadcasting to
-/// [B, S], tables [V_i, C] in t, gamma [C] in t or float, beta [C] in gamma's type. Throws
-/// OpError naming the input.
+/// table_0 given, no ids without its table (a table without its ids: positions), ids int64 /
+/// int32 of rank 2 broadcasting to [B, S], tables [V_i, C] in t, gamma [C] in t or float,
+/// beta [C] in gamma's type. Throws OpError naming the input.
 EmbedCall check_embed_layer_norm(ONNXTensorElementDataType t, const Input (&ids)[kEmbedMaxSummands],
                                  const Input (&tables)[kEmbedMaxSummands], const Input& gamma, const Input& beta);
 

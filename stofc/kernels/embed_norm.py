@@ -197,30 +197,33 @@ class EmbedNormLaunch:
         return dict(self.scalars)[name]
 
 
-def broadcast_ids(shapes: Sequence[tuple[int, ...]]) -> tuple[int, int]:
-    """``(B, S)`` of ids of ``shapes`` (each ``[B or 1, S or 1]``), ValueError otherwise."""
-    if not shapes or any(len(s) != 2 for s in shapes):
-        raise ValueError(f"ids of shapes {[list(s) for s in shapes]} are not all [B, S]")
+def broadcast_ids(shapes: Sequence[tuple[int, ...] | None]) -> tuple[int, int]:
+    """``(B, S)`` of ids of ``shapes`` (each ``[B or 1, S or 1]``; ``None``: a table gathered
+    by position, which adds no shape), ValueError otherwise."""
+    given = [s for s in shapes if s is not None]
+    if not given or any(len(s) != 2 for s in given):
+        raise ValueError(f"ids of shapes {[list(s) for s in given]} are not all [B, S]")
     out = []
     for axis in (0, 1):
-        dims = {s[axis] for s in shapes} - {1}
+        dims = {s[axis] for s in given} - {1}
         if len(dims) > 1:
-            raise ValueError(f"ids of shapes {[list(s) for s in shapes]} do not broadcast")
+            raise ValueError(f"ids of shapes {[list(s) for s in given]} do not broadcast")
         out.append(dims.pop() if dims else 1)
     return out[0], out[1]
 
 
 def embed_norm_launch(problem: EmbedNormProblem, config: EmbedNormConfig, *,
-                      ids_shapes: Sequence[tuple[int, ...]], table_rows: Sequence[int],
+                      ids_shapes: Sequence[tuple[int, ...] | None], table_rows: Sequence[int],
                       ids32: Sequence[bool] = (), eps: float = 1e-12) -> EmbedNormLaunch:
     """The launch for ids of ``ids_shapes`` into tables of ``table_rows`` rows (one per
-    present summand, in order; ``ids32[i]``: ids i are int32), as the CUDA twin computes it."""
+    present summand, in order; ``ids32[i]``: ids i are int32; ``None``: no ids, rows by
+    position, the kernel's null ids with strides 0 and 1), as the CUDA twin computes it."""
     batch, seq = broadcast_ids(ids_shapes)
     scalars: dict[str, int | float] = {f"{k}{i}": 0 for i in range(MAX_SUMMANDS)
                                        for k in ("sb", "ss", "V")}
     for i, (shape, rows) in enumerate(zip(ids_shapes, table_rows, strict=True)):
-        scalars[f"sb{i}"] = shape[1] if shape[0] > 1 else 0
-        scalars[f"ss{i}"] = 1 if shape[1] > 1 else 0
+        scalars[f"sb{i}"] = shape[1] if shape is not None and shape[0] > 1 else 0
+        scalars[f"ss{i}"] = 1 if shape is None or shape[1] > 1 else 0
         scalars[f"V{i}"] = rows
     scalars |= {"ids32": sum(1 << i for i, flag in enumerate(ids32) if flag), "B": batch,
                 "S": seq, "C": problem.width, "eps": float(np.float32(eps))}
@@ -230,15 +233,17 @@ def embed_norm_launch(problem: EmbedNormProblem, config: EmbedNormConfig, *,
 
 
 # ----------------------------------------------------------------- the op's function
-def embed_norm_reference(ids: Sequence[np.ndarray], tables: Sequence[np.ndarray],
+def embed_norm_reference(ids: Sequence[np.ndarray | None], tables: Sequence[np.ndarray],
                          gamma: np.ndarray, beta: np.ndarray | None, eps: float) -> np.ndarray:
     """``EmbedLayerNorm``'s output ``[B, S, C]`` in float64: ``LayerNorm(sum_i
-    tables[i][ids[i]])`` with the ids broadcast to ``[B, S]`` and negative ids counted from
-    the end (ONNX Gather). ValueError for ids outside ``[-V, V)`` or that do not broadcast."""
-    batch, seq = broadcast_ids([tuple(np.shape(i)) for i in ids])
+    tables[i][ids[i]])`` with the ids broadcast to ``[B, S]`` (``None``: the sequence
+    position) and negative ids counted from the end (ONNX Gather). ValueError for ids outside
+    ``[-V, V)`` or that do not broadcast."""
+    batch, seq = broadcast_ids([None if i is None else tuple(np.shape(i)) for i in ids])
     total: np.ndarray | None = None
     for i, (index, table) in enumerate(zip(ids, tables, strict=True)):
-        index = np.broadcast_to(np.asarray(index, np.int64), (batch, seq))
+        index = np.broadcast_to(np.arange(seq, dtype=np.int64) if index is None
+                                else np.asarray(index, np.int64), (batch, seq))
         rows = len(table)
         if index.size and (index.min() < -rows or index.max() >= rows):
             raise ValueError(f"ids {i} reach {int(index.min())}..{int(index.max())}, outside "

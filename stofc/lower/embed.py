@@ -29,7 +29,7 @@ when it matches exactly:
 Rewritten, in the dtype (V's Cast removed, its output written by the region's
 last node). Each table is stored in the dtype (:meth:`Emitter.weight`, as the fused ops'
 weights); the index paths (input ids, position / token type buffers, their Slice /
-Expand / ...) are kept. Then one of two forms:
+Expand / ...) are kept, except in an EmbedLayerNorm (below). Then one of two forms:
 
 * **EmbedLayerNorm** when V is a LayerNormalization over a sum of 2 or 3 Gathers whose
   index (ids) values have inferred rank 2, of a width the CUDA kernel takes (a multiple of
@@ -40,7 +40,12 @@ Expand / ...) are kept. Then one of two forms:
   beta as :func:`~stofc.lower.emit.norm_param` stores them (float32 in bfloat16 packages,
   :mod:`stofc.lower.prenorm`), epsilon copied. No Gather, Add or norm node is left: on a GPU
   one memory pass and one launch instead of six ONNX Runtime nodes (three element-wise
-  Gathers, two Adds and the norm: ~115 us at BERT-base 1 x 8192 on an H100). Why rank 2
+  Gathers, two Adds and the norm: ~115 us at BERT-base 1 x 8192 on an H100). The ids of the
+  second and third summands that are computed from the input shapes alone
+  (:mod:`stofc.lower.shape_ids`, probed up to the package's ``max_seq_len``) are not kept:
+  sequence positions become an absent ids input (the op gathers by position), one row for
+  every token a ``[1, 1]`` int64 constant; for HF BERT that removes the ~22 shape nodes
+  ahead of the embedding, ~125 us of every run on a GPU. Why rank 2
   suffices: the op broadcasts ``[B or 1, S or 1]`` ids to ``[B, S]``, exactly what the
   model's Adds do with the ``[B_i, S_i, C]`` rows they gather, so the op accepts every
   input the model accepts (HF BERT's ``[1, S]`` position ids included) and the shapes need
@@ -96,11 +101,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from stofc.kernels.embed_norm import MAX_SUMMANDS, supported_width
 from stofc.lower.emit import DOMAIN, EmittedSegment, Emitter, norm_param
+from stofc.lower.shape_ids import Positions, Row, shape_only_ids
 
 NOTE = "embedding in {dtype}: {ops} ({nodes}) write {value} from {dtype} tables ({gone} removed)"
 
@@ -117,12 +124,14 @@ class _Region:
 
 
 def embed_in_dtype(em: Emitter, kept: list[onnx.NodeProto], emitted: list[EmittedSegment],
-                   pinned: set[str]) -> tuple[list[onnx.NodeProto], list[EmittedSegment]]:
+                   pinned: set[str], max_seq_len: int
+                   ) -> tuple[list[onnx.NodeProto], list[EmittedSegment]]:
     """Rewrite each matching embedding region in the dtype (module doc).
 
     ``kept`` are the model's unfused nodes, ``pinned`` the values read where the
-    nodes do not show it (graph outputs, subgraph bodies). Returns ``kept``
-    without the replaced nodes and ``emitted`` with the note.
+    nodes do not show it (graph outputs, subgraph bodies), ``max_seq_len`` the
+    longest sequence the package runs (the shape-only ids are probed up to it). Returns
+    ``kept`` without the replaced nodes and ``emitted`` with the note.
     """
     producer = {o: n for n in kept for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -138,7 +147,7 @@ def embed_in_dtype(em: Emitter, kept: list[onnx.NodeProto], emitted: list[Emitte
         region = _match(em, value, casts[twin], producer, readers, protected)
         if region is None:
             continue
-        new, renamed = _emit(em, region, twin)
+        new, renamed, implicit = _emit(em, region, twin, max_seq_len)
         em.nodes.remove(region.cast)
         del em.casts[value]
         for node in region.shape_readers:
@@ -147,7 +156,7 @@ def embed_in_dtype(em: Emitter, kept: list[onnx.NodeProto], emitted: list[Emitte
         users = {n.name for n in em.nodes if twin in n.input}
         holder = next((i for i, e in enumerate(emitted) if users & set(e.nodes)), None)
         if holder is not None:
-            notes.setdefault(holder, []).append(_note(em, region, new, twin))
+            notes.setdefault(holder, []).append(_note(em, region, new, twin) + implicit)
     emitted = [replace(e, note="; ".join([e.note, *notes[i]] if e.note else notes[i]))
                if i in notes else e for i, e in enumerate(emitted)]
     return [n for n in kept if id(n) not in replaced], emitted
@@ -264,19 +273,21 @@ def _adds(em: Emitter, region: _Region) -> int:
     return len(region.leaves) - 1 - (_residual(em, region) is not None)
 
 
-def _emit(em: Emitter, region: _Region, twin: str
-          ) -> tuple[list[onnx.NodeProto], dict[str, str]]:
-    """The region's nodes in the dtype, the last one writing ``twin``; and the dtype value
-    that replaces V and each Gather result."""
+def _emit(em: Emitter, region: _Region, twin: str, max_seq_len: int
+          ) -> tuple[list[onnx.NodeProto], dict[str, str], str]:
+    """The region's nodes in the dtype, the last one writing ``twin``; the dtype value
+    that replaces V and each Gather result; and what :func:`_ids` did, for the note."""
     first = len(em.nodes)
     if _fused(em, region):
         assert region.norm is not None
-        ins = [name for g in region.leaves for name in (g.input[1], em.weight(g.input[0]))]
+        ids, implicit = _ids(em, region, max_seq_len)
+        ins = [name for g, i in zip(region.leaves, ids, strict=True)
+               for name in (i, em.weight(g.input[0]))]
         ins += [""] * (2 * MAX_SUMMANDS - len(ins))
         params = [norm_param(em, p) for p in region.norm.input[1:3] if p]
         em.node("EmbedLayerNorm", [*ins, *params], [twin], domain=DOMAIN, stem="EmbedLayerNorm",
                 epsilon=float(em.idx.attr(region.norm, "epsilon", 1e-5)))
-        return em.nodes[first:], {region.cast.input[0]: twin}
+        return em.nodes[first:], {region.cast.input[0]: twin}, implicit
     lone = region.norm is None and len(region.leaves) == 1
     gathered: dict[int, str] = {}
     for g in region.leaves:
@@ -298,7 +309,29 @@ def _emit(em: Emitter, region: _Region, twin: str
         params = [norm_param(em, p) for p in region.norm.input[1:3] if p]
         em.node("AddLayerNorm", [x, folded, *params], [twin], domain=DOMAIN, stem="AddLayerNorm",
                 epsilon=float(em.idx.attr(region.norm, "epsilon", 1e-5)), rms=0)
-    return em.nodes[first:], renamed
+    return em.nodes[first:], renamed, ""
+
+
+def _ids(em: Emitter, region: _Region, max_seq_len: int) -> tuple[list[str], str]:
+    """EmbedLayerNorm's ids inputs for the region's Gathers (module doc): the model's own ids,
+    except that summands after the first whose ids are computed from the input shapes alone
+    (:func:`~stofc.lower.shape_ids.shape_only_ids`) take none (positions) or a ``[1, 1]``
+    int64 constant (one row for every token). Also the note's words for what changed."""
+    ids = [g.input[1] for g in region.leaves]
+    said = []
+    for k in range(1, len(ids)):   # ids_0 is required: it gives the op B and S
+        form = shape_only_ids(em.idx, ids[k], max_seq_len)
+        table = region.leaves[k].input[0]
+        if isinstance(form, Positions):
+            ids[k] = ""
+            said.append(f"{table} by sequence position")
+        elif isinstance(form, Row):
+            name = em.name("ids_row")
+            em.inits[name] = numpy_helper.from_array(np.full((1, 1), form.row, np.int64), name)
+            ids[k] = name
+            said.append(f"{table} row {form.row} for every token")
+    return ids, (f"; ids computed from shapes alone read in the op: {', '.join(said)}"
+                 if said else "")
 
 
 def _note(em: Emitter, region: _Region, new: list[onnx.NodeProto], twin: str) -> str:

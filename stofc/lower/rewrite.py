@@ -125,7 +125,8 @@ def rewrite_model(graph: ModelGraph, plan: Plan, kernels: dict[tuple[int, int], 
     emitted = keep_pre_norm_fp32(em, emitted, needed)
     emitted = keep_stream_fp32(em, emitted, needed)
     kept, emitted = embed_in_dtype(em, kept, emitted,
-                                   set(idx.graph_outputs) | _subgraph_inputs(kept))
+                                   set(idx.graph_outputs) | _subgraph_inputs(kept),
+                                   plan.max_seq_len)
     for value, twin in em.fused.items():
         if value in needed:
             em.node("Cast", [twin], [value], stem="cast_out",

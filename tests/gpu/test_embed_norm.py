@@ -5,9 +5,10 @@ and an HF BERT package on ONNX Runtime's CUDA EP.
   :func:`stofc.kernels.embed_norm.embed_norm_launch`'s arguments) against
   :func:`stofc.kernels.embed_norm.embed_norm_reference` on the element type's tables: within two
   roundings of the element type (float32 statistics, one rounding of y), for 1, 2 and 3
-  summands, ``[B, S]`` / ``[1, S]`` / ``[B, 1]`` ids, int64 and int32, negative ids, beta or
-  not, float32 gamma / beta, one and several warps per row; an id outside its table gives NaN
-  for that token's row only.
+  summands, ``[B, S]`` / ``[1, S]`` / ``[B, 1]`` ids, int64 and int32, negative ids, a table
+  read by position (null ids), beta or not, float32 gamma / beta, one and several warps per
+  row; an id outside its table, or a position past a table read by position, gives NaN for
+  that token's row only.
 * The CUDA twin in ONNX Runtime (skipped without onnxruntime's CUDAExecutionProvider) against
   the CPU twin on the same single-node model: within two roundings of the element type.
 * HF BERT with two heads of 64, exported here as the fixtures are (the committed fixtures'
@@ -41,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ULP = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 ROWS = (30522, 2, 512)   # BERT-base's word, token type and position tables
 
-# dtype, width, ids shapes of (B, S) (None: pair absent), int32 ids, beta, float params, tpr
+# dtype, width, ids shapes of (B, S) (None: no ids, rows by position), int32 ids, beta, float
+# params, tpr
 CASES = [
     ("float16", 768, lambda B, S: [(B, S), (B, S), (1, S)], (False,) * 3, True, False, None),
     ("bfloat16", 768, lambda B, S: [(B, S), (B, S), (1, S)], (False,) * 3, True, True, None),
@@ -50,6 +52,8 @@ CASES = [
     ("float16", 136, lambda B, S: [(B, 1), (1, S), (B, S)], (False, True, False), True, False,
      None),                                                                       # idle lanes
     ("float16", 768, lambda B, S: [(B, S), (B, S), (1, S)], (False,) * 3, True, False, 64),
+    ("float16", 768, lambda B, S: [(B, S), (1, 1), None], (False,) * 3, True, False, None),
+    ("bfloat16", 768, lambda B, S: [(B, S), None], (True, False), True, True, None),
 ]
 
 
@@ -66,13 +70,14 @@ def _launch(kernel, problem, config, ids, tables, gamma, beta, eps=1e-12):
     """Launch on device arrays; returns y as float64 on the host."""
     import cupy as cp
 
-    B, S = (max(i.shape[a] for i in ids) for a in (0, 1))
-    launch = embed_norm_launch(problem, config, ids_shapes=[i.shape for i in ids],
+    B, S = (max(i.shape[a] for i in ids if i is not None) for a in (0, 1))
+    launch = embed_norm_launch(problem, config,
+                               ids_shapes=[None if i is None else i.shape for i in ids],
                                table_rows=[t.shape[0] for t in tables],
-                               ids32=[i.dtype == np.int32 for i in ids], eps=eps)
+                               ids32=[i is not None and i.dtype == np.int32 for i in ids], eps=eps)
     dtype = np.uint16 if problem.dtype == "bfloat16" else np.float16
     out = cp.full((B, S, problem.width), 0xFFFF if dtype == np.uint16 else np.nan, dtype)
-    dev_ids = [cp.asarray(i) for i in ids]
+    dev_ids = [np.uint64(0) if i is None else cp.asarray(i) for i in ids]   # null: positions
     dev_tables = [cp.asarray(t) for t in tables]
     ptrs = {"out": out, "gamma": cp.asarray(gamma),
             "beta": cp.asarray(beta if beta is not None else gamma)}
@@ -90,7 +95,8 @@ def _launch(kernel, problem, config, ids, tables, gamma, beta, eps=1e-12):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-n{c[1]}-e{len(c[2](2, 3))}-"
                                              f"{'b' if c[4] else 'nb'}-{'f32p' if c[5] else 'tp'}"
-                                             f"-t{c[6] or 'def'}" for c in CASES])
+                                             f"-t{c[6] or 'def'}{'-pos' if None in c[2](1, 1) else ''}"
+                                             for c in CASES])
 def test_embed_norm_kernel_matches_numpy(case):
     dtype, width, shapes, ids32, beta, params_fp32, tpr = case
     summands = len(shapes(1, 1))
@@ -98,7 +104,8 @@ def test_embed_norm_kernel_matches_numpy(case):
     config = EmbedNormConfig(tpr, 128 // tpr) if tpr else default_config(problem)
     kernel = _kernel(problem, config)
     rng = np.random.default_rng(5)
-    tables = [quantise((rng.standard_normal((ROWS[k], width)) * (k + 1)).astype(np.float32),
+    rows = [ROWS[k] if shape is not None else ROWS[-1] for k, shape in enumerate(shapes(1, 1))]
+    tables = [quantise((rng.standard_normal((rows[k], width)) * (k + 1)).astype(np.float32),
                        dtype) for k in range(summands)]
     p_dtype = np.float32 if params_fp32 else None
     gamma = rng.uniform(0.5, 1.5, width).astype(np.float32)
@@ -106,11 +113,14 @@ def test_embed_norm_kernel_matches_numpy(case):
     g_dev, g_val = (gamma, gamma.astype(np.float64)) if p_dtype else quantise(gamma, dtype)
     b_dev, b_val = ((bvec, bvec.astype(np.float64)) if p_dtype else quantise(bvec, dtype)) \
         if beta else (None, None)
+    longest = ROWS[-1] if None in shapes(1, 1) else 8192   # rows of a table read by position
     for B, S in ((1, 1), (2, 77), (4, 512), (1, 8192)):
+        if longest < S:
+            continue    # past the position table: NaN rows (the test below)
         ids = []
         for k, shape in enumerate(shapes(B, S)):
-            i = rng.integers(-ROWS[k], ROWS[k], shape)
-            ids.append(i.astype(np.int32 if ids32[k] else np.int64))
+            i = None if shape is None else rng.integers(-ROWS[k], ROWS[k], shape)
+            ids.append(None if i is None else i.astype(np.int32 if ids32[k] else np.int64))
         got = _launch(kernel, problem, config, ids, [t for t, _ in tables], g_dev, b_dev)
         want = embed_norm_reference(ids, [v for _, v in tables], g_val, b_val, 1e-12)
         assert got.shape == want.shape
@@ -135,6 +145,11 @@ def test_an_id_outside_its_table_gives_nan_for_that_token_only():
     bad[1, 3] = bad[0, 5] = True
     assert np.isnan(got[bad]).all()
     assert np.isfinite(got[~bad]).all()
+    # a table read by position (null ids) with fewer rows than the sequence: NaN past it
+    short = rng.standard_normal((5, 768)).astype(np.float16)
+    got = _launch(kernel, problem, config, [ids[0].clip(0, ROWS[0] - 1), ids[1].clip(0, 1), None],
+                  [tables[0], tables[1], short], gamma, beta)
+    assert np.isnan(got[:, 5:]).all() and np.isfinite(got[:, :5]).all()
 
 
 # ---------------------------------------------------------------- the CUDA twin in ORT
@@ -146,12 +161,14 @@ needs_cuda_ep = pytest.mark.skipif(not HAS_CUDA_EP,
 TWIN_CASES = [("float16", (True, True, True), True, False),
               ("bfloat16", (True, True, True), True, True),
               ("float16", (True, False, True), False, False),
-              ("bfloat16", (True, True, False), False, False)]
+              ("bfloat16", (True, True, False), False, False),
+              ("float16", (True, True, "pos"), True, False),      # a package's HF BERT
+              ("bfloat16", (True, False, "pos"), True, True)]
 
 
 @needs_cuda_ep
 @pytest.mark.parametrize("dtype,pairs,beta,params_fp32", TWIN_CASES,
-                         ids=[f"{c[0]}-{''.join('x' if p else '_' for p in c[1])}-"
+                         ids=[f"{c[0]}-{''.join('p' if p == 'pos' else 'x' if p else '_' for p in c[1])}-"
                               f"{'b' if c[2] else 'nb'}-{'f32p' if c[3] else 'tp'}"
                               for c in TWIN_CASES])
 def test_embed_cuda_twin_matches_cpu_twin(tmp_path, dtype, pairs, beta, params_fp32):
@@ -161,7 +178,7 @@ def test_embed_cuda_twin_matches_cpu_twin(tmp_path, dtype, pairs, beta, params_f
     from tests.unit.test_embed_norm_op import embed_model
 
     width = 256
-    problem = EmbedNormProblem(dtype, width, sum(pairs), beta, params_fp32)
+    problem = EmbedNormProblem(dtype, width, sum(map(bool, pairs)), beta, params_fp32)
     inst = embed_norm_kernel(problem)
     rel = write_kernel(tmp_path, render_kernel(inst, (device_arch(),)).source, device_arch())
     model = embed_model(dtype, pairs, beta=beta, params_fp32=params_fp32,
@@ -169,13 +186,14 @@ def test_embed_cuda_twin_matches_cpu_twin(tmp_path, dtype, pairs, beta, params_f
     lib = build_library(tmp_path / "lib")
     cuda, cpu = sessions(model, tmp_path, lib)
     rng = np.random.default_rng(8)
-    rows = (1000, 2, 300)
+    rows = (1000, 2, 4096)
     for B, S in ((1, 1), (2, 77), (4, 256), (1, 4096), (2, 77)):
         feeds = {}
         for k, present in enumerate(pairs):
             if present:
                 shape = (1, S) if k == 2 else (B, S)
-                feeds[f"ids{k}"] = rng.integers(-rows[k], rows[k], shape).astype(np.int64)
+                if present != "pos":
+                    feeds[f"ids{k}"] = rng.integers(-rows[k], rows[k], shape).astype(np.int64)
                 feeds[f"table{k}"] = rng.standard_normal((rows[k], width)).astype(np.float32)
         feeds["gamma"] = rng.uniform(0.5, 1.5, width).astype(np.float32)
         if beta:

@@ -6,9 +6,12 @@
 Gather). Checked against :func:`stofc.kernels.embed_norm.embed_norm_reference` (itself checked
 against ONNX Gather + Add + LayerNormalization in ONNX Runtime) on random tables: 1, 2 and 3
 summands (also with the middle pair omitted), ``[B, S]``, ``[1, S]`` and ``[B, 1]`` ids, int64 and
-int32, with and without beta, float / float16 / bfloat16 tables, gamma / beta in the tables'
-type or float; the bound is one rounding of the element type. An id outside ``[-V, V)`` and
-every malformed input fail the run with one line naming the input.
+int32, a table without ids (rows by sequence position, what packages write for HF BERT's
+position ids), with and without beta, float / float16 / bfloat16 tables, gamma / beta in the
+tables' type or float; the bound is one rounding of the element type. An id outside ``[-V, V)``,
+a sequence longer than a position table, and every malformed input fail the run with one line
+naming the input. A pair is ``True`` (ids and table), ``False`` (neither) or ``"pos"`` (the
+table alone).
 """
 
 from __future__ import annotations
@@ -55,10 +58,11 @@ def embed_model(dtype: str, pairs: tuple[bool, bool, bool], *, beta: bool = True
         if not present:
             ins += ["", ""]
             continue
-        inputs += [helper.make_tensor_value_info(f"ids{i}", int_elem, None),
-                   helper.make_tensor_value_info(f"table{i}", TensorProto.FLOAT, None)]
+        if present != "pos":
+            inputs.append(helper.make_tensor_value_info(f"ids{i}", int_elem, None))
+        inputs.append(helper.make_tensor_value_info(f"table{i}", TensorProto.FLOAT, None))
         nodes.append(helper.make_node("Cast", [f"table{i}"], [f"table{i}t"], to=elem))
-        ins += [f"ids{i}", f"table{i}t"]
+        ins += [f"ids{i}" if present != "pos" else "", f"table{i}t"]
     for name in ("gamma", "beta")[:1 + beta]:
         inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
         if params_fp32:
@@ -90,10 +94,11 @@ def feeds_for(rng, pairs, ids_shapes, rows, ids_type="int64", *, negative=False,
     for i, present in enumerate(pairs):
         if not present:
             continue
-        ids = rng.integers(0, rows[i], ids_shapes[i])
-        if negative:
-            ids = np.where(rng.random(ids.shape) < 0.5, ids - rows[i], ids)
-        f[f"ids{i}"] = ids.astype(INT[ids_type][1])
+        if present != "pos":
+            ids = rng.integers(0, rows[i], ids_shapes[i])
+            if negative:
+                ids = np.where(rng.random(ids.shape) < 0.5, ids - rows[i], ids)
+            f[f"ids{i}"] = ids.astype(INT[ids_type][1])
         f[f"table{i}"] = (rng.standard_normal((rows[i], C)) * (i + 1)).astype(np.float32)
     f["gamma"] = rng.uniform(0.5, 1.5, C).astype(np.float32)
     if beta:
@@ -104,7 +109,7 @@ def feeds_for(rng, pairs, ids_shapes, rows, ids_type="int64", *, negative=False,
 def reference(f: dict, pairs, dtype: str, params_fp32: bool, eps: float = 1e-12) -> np.ndarray:
     present = [i for i, p in enumerate(pairs) if p]
     p_dtype = "float32" if params_fp32 else dtype
-    return embed_norm_reference([f[f"ids{i}"] for i in present],
+    return embed_norm_reference([f.get(f"ids{i}") for i in present],
                                 [_round(f[f"table{i}"], dtype) for i in present],
                                 _round(f["gamma"], p_dtype),
                                 _round(f["beta"], p_dtype) if "beta" in f else None, eps)
@@ -122,11 +127,15 @@ CASES = [
     ("bfloat16", (True, True, False), [(B, S), (B, S), None], False, True, "int64", True),
     ("bfloat16", (True, True, True), [(B, S), (1, S), (1, S)], True, False, "int32", True),
     ("float32", (True, True, True), [(B, S), (B, S), (1, S)], True, False, "int64", True),
+    # a package's HF BERT: token types as a [1, 1] constant, positions without ids
+    ("float16", (True, True, "pos"), [(B, S), (1, 1), None], True, False, "int64", False),
+    ("bfloat16", (True, True, "pos"), [(B, S), (1, 1), None], True, True, "int32", True),
+    ("float16", (True, False, "pos"), [(B, S), None, None], False, False, "int64", True),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[
-    f"{c[0]}-{''.join('x' if p else '_' for p in c[1])}-"
+    f"{c[0]}-{''.join('p' if p == 'pos' else 'x' if p else '_' for p in c[1])}-"
     f"{'/'.join('x'.join(map(str, s)) for s in c[2] if s)}-{'b' if c[3] else 'nb'}-"
     f"{'f32p' if c[4] else 'tp'}-{c[5]}{'-neg' if c[6] else ''}" for c in CASES])
 def test_cpu_twin_matches_the_float64_reference(lib, case):
@@ -197,6 +206,18 @@ def test_an_id_outside_the_table_fails_the_run_in_one_line(lib, dtype):
     assert np.isfinite(got).all()
 
 
+def test_a_sequence_longer_than_a_position_table_fails_the_run_in_one_line(lib):
+    pairs = (True, True, "pos")
+    f = feeds_for(np.random.default_rng(5), pairs, [(1, 12), (1, 1), None], (50, 2, 11))
+    text = _error(lib, embed_model("float16", pairs), f)
+    assert "\n" not in text
+    assert ("stofc EmbedLayerNorm: the sequence has 12 tokens but table_2 (rows by position, no "
+            "ids_2) has 11 rows; run sequences of at most 11 tokens") in text, text
+    f = feeds_for(np.random.default_rng(5), pairs, [(2, 11), (1, 1), None], (50, 2, 11))
+    (got,) = session(lib, embed_model("float16", pairs)).run(None, f)   # 11 tokens fit
+    assert np.isfinite(got).all()
+
+
 BAD = [
     # what is changed, the message
     ({"ids1": np.zeros((2, S), np.int64)}, "input ids_1 has shape [2, 7], expected [B or 1, S or 1] "
@@ -237,7 +258,8 @@ def test_bad_types_and_pairs_fail_naming_the_input(lib):
     model.graph.node.remove(next(n for n in model.graph.node if n.output[0] == "table1t"))
     model.graph.input.remove(next(i for i in model.graph.input if i.name == "table1"))
     text = _error(lib, model, {k: v for k, v in f.items() if k != "table1"})
-    assert "input table_1 is omitted but ids_1 is given; give both or neither" in text, text
+    assert ("input table_1 is omitted but ids_1 is given; give both, neither, or the table alone "
+            "(rows by position)") in text, text
     # gamma in float16 with beta in float
     model = embed_model("float16", (True, True, False))
     node = next(n for n in model.graph.node if n.op_type == "EmbedLayerNorm")

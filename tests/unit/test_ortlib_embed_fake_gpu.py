@@ -6,7 +6,8 @@ exactly one launch of the kernel the node names, grid ``ceil(B*S / rows)``, ``tp
 threads, no shared memory, with the run's pointers (the present summands in slots 0..K-1 in
 input order, the other slots any pointer) and the scalars
 :func:`stofc.kernels.embed_norm.embed_norm_launch` computes (strides of ``[B, S]``, ``[1, S]``
-and ``[B, 1]`` ids, table rows, int32 ids, B, S, C, epsilon); the module is loaded once; a
+and ``[B, 1]`` ids, a table without ids gathered by position with a null ids pointer and
+strides 0 and 1, table rows, int32 ids, B, S, C, epsilon); the module is loaded once; a
 kernel that does not fit the run's inputs fails the run, a kernel that is not one fails session
 creation. The attribute parser itself (``parse_embed_norm_launch``) is checked through the
 attribute test binary.
@@ -44,7 +45,7 @@ def _model(tmp_path, pairs=(True, True, True), *, dtype="float16", beta=True, pa
            ids_types=("int64", "int64", "int64"), problem=None, **attrs):
     """One EmbedLayerNorm node (float inputs Cast in the model) naming the kernel compiled for
     ``problem`` (default: the node's own)."""
-    problem = problem or EmbedNormProblem(dtype, C, sum(pairs), beta, params_fp32)
+    problem = problem or EmbedNormProblem(dtype, C, sum(map(bool, pairs)), beta, params_fp32)
     name = kernel_name(problem, CONFIG)
     (tmp_path / "e.cubin").write_bytes(b"fake\0")
     elem = ELEM[dtype]
@@ -53,10 +54,11 @@ def _model(tmp_path, pairs=(True, True, True), *, dtype="float16", beta=True, pa
         if not present:
             ins += ["", ""]
             continue
-        inputs += [helper.make_tensor_value_info(f"ids{i}", INT[ids_types[i]][0], None),
-                   helper.make_tensor_value_info(f"table{i}", TensorProto.FLOAT, None)]
+        if present != "pos":   # "pos": the table alone, rows by position
+            inputs.append(helper.make_tensor_value_info(f"ids{i}", INT[ids_types[i]][0], None))
+        inputs.append(helper.make_tensor_value_info(f"table{i}", TensorProto.FLOAT, None))
         nodes.append(helper.make_node("Cast", [f"table{i}"], [f"table{i}t"], to=elem))
-        ins += [f"ids{i}", f"table{i}t"]
+        ins += [f"ids{i}" if present != "pos" else "", f"table{i}t"]
     for p in ("gamma", "beta")[:1 + beta]:
         inputs.append(helper.make_tensor_value_info(p, TensorProto.FLOAT, None))
         if params_fp32:
@@ -80,7 +82,8 @@ def _feeds(pairs, shapes, beta=True, ids_types=("int64", "int64", "int64"), widt
     f = {}
     for i, present in enumerate(pairs):
         if present:
-            f[f"ids{i}"] = np.zeros(shapes[i], INT[ids_types[i]][1])
+            if present != "pos":
+                f[f"ids{i}"] = np.zeros(shapes[i], INT[ids_types[i]][1])
             f[f"table{i}"] = np.ones((ROWS[i], width), np.float32)
     f["gamma"] = np.ones(width, np.float32)
     if beta:
@@ -98,16 +101,18 @@ CASES = [
      "bfloat16", True, True),                                                       # bf16 packages
     ((True, False, False), lambda B, S: [(B, S), None, None], ("int64",) * 3, "bfloat16", False,
      False),
+    ((True, True, "pos"), lambda B, S: [(B, S), (1, 1), None], ("int64",) * 3, "float16", True,
+     False),                                                                        # a package's BERT
 ]
 
 
 @pytest.mark.parametrize("pairs,shapes,ids_types,dtype,beta,params_fp32", CASES,
-                         ids=["bert", "middle-omitted-int32", "bf16-f32p-b1", "one"])
+                         ids=["bert", "middle-omitted-int32", "bf16-f32p-b1", "one", "positions"])
 def test_one_launch_per_run_with_the_documented_arguments(fake, tmp_path, pairs, shapes,
                                                           ids_types, dtype, beta, params_fp32):
     problem, name, model = _model(tmp_path, pairs, dtype=dtype, beta=beta,
                                   params_fp32=params_fp32, ids_types=ids_types)
-    runs = [(2, 5), (2, 5), (3, 1), (1, 13)]
+    runs = [(2, 5), (2, 5), (3, 1), (1, 11)]
     feeds = [_feeds(pairs, shapes(B, S), beta, ids_types) for B, S in runs]
     code, out, records = run(fake, tmp_path, model, feeds)
     assert code == 0, out
@@ -128,7 +133,11 @@ def test_one_launch_per_run_with_the_documented_arguments(fake, tmp_path, pairs,
         assert got == pytest.approx(dict(want.scalars)), (B, S)
         slots = [(args[f"ids{k}"], args[f"table{k}"]) for k in range(3)]
         used = slots[:len(present)]
-        assert len({p for pair in used for p in pair}) == 2 * len(used)   # distinct tensors
+        positional = [k for k, i in enumerate(present) if pairs[i] == "pos"]
+        assert all(args[f"ids{k}"] == 0 for k in positional)               # null: positions
+        assert all(args[f"ids{k}"] != 0 for k in range(len(present)) if k not in positional)
+        assert (len({p for pair in used for p in pair}) ==
+                2 * len(used) - max(0, len(positional) - 1))                # distinct tensors
         assert all(slot == slots[0] for slot in slots[len(present):])    # not read: slot 0's
         assert args["out"] not in {p for pair in used for p in pair}
         assert (args["beta"] != args["gamma"]) == beta

@@ -131,19 +131,31 @@ def assert_in_dtype(model: onnx.ModelProto, value: str, dtype: int,
     return producer(model, f"{value}::stofc_{tag}")
 
 
+ROW_0 = "a [1, 1] int64 initializer holding 0"
+
+
 def assert_embed_layer_norm(model: onnx.ModelProto, original: onnx.ModelProto, value: str,
-                            dtype: int, tables: list[str]) -> onnx.NodeProto:
+                            dtype: int, tables: list[str], ids: list[str] | None = None
+                            ) -> onnx.NodeProto:
     """``value`` (the embedding) is written by one EmbedLayerNorm in ``dtype`` that reads, in
-    the model's order, each of ``tables`` in the dtype (nothing else reads them) with the ids
-    the model's Gather of it read; no Gather, Add or LayerNormalization of the region is
-    left, nor the float32 tables or the Cast. Returns the node."""
+    the model's order, each of ``tables`` in the dtype (nothing else reads them) with ``ids``
+    (default: the ids the model's Gather of it read; :data:`ROW_0`: a constant row 0); no
+    Gather, Add or LayerNormalization of the region is left, nor the float32 tables or the
+    Cast. Returns the node."""
     init = inits(model)
     tag = {F16: "f16", BF16: "bf16"}[dtype]
     node = producer(model, f"{value}::stofc_{tag}")
     assert node.domain == DOMAIN and node.op_type == "EmbedLayerNorm"
     gathers = {n.input[0]: n for n in original.graph.node if n.op_type == "Gather"}
-    want = [name for t in tables for name in (gathers[t].input[1], f"{t}::stofc_{tag}")]
-    assert list(node.input[:2 * len(tables)]) == want
+    ids = ids or [gathers[t].input[1] for t in tables]
+    for k, want_ids in enumerate(ids):
+        if want_ids == ROW_0:
+            row = init[node.input[2 * k]]
+            assert row.data_type == TensorProto.INT64 and list(row.dims) == [1, 1]
+            assert onnx.numpy_helper.to_array(row).tolist() == [[0]]
+        else:
+            assert node.input[2 * k] == want_ids
+    assert list(node.input[1:2 * len(tables):2]) == [f"{t}::stofc_{tag}" for t in tables]
     assert all(name == "" for name in node.input[2 * len(tables):6])
     for table in tables:
         assert table not in init and init[f"{table}::stofc_{tag}"].data_type == dtype
@@ -175,20 +187,30 @@ def test_bert_embedding_is_one_embed_layer_norm(fixture, dtype, tmp_path, librar
         tmp_path / "before", dtype)
     assert_float32_embedding(before, value, BERT_TABLES, before_emitted)
     elem = {"float16": F16, "bfloat16": BF16}[dtype]
-    node = assert_embed_layer_norm(model, graph.model, value, elem, BERT_SUMMANDS)
-    # words + token types + positions, in the model's order, their ids proven 2-D
-    assert [GraphIndex(graph.model).rank(i) for i in node.input[0:6:2]] == [2, 2, 2]
+    # words + token types + positions, in the model's order: the token types (a zeros buffer
+    # gathered by the positions) are one constant row, the positions (a 0, 1, 2, ... buffer
+    # sliced to the length) are read by position in the op (stofc.lower.shape_ids), so the
+    # ~22 shape nodes ahead of the embedding are gone: only the output's Cast is left
+    node = assert_embed_layer_norm(model, graph.model, value, elem, BERT_SUMMANDS,
+                                   ids=["input_ids", ROW_0, ""])
+    assert GraphIndex(graph.model).rank(node.input[0]) == 2
+    assert [n.op_type for n in model.graph.node if n.domain != DOMAIN] == ["Cast"]
+    assert count(before, "Shape") > 0 and count(before, "Expand") > 0
     init = inits(model)
     params = [elem, elem] if dtype == "float16" else [F32, F32]   # bf16: float32 (OPS.md)
     assert [init[p].data_type for p in node.input[6:]] == params
     assert abs(attrs(node)["epsilon"] - 1e-12) < 1e-15
-    assert count(before, "Gather") - count(model, "Gather") == 3
+    assert count(model, "Gather") == 0 and count(before, "Gather") >= 3
     assert count(before, "Add") - count(model, "Add") == 2
     assert count(model, "LayerNormalization") == 0 and count(before, "LayerNormalization") == 1
     assert count(model, "AddLayerNorm") == count(before, "AddLayerNorm")
     assert len(notes := embedding_notes(emitted)) == 1
     assert f"embedding in {dtype}: EmbedLayerNorm ({node.name}) write " in notes[0]
     assert "float32 Gather x3" in notes[0] and "float32 Add x2" in notes[0]
+    assert notes[0].endswith("ids computed from shapes alone read in the op: "
+                             "model.embeddings.token_type_embeddings.weight row 0 for every "
+                             "token, model.embeddings.position_embeddings.weight by sequence "
+                             "position")
     assert_matches_reference(graph, formats, model, library)
 
 
@@ -258,7 +280,7 @@ def test_bfloat16_two_summands_are_one_embed_layer_norm(tmp_path, library):
                                "model.embeddings.position_embeddings.weight")
     graph, formats, rewritten, emitted = rewrite(original, tmp_path, dtype="bfloat16")
     node = assert_embed_layer_norm(rewritten, graph.model, "layer_norm", BF16,
-                                   [BERT_TABLES[0], BERT_TABLES[2]])
+                                   [BERT_TABLES[0], BERT_TABLES[2]], ids=["input_ids", ROW_0])
     init = inits(rewritten)
     assert [init[p].data_type for p in node.input[6:]] == [F32, F32]
     assert len(embedding_notes(emitted)) == 1

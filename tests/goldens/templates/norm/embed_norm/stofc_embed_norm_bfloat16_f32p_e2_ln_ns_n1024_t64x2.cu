@@ -16,11 +16,13 @@ constexpr int THREADS = TPR * ROWS, WPR = TPR / 32;
 static_assert(TPR % 32 == 0, "a row is handled by whole warps");
 static_assert(SUMMANDS >= 1 && SUMMANDS <= 3, "one to three gathered tables");
 
-// The table row a token reads: ids[at] (int32 when `i32`, else int64), a negative id counted
-// from the end (ONNX Gather); -1 when it is outside [-V, V).
+// The table row a token reads: ids[at] (int32 when `i32`, else int64), or `at` itself when
+// there are no ids (null: the token's sequence position, strides 0 and 1); a negative id
+// counted from the end (ONNX Gather); -1 when it is outside [-V, V).
 __device__ __forceinline__ long long table_row(const void* ids, bool i32, long long at, long long V) {
-  long long id = i32 ? static_cast<long long>(static_cast<const int*>(ids)[at])
-                     : static_cast<const long long*>(ids)[at];
+  long long id = ids == nullptr ? at
+                 : i32 ? static_cast<long long>(static_cast<const int*>(ids)[at])
+                       : static_cast<const long long*>(ids)[at];
   if (id < 0) id += V;
   return id >= 0 && id < V ? id : -1;
 }
@@ -28,8 +30,9 @@ __device__ __forceinline__ long long table_row(const void* ids, bool i32, long l
 
 // Grid ceil(B*S / ROWS): row r of the launch is token (b, s) = (r / S, r % S). Summand i reads
 // ids_i[b * sb_i + s * ss_i] (strides 0 broadcast an axis of size 1), bit i of ids32 set when
-// ids_i is int32; table i has V_i rows of C elements. Pointers of the summands past SUMMANDS
-// are not read.
+// ids_i is int32; a null ids_i reads row b * sb_i + s * ss_i itself (the host passes 0 and 1:
+// the sequence position); table i has V_i rows of C elements. Pointers of the summands past
+// SUMMANDS are not read.
 extern "C" __global__ void __launch_bounds__(THREADS) stofc_embed_norm_bfloat16_f32p_e2_ln_ns_n1024_t64x2(
     const void* __restrict__ ids0, const void* __restrict__ ids1, const void* __restrict__ ids2,
     const T* __restrict__ table0, const T* __restrict__ table1, const T* __restrict__ table2,
