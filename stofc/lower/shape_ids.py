@@ -20,11 +20,12 @@ Contract of :func:`shape_only_ids`: the ids ``value`` is classified as
   on its shape (:meth:`GraphIndex.sources`; RoBERTa's positions, counted from
   ``input_ids``), when it is not int32/int64 of rank 2, when its subgraph has more than
   ``MAX_NODES`` nodes, an op outside the standard domain, control flow or a random op, or
-  when the reference evaluator cannot run it.
+  when ONNX Runtime cannot run it.
 
-How it is evaluated: the value's ancestors (through Shape nodes) run in
-:class:`onnx.reference.ReferenceEvaluator` with the graph inputs they read as zeros of the
-probe's shape (axis 0 of a dynamic dimension is ``B``, any other dynamic axis ``S``; static
+How it is evaluated: the value's ancestors (through Shape nodes) run in ONNX Runtime's CPU EP
+(one session, every probe; onnx's reference evaluator gathers with ``np.choose``, which takes
+at most 64 columns, so it fails on HF BERT's token type buffer) with the graph inputs they read
+as zeros of the probe's shape (axis 0 of a dynamic dimension is ``B``, any other dynamic axis ``S``; static
 dimensions are kept). The probes (:func:`probes`) cover ``S = 1``, small odd lengths, the
 64-token tile edges, and ``max_seq_len - 1`` and ``max_seq_len``, at batch sizes 1 to 3.
 Since the subgraph reads no data, its output is a function of ``(B, S)`` alone, and
@@ -40,7 +41,6 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
 from stofc.frontend.graph import GraphIndex
 
@@ -85,12 +85,17 @@ def shape_only_ids(idx: GraphIndex, value: str, max_seq_len: int) -> Positions |
         return None
     model = _submodel(idx, nodes, value)
     try:
-        evaluator = ReferenceEvaluator(model)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
         results = []
         for b, s in probes(max_seq_len):
-            (out,) = evaluator.run(None, _feeds(model, b, s))
+            (out,) = session.run(None, _feeds(model, b, s))
             results.append((b, s, np.asarray(out)))
-    except Exception:  # an op the reference evaluator lacks: the ids stay as they are
+    except Exception:  # ONNX Runtime cannot run it: the ids stay as they are
         return None
     if all(out.shape in ((1, s), (b, s)) and bool(np.all(out == np.arange(s)))
            for b, s, out in results):
@@ -112,10 +117,11 @@ def _submodel(idx: GraphIndex, nodes: list[onnx.NodeProto], value: str) -> onnx.
     used = {i for n in ordered for i in n.input if i}
     inits = [t for t in graph.initializer if t.name in used]
     inputs = [i for i in graph.input if i.name in used and i.name not in idx.initializers]
+    elem = idx.elem_type(value) or TensorProto.INT64
     sub = helper.make_graph(ordered, "shape_ids", inputs,
-                            [helper.make_value_info(value, onnx.TypeProto())], initializer=inits)
+                            [helper.make_tensor_value_info(value, elem, None)], initializer=inits)
     opsets = [o for o in idx.model.opset_import if o.domain in ("", "ai.onnx")]
-    return helper.make_model(sub, opset_imports=opsets)
+    return helper.make_model(sub, opset_imports=opsets, ir_version=idx.model.ir_version)
 
 
 def _feeds(model: onnx.ModelProto, batch: int, seq: int) -> dict[str, np.ndarray]:

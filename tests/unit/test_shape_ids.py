@@ -109,6 +109,28 @@ def test_small_graphs():
     assert shape_only_ids(graph, "ids", 64) is None
 
 
+def test_hf_token_types_from_a_buffer_wider_than_64():
+    """HF BERT's token types: a zeros buffer expanded to the batch and gathered by the
+    positions (GatherElements). onnx's reference evaluator fails on it beyond 64 columns
+    (np.choose), as the 32K-position export showed on the H100 (2026-11-27)."""
+    nodes = [helper.make_node("Shape", ["input_ids"], ["shape"]),
+             helper.make_node("Slice", ["shape", "one", "two"], ["len"]),
+             helper.make_node("Slice", ["positions", "zero", "len", "one"], ["pos"]),
+             helper.make_node("Slice", ["shape", "zero", "one"], ["batch"]),
+             helper.make_node("Shape", ["pos"], ["pshape"]),
+             helper.make_node("Slice", ["pshape", "zero", "one"], ["pbatch"]),
+             helper.make_node("Concat", ["pbatch", "width"], ["eshape"], axis=0),
+             helper.make_node("Expand", ["zeros", "eshape"], ["wide"]),
+             helper.make_node("GatherElements", ["wide", "pos"], ["gathered"], axis=1),
+             helper.make_node("Concat", ["batch", "len"], ["full"], axis=0),
+             helper.make_node("Expand", ["gathered", "full"], ["ids"])]
+    idx = _ids_model(nodes, [_const("positions", np.arange(300)[None]),
+                             _const("zeros", np.zeros((1, 300))), _const("zero", [0]),
+                             _const("one", [1]), _const("two", [2]), _const("width", [300])])
+    assert shape_only_ids(idx, "ids", 300) == Row(0)
+    assert shape_only_ids(idx, "pos", 300) == Positions()
+
+
 def test_probes_cover_both_ends_and_the_tile_edges():
     assert probes(4096) == [(1, 1), (2, 2), (3, 7), (1, 63), (2, 64), (3, 65), (1, 257),
                             (2, 4095), (3, 4096)]
