@@ -18,7 +18,7 @@ import json
 import cupy as cp
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
+from attention_timing import check_and_time
 
 import stofc.kernels.attention.select as select_mod
 import stofc.kernels.attention.ws_cost as ws_cost
@@ -78,13 +78,7 @@ def main() -> int:
                     op = AttentionOp(fmt, cfg, "float16", D, profile)
                     out = torch.full_like(q, float("nan"))
                     bound = op.bind(qc, kc, vc, cp.asarray(out))
-                    bound.launch(stream)
-                    torch.cuda.synchronize()
-                    err = ((out.float() - ref).norm() / ref.norm()).item()
-                    ms = do_bench(lambda b=bound: b.launch(stream), warmup=25, rep=100,
-                                  return_mode="median")
-                    row[name] = (round(4 * B * H * D * nnz / ms / 1e9, 1), round(err, 4),
-                                 round(ms * 1e3, 1))
+                    row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)
             print(json.dumps(row), flush=True)
     return 0
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 import cupy as cp
 import torch
 import torch.nn.functional as F
+from attention_timing import check_and_time
 from triton.testing import do_bench
 
 import stofc.runtime.attention as attention_rt
@@ -134,13 +135,7 @@ def main() -> int:
                     bound = op.bind(qc, kc, vc, cpv(out))
                     if bound.then is not None and "COMBINE_GROUPS" not in src.code:
                         bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
-                    bound.launch(stream)
-                    torch.cuda.synchronize()
-                    err = ((out.float() - ref).norm() / ref.norm()).item()
-                    ms = do_bench(lambda b=bound: b.launch(stream), warmup=25, rep=100,
-                                  return_mode="median")
-                    row[name] = (round(4 * B * H * D * nnz / ms / 1e9, 1), round(err, 4),
-                                 round(ms * 1e3, 1))
+                    row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)
                     if bound.then is not None:      # the combine kernel alone, us
                         row[name] += (round(1e3 * do_bench(lambda c=bound.then: c.launch(stream),
                                                            warmup=25, rep=100,
