@@ -316,8 +316,12 @@ def _ids(em: Emitter, region: _Region, max_seq_len: int) -> tuple[list[str], str
     """EmbedLayerNorm's ids inputs for the region's Gathers (module doc): the model's own ids,
     except that summands after the first whose ids are computed from the input shapes alone
     (:func:`~stofc.lower.shape_ids.shape_only_ids`) take none (positions) or a ``[1, 1]``
-    int64 constant (one row for every token). Also the note's words for what changed."""
+    int64 constant (one row for every token). Only when the first ids are a rank-2 graph
+    input: then they alone give the op the run's ``[B, S]``, the shape the probes fed (an
+    implicit summand adds no shape). Also the note's words for what changed."""
     ids = [g.input[1] for g in region.leaves]
+    if ids[0] not in em.idx.graph_inputs or em.idx.rank(ids[0]) != 2:
+        return ids, ""
     said = []
     for k in range(1, len(ids)):   # ids_0 is required: it gives the op B and S
         form = shape_only_ids(em.idx, ids[k], max_seq_len)

@@ -287,6 +287,22 @@ def test_bfloat16_two_summands_are_one_embed_layer_norm(tmp_path, library):
     assert_matches_reference(graph, formats, rewritten, library)
 
 
+def test_implicit_ids_need_the_first_ids_to_be_a_graph_input(tmp_path, library):
+    """Word ids that are not a graph input (here cast to int32): the op's [B, S] would come
+    from them alone, unproven, so the shape-only token type and position ids stay as the
+    model computes them."""
+    original = onnx.load(str(FIXTURES / "bert_ts_op17_eager.onnx"))
+    words = next(n for n in original.graph.node if n.op_type == "Gather"
+                 and n.input[0] == BERT_TABLES[0])
+    words.input[1] = "input_ids/int32"
+    original.graph.node.insert(0, helper.make_node("Cast", ["input_ids"], ["input_ids/int32"],
+                                                   name="ids_int32", to=TensorProto.INT32))
+    graph, formats, model, emitted = rewrite(original, tmp_path)
+    assert_embed_layer_norm(model, graph.model, BERT_LN, F16, BERT_SUMMANDS)   # the model's ids
+    assert "ids computed from shapes alone" not in embedding_notes(emitted)[0]
+    assert_matches_reference(graph, formats, model, library)
+
+
 def with_shape_of_a_summand(model: onnx.ModelProto, table: str) -> onnx.ModelProto:
     """``model`` with the shape of ``table``'s gathered rows also a graph output: the Gather
     result must stay, so the region cannot be one EmbedLayerNorm."""
