@@ -42,7 +42,8 @@ Expand / ...) are kept, except in an EmbedLayerNorm (below). Then one of two for
   one memory pass and one launch instead of six ONNX Runtime nodes (three element-wise
   Gathers, two Adds and the norm: ~115 us at BERT-base 1 x 8192 on an H100). The ids of the
   second and third summands that are computed from the input shapes alone
-  (:mod:`stofc.lower.shape_ids`, probed up to the package's ``max_seq_len``) are not kept:
+  (:mod:`stofc.lower.shape_ids`, probed up to the package's ``max_seq_len``) are not kept
+  when the first summand's ids are a rank-2 graph input (they then give the op ``[B, S]``):
   sequence positions become an absent ids input (the op gathers by position), one row for
   every token a ``[1, 1]`` int64 constant; for HF BERT that removes the ~22 shape nodes
   ahead of the embedding, ~125 us of every run on a GPU. Why rank 2
