@@ -2,10 +2,11 @@
 //
 // EmbedLayerNorm(ids_0, table_0, ids_1?, table_1?, ids_2?, table_2?, gamma, beta?) -> y (OPS.md,
 // "EmbedLayerNorm"): y[b, s] = LayerNorm(sum_i table_i[ids_i[b, s]]) over the last axis, the
-// ids broadcast to [B, S]; table 1 or 2 without its ids is gathered by position s. The CPU twin forms the sum in float in input order and the statistics
-// in double (as AddLayerNorm's), rounding y once; an id outside [-V, V) fails the run before
-// anything is written. The CUDA twin (cuda_embed.cc) launches norm/embed_norm.cu.j2, which
-// writes NaN for that token's row instead (ids are device data there).
+// ids broadcast to [B, S]; table 1 or 2 without its ids is gathered by position s. The CPU
+// twin forms the sum in float in input order and the statistics in double (as AddLayerNorm's),
+// rounding y once; an id outside [-V, V) fails the run before anything is written. The CUDA
+// twin (cuda_embed.cc) launches norm/embed_norm.cu.j2, which writes NaN for that token's row
+// instead (ids are device data there).
 #include <cmath>
 #include <string>
 #include <vector>
