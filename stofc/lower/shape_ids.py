@@ -85,7 +85,7 @@ def shape_only_ids(idx: GraphIndex, value: str, max_seq_len: int) -> Positions |
         return None
     model = _submodel(idx, nodes, value)
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: ONNX Runtime (without it the ids stay as they are)
 
         options = ort.SessionOptions()
         options.log_severity_level = 4
