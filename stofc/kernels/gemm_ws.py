@@ -25,7 +25,11 @@ MN-major (no transpose pass), persistent over the output tiles.
   activation (609 TF/s) but ran 88-89 us with the GELU: its epilogue (~20 instructions per
   element, one warp per scheduler) outlasts the other warpgroup's mainloop
   (gemm-ws-wm-tried-h100-2026-11-27.jsonl); the erf GELU is the epilogue's cost (the same
-  kernel without it: 66.5-67.0 us).
+  kernel without it: 66.5-67.0 us). Also tried: the producer warpgroup's three idle warps
+  running the epilogue while the consumers start the next tile (the tile staged whole as
+  fp16, so three stages): 89.6 us against 81.3 in the same call, 70.2 against 68.2 without an
+  activation; three warps cannot issue the GELU's ~20 instructions per element as fast as
+  the tensor cores finish a tile (gemm-ws-epi-tried-h100-2026-11-27.{jsonl,patch}).
 * :func:`render_gemm_ws`: the kernel's source for a problem and config.
 * :func:`gemm_ws_grid`: the persistent grid (one block per SM at most).
 * :func:`twin_choice`: whether a package's FusedGemm node gets the kernel, and from how many
