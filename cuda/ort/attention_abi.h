@@ -116,7 +116,10 @@
 
 namespace stofc_ort {
 
-constexpr int64_t kAttentionKernelAbi = 3;
+// 4: the kernels the twins launch with programmatic dependent launch (cuda_driver.h
+// launch_kernel: ws attention and its combine, Add+Norm, the Hopper GEMM) wait on their grid
+// dependency (cuda/stofc/pdl.cuh), so kernels of an older package must not be launched so.
+constexpr int64_t kAttentionKernelAbi = 4;
 
 // The warp-specialised kernel's launch shape (templates/attention/block_ws.cu.j2,
 // stofc/runtime/attention_ws.py): a producer warpgroup and 2 or 3 consumer warpgroups

@@ -1,4 +1,4 @@
-// stofc ONNX Runtime custom-op library: the CUDA twin of SparseAttention (kernel_abi 3).
+// stofc ONNX Runtime custom-op library: the CUDA twin of SparseAttention (kernel_abi 4).
 //
 // Launches the package's attention kernel with exactly the argument list of
 // attention_abi.h on ORT's compute stream. Block- and row-wise kernels

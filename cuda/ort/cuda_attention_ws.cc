@@ -100,9 +100,10 @@ void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const
     void* args[] = {STOFC_ATTENTION_WS_ABI(STOFC_ABI_ADDR)};
 #undef STOFC_ABI_ADDR
     static_assert(sizeof(args) / sizeof(args[0]) == kWsArgCount, "one pointer per ABI row");
-    drv.check(drv.LaunchKernel(l.main, static_cast<unsigned>(wsc.grid), 1, 1, static_cast<unsigned>(wsc.threads), 1, 1, l.smem, l.stream, args,
-                               nullptr),
-              "cuLaunchKernel(SparseAttention, warp-specialised)");
+    // both kernels wait on their grid dependency (templates/attention/block_ws.cu.j2, pdl.cuh):
+    // programmatic dependent launch on sm_90 (cuda_driver.h launch_kernel)
+    launch_kernel(drv, l.main, wsc.grid, wsc.threads, l.smem, l.stream, args, true,
+                  "cuLaunchKernel(SparseAttention, warp-specialised)");
     if (wsc.combine_grid == 0) return;
     // the split rows' chunks, merged by their log-sum-exp into o (stream order: after the main kernel)
     WsCombineArgs m{};
@@ -122,9 +123,8 @@ void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const
     void* cargs[] = {STOFC_ATTENTION_WS_COMBINE_ABI(STOFC_ABI_ADDR)};
 #undef STOFC_ABI_ADDR
     static_assert(sizeof(cargs) / sizeof(cargs[0]) == kWsCombineArgCount, "one pointer per ABI row");
-    drv.check(drv.LaunchKernel(l.combine, static_cast<unsigned>(wsc.combine_grid), 1, 1, kWsCombineThreads, 1, 1, 0,
-                               l.stream, cargs, nullptr),
-              "cuLaunchKernel(SparseAttention, warp-specialised combine)");
+    launch_kernel(drv, l.combine, wsc.combine_grid, kWsCombineThreads, 0, l.stream, cargs, true,
+                  "cuLaunchKernel(SparseAttention, warp-specialised combine)");
 }
 
 }  // namespace stofc_ort

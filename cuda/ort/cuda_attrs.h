@@ -16,7 +16,7 @@
 namespace stofc_ort {
 
 /// The value of the `kernel_abi` attribute every CUDA twin requires (OPS.md).
-constexpr int64_t kCudaLaunchAbi = 3;
+constexpr int64_t kCudaLaunchAbi = 4;
 
 struct AttrError : std::runtime_error {
     explicit AttrError(const std::string& msg) : std::runtime_error(msg) {}

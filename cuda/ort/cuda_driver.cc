@@ -3,7 +3,10 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "common.h"
 
@@ -38,16 +41,64 @@ Driver load() {
     resolve(lib, "cuModuleUnload", d.ModuleUnload);
     resolve(lib, "cuModuleGetFunction", d.ModuleGetFunction);
     resolve(lib, "cuFuncSetAttribute", d.FuncSetAttribute);
+    resolve(lib, "cuFuncGetAttribute", d.FuncGetAttribute);
     resolve(lib, "cuMemAlloc_v2", d.MemAlloc);
     resolve(lib, "cuMemFree_v2", d.MemFree);
     resolve(lib, "cuMemcpyHtoDAsync_v2", d.MemcpyHtoDAsync);
     resolve(lib, "cuLaunchKernel", d.LaunchKernel);
-    // optional: drivers before CUDA 12 lack it; the ws twin names the driver update needed
+    // optional: drivers before CUDA 12 lack them; the ws twin names the driver update needed,
+    // launch_kernel goes without programmatic dependent launch
+    d.LaunchKernelEx = reinterpret_cast<decltype(d.LaunchKernelEx)>(dlsym(lib, "cuLaunchKernelEx"));
     d.TensorMapEncodeTiled = reinterpret_cast<decltype(d.TensorMapEncodeTiled)>(dlsym(lib, "cuTensorMapEncodeTiled"));
     return d;  // the handle stays open for the life of the process
 }
 
+bool pdl_disabled() {
+    static const bool off = [] {
+        const char* v = std::getenv("STOFC_NO_PDL");
+        return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+    }();
+    return off;
+}
+
 }  // namespace
+
+bool pdl_launch(const Driver& d, CUfunction fn) {
+    if (d.LaunchKernelEx == nullptr || pdl_disabled()) return false;
+    static std::mutex mu;
+    static std::unordered_map<CUfunction, bool> ptx90;  // functions live as long as their module
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ptx90.find(fn);
+    if (it != ptx90.end()) return it->second;
+    int ptx = 0;
+    d.check(d.FuncGetAttribute(&ptx, CU_FUNC_ATTRIBUTE_PTX_VERSION, fn), "cuFuncGetAttribute(PTX_VERSION)");
+    return ptx90.emplace(fn, ptx >= 90).first->second;
+}
+
+void launch_kernel(const Driver& d, CUfunction fn, int64_t grid, int64_t block, unsigned smem, CUstream stream,
+                   void** args, bool waits_on_grid, const char* what) {
+    if (grid < 1 || grid > 0x7fffffffLL || block < 1 || block > 1024)
+        throw OpError(std::string(what) + ": a launch of " + std::to_string(grid) + " blocks of " +
+                      std::to_string(block) + " threads is out of range");
+    const auto g = static_cast<unsigned>(grid), b = static_cast<unsigned>(block);
+    if (!waits_on_grid || !pdl_launch(d, fn)) {
+        d.check(d.LaunchKernel(fn, g, 1, 1, b, 1, 1, smem, stream, args, nullptr), what);
+        return;
+    }
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = g;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = b;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    d.check(d.LaunchKernelEx(&cfg, fn, args, nullptr), what);
+}
 
 void Driver::check(CUresult r, const char* what) const {
     if (r == CUDA_SUCCESS) return;

@@ -11,6 +11,7 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <string>
 
 namespace stofc_ort {
@@ -27,11 +28,15 @@ struct Driver {
     CUresult (*ModuleUnload)(CUmodule);
     CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
     CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+    CUresult (*FuncGetAttribute)(int*, CUfunction_attribute, CUfunction);
     CUresult (*MemAlloc)(CUdeviceptr*, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
+    /// Optional (CUDA 12+ drivers): nullptr when the driver lacks it; launches then go without
+    /// programmatic dependent launch (launch_kernel).
+    CUresult (*LaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
     /// Host-only (no device call): encodes a TMA tensor map. Optional (CUDA 12+ drivers):
     /// nullptr when the driver lacks it; only the warp-specialised attention kernel needs it.
     CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -45,6 +50,22 @@ struct Driver {
 /// The process-wide driver table; throws OpError when libcuda.so.1 or an entry
 /// point is missing.
 const Driver& driver();
+
+/// Launches `fn` on `stream` over grid x 1 x 1 blocks of `block` x 1 x 1 threads with `smem`
+/// bytes of dynamic shared memory; OpError naming `what` on failure. `waits_on_grid`: the
+/// kernel's template keeps cuda/stofc/pdl.cuh's contract (every thread calls pdl_wait() before
+/// its first global access that another kernel may race). Such a kernel is launched with
+/// programmatic dependent launch (cuLaunchKernelEx with
+/// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: its blocks may start while the
+/// previous kernel on the stream finishes, and wait in pdl_wait()) when the function's PTX was
+/// generated for compute_90 or newer (CU_FUNC_ATTRIBUTE_PTX_VERSION >= 90, asked once per
+/// function: below that pdl_wait() compiles to nothing), the driver has cuLaunchKernelEx and
+/// $STOFC_NO_PDL is unset or "0" (read once; for A/B measurements). Otherwise cuLaunchKernel.
+void launch_kernel(const Driver& d, CUfunction fn, int64_t grid, int64_t block, unsigned smem, CUstream stream,
+                   void** args, bool waits_on_grid, const char* what);
+
+/// Whether launch_kernel would launch `fn` with programmatic dependent launch.
+bool pdl_launch(const Driver& d, CUfunction fn);
 
 /// Makes `ctx` current for the scope (the stream's context, which is ORT's).
 struct ScopedContext {

@@ -59,10 +59,8 @@ void launch_add_norm(CUfunction fn, const EpilogueLaunch& e, CUstream stream, co
     int m = static_cast<int>(M), n = static_cast<int>(N);
     void* args[] = {&x, &bias, &residual, &gamma, &beta, &out, &pre_ptr, &m, &n, &eps};
     const int64_t grid = (M + e.rows - 1) / e.rows;
-    const Driver& drv = driver();
-    drv.check(drv.LaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(e.threads), 1, 1, 0,
-                               stream, args, nullptr),
-              "cuLaunchKernel(add_norm)");
+    // the Add+Norm template waits on its grid dependency (pdl.cuh): PDL on sm_90
+    launch_kernel(driver(), fn, grid, e.threads, 0, stream, args, true, "cuLaunchKernel(add_norm)");
 }
 
 /// A TMA map of a row-major [rows, cols] 16-bit matrix in 64 x 64 boxes (rank 4, unit outer
@@ -161,9 +159,8 @@ struct FusedGemmCuda {
         int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
         void* args[] = {&xm, &wm, &b, &y, &m, &n, &k};
         const int64_t grid = std::min<int64_t>(hopper.tiles(M, N), sms);
-        drv.check(drv.LaunchKernel(fn, static_cast<unsigned>(grid), 1, 1, HopperGemmLaunch::kThreads, 1, 1,
-                                   static_cast<unsigned>(hopper.smem()), stream, args, nullptr),
-                  "cuLaunchKernel(gemm_ws)");
+        launch_kernel(drv, fn, grid, HopperGemmLaunch::kThreads, static_cast<unsigned>(hopper.smem()), stream, args,
+                      true, "cuLaunchKernel(gemm_ws)");  // waits on its grid dependency (pdl.cuh)
     }
 
     void compute(OrtKernelContext* context) {

@@ -23,8 +23,9 @@ DOMAIN_VERSION = 1
 ELEM = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 _TAG = {"float16": "f16", "bfloat16": "bf16"}
 # ``kernel_abi``: the frozen argument lists the CUDA twins launch (cuda/ort/attention_abi.h
-# kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi).
-KERNEL_ABI: int | None = 3
+# kAttentionKernelAbi == cuda_attrs.h kCudaLaunchAbi; 4: the kernels launched with PDL wait
+# on their grid dependency, cuda/stofc/pdl.cuh).
+KERNEL_ABI: int | None = 4
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The attention kernels' frozen launch ABI (kernel_abi 3), checked on every side without a GPU.
+"""The attention kernels' frozen launch ABI (kernel_abi 4), checked on every side without a GPU.
 
 ``cuda/ort/attention_abi.h`` is the one machine-readable table: the CUDA twin builds
 its argument struct and launch array from it. Here it must equal both templates'

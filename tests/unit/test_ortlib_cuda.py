@@ -27,7 +27,7 @@ from stofc.package.maskbin import PLAN_HEADER_BYTES, encode_attention_plan
 from stofc.package.ortlib import sources_dir
 
 ENTRY = "stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k1"
-ATTN_OK = {"kernel_abi": 3, "kernel": f"kernels/a.sm_90.cubin:{ENTRY}",
+ATTN_OK = {"kernel_abi": 4, "kernel": f"kernels/a.sm_90.cubin:{ENTRY}",
            "launch_plan": "masks/m.block.plan.bin", "block_threads": 128,
            "blocks_per_tile_row": 1, "smem_bytes": 55296}
 
@@ -76,8 +76,8 @@ def test_valid_attention_attributes_parse(driver):
 
 
 BAD_ATTENTION = [
-    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 3)"),
-    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 3"),
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 4)"),
+    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 4"),
     ({"kernel": None}, "attribute 'kernel' (FILE.cubin:ENTRY) is required"),
     ({"kernel": "nocolon.cubin"}, "attribute 'kernel' must be 'FILE.cubin:ENTRY'"),
     ({"kernel": "a.cubin:my_kernel"}, "is not a stofc attention kernel"),
@@ -100,17 +100,17 @@ def test_invalid_attention_attributes_fail_with_one_clear_line(driver, change, m
 
 
 NORM_ENTRY = "stofc_add_norm_bfloat16_r_ln_s_n768_t32x4"
-EPI_OK = {"kernel_abi": 3, "epilogue_kernel": f"kernels/n.sm_90.cubin:{NORM_ENTRY}",
+EPI_OK = {"kernel_abi": 4, "epilogue_kernel": f"kernels/n.sm_90.cubin:{NORM_ENTRY}",
           "epilogue": "r-ln-s", "epilogue_threads": 128, "epilogue_rows": 1}
 
 
 def test_epilogue_attributes(driver):
     ok, none, bad_tag, odd_tag, missing, warps, no_abi, not_norm = ask(
         driver, ("epilogue:AddLayerNorm", EPI_OK),
-        ("epilogue:FusedGemm", {"kernel_abi": 3, "epilogue_kernel": ""}),
+        ("epilogue:FusedGemm", {"kernel_abi": 4, "epilogue_kernel": ""}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="r-layernorm")),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue="ln-r")),
-        ("epilogue:FusedGemm", {"kernel_abi": 3}),
+        ("epilogue:FusedGemm", {"kernel_abi": 4}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_threads=96, epilogue_rows=2)),
         ("epilogue:FusedGemm", {"epilogue_kernel": ""}),
         ("epilogue:AddLayerNorm", dict(EPI_OK, epilogue_kernel="k.cubin:stofc_attn_block_x")))
@@ -126,7 +126,7 @@ def test_epilogue_attributes(driver):
 
 
 GLU_ENTRY = "stofc_glu_float16_silu_f11008_t256x1"
-GLU_OK = {"kernel_abi": 3, "epilogue_kernel": f"kernels/g.sm_90.cubin:{GLU_ENTRY}",
+GLU_OK = {"kernel_abi": 4, "epilogue_kernel": f"kernels/g.sm_90.cubin:{GLU_ENTRY}",
           "epilogue_threads": 256, "epilogue_rows": 1}
 
 
@@ -327,7 +327,7 @@ def test_key_prep_equals_attention_op_bind(key_prep, cpu_runtime, kpm_type):  # 
 
 
 ROTARY_ENTRY = "stofc_rotary_bfloat16_d128_r64_rh_v8_t128"
-ROTARY_OK = {"kernel_abi": 3, "kernel": f"kernels/r.sm_90.cubin:{ROTARY_ENTRY}", "head_dim": 128,
+ROTARY_OK = {"kernel_abi": 4, "kernel": f"kernels/r.sm_90.cubin:{ROTARY_ENTRY}", "head_dim": 128,
              "rotary_dim": 64, "interleaved": 0}
 
 
@@ -340,7 +340,7 @@ def test_valid_rotary_attributes_parse(driver):
     for problem in (RotaryProblem("float16", 80, 20, True), RotaryProblem("bfloat16", 32, 16,
                                                                           False)):
         name = kernel_name(problem, RotaryConfig(256))   # what the package writes parses
-        (line,) = ask(driver, ("rotary", {"kernel_abi": 3, "kernel": f"r.cubin:{name}",
+        (line,) = ask(driver, ("rotary", {"kernel_abi": 4, "kernel": f"r.cubin:{name}",
                                           "head_dim": problem.head_dim,
                                           "rotary_dim": problem.rotary_dim,
                                           "interleaved": int(problem.interleaved)}))
@@ -349,7 +349,7 @@ def test_valid_rotary_attributes_parse(driver):
 
 
 BAD_ROTARY = [
-    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 3)"),
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 4)"),
     ({"kernel": None}, "attribute 'kernel' (FILE.cubin:ENTRY of the rotary kernel) is required"),
     ({"kernel": "r.cubin:stofc_glu_float16_silu_f8_t32x4"}, "not a stofc rotary kernel"),
     ({"kernel": "r.cubin:stofc_rotary_float32_d128_r64_rh_v8_t128"}, "not a stofc rotary kernel"),

@@ -66,7 +66,7 @@ def _model(tmp_path, pairs=(True, True, True), *, dtype="float16", beta=True, pa
         else:
             nodes.append(helper.make_node("Cast", [p], [f"{p}t"], to=elem))
             ins.append(f"{p}t")
-    node_attrs = dict(epsilon=1e-12, kernel=f"e.cubin:{name}", kernel_abi=3) | attrs
+    node_attrs = dict(epsilon=1e-12, kernel=f"e.cubin:{name}", kernel_abi=4) | attrs
     nodes.append(helper.make_node("EmbedLayerNorm", ins, ["yt"], domain="ai.stofc",
                                   **{k: v for k, v in node_attrs.items() if v is not None}))
     nodes.append(helper.make_node("Cast", ["yt"], ["y"], to=TensorProto.FLOAT))
@@ -202,8 +202,8 @@ ENTRY = "stofc_embed_norm_float16_e3_ln_n768_t32x4"
 
 def test_the_attribute_parser_reads_the_entry_name(driver):
     lines = ask(driver,
-                ("embed_norm", {"kernel_abi": 3, "kernel": f"kernels/e.sm_90.cubin:{ENTRY}"}),
-                ("embed_norm", {"kernel_abi": 3, "kernel":
+                ("embed_norm", {"kernel_abi": 4, "kernel": f"kernels/e.sm_90.cubin:{ENTRY}"}),
+                ("embed_norm", {"kernel_abi": 4, "kernel":
                                 "k.cubin:stofc_embed_norm_bfloat16_f32p_e2_ln_ns_n1024_t64x2"}))
     assert lines == [
         f"OK bf16=0 file=kernels/e.sm_90.cubin entry={ENTRY} f32p=0 summands=3 beta=1 width=768 "
@@ -213,7 +213,7 @@ def test_the_attribute_parser_reads_the_entry_name(driver):
     for problem in (EmbedNormProblem("float16", 768, 1, True),
                     EmbedNormProblem("bfloat16", 4096, 3, False, True)):
         name = kernel_name(problem, EmbedNormConfig(128, 1))
-        (line,) = ask(driver, ("embed_norm", {"kernel_abi": 3, "kernel": f"k.cubin:{name}"}))
+        (line,) = ask(driver, ("embed_norm", {"kernel_abi": 4, "kernel": f"k.cubin:{name}"}))
         assert line.endswith(f"f32p={int(problem.params_fp32)} summands={problem.summands} "
                              f"beta={int(problem.has_beta)} width={problem.width} tpr=128 rows=1")
 
@@ -230,7 +230,7 @@ def test_the_attribute_parser_reads_the_entry_name(driver):
     ("stofc_embed_norm_float16_e3_ln_n768_t512x4", "not whole warps per row and at most 1024"),
 ])
 def test_the_attribute_parser_refuses_other_names_in_one_line(driver, entry, message):
-    (line,) = ask(driver, ("embed_norm", {"kernel_abi": 3, "kernel": f"k.cubin:{entry}"}))
+    (line,) = ask(driver, ("embed_norm", {"kernel_abi": 4, "kernel": f"k.cubin:{entry}"}))
     assert line.startswith("ERR ") and message in line, line
 
 

@@ -188,8 +188,8 @@ def test_attention_launch_equals_attention_op(fake, cpu_runtime, tmp_path, spec,
 
 
 BAD = [
-    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 3)"),
-    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 3"),
+    ({"kernel_abi": None}, "carries no CUDA launch attributes (kernel_abi 4)"),
+    ({"kernel_abi": 1}, "kernel_abi=1 but this library launches kernel_abi 4"),
     ({"launch_plan": None}, "attribute 'launch_plan'"),
     ({"launch_plan": "nope.plan.bin"}, "cannot be opened"),
     ({"kernel": "missing.cubin:stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k0"},

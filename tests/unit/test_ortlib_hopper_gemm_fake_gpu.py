@@ -97,11 +97,13 @@ def test_long_runs_launch_the_hopper_gemm_and_short_runs_cublaslt(fake, tmp_path
         if m < MIN_M:
             assert len(mm) == 1 and len(launches) == 1
             assert launches[0]["fn"].startswith("stofc_add_norm_")
+            assert launches[0]["pdl"] is True        # the epilogue waits on the GEMM (pdl.cuh)
             continue
         assert not mm and len(launches) == 1, calls
         launch = launches[0]
         a = launch["args"]
         assert launch["fn"] == name
+        assert launch["pdl"] is True                 # programmatic dependent launch (sm_90 PTX)
         assert launch["grid"] == [gemm_ws_grid(m, N, 132), 1, 1]
         assert launch["block"] == [THREADS, 1, 1]
         assert launch["smem"] == DEFAULT.smem_bytes()

@@ -1,4 +1,4 @@
-"""A package's CUDA launch attributes (OPS.md, kernel_abi 3), written without a GPU.
+"""A package's CUDA launch attributes (OPS.md, kernel_abi 4), written without a GPU.
 
 Every ai.stofc node of a compiled package must carry what its CUDA twin launches:
 SparseAttention a ``*.plan.bin`` equal to what ``AttentionOp`` would upload for the

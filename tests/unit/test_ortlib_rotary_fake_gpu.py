@@ -33,7 +33,7 @@ def _model(tmp_path, *, dtype="float16", rd=32, il=False, packed=True, positions
     nodes = [helper.make_node("Cast", [n], [f"{n}t"], to=elem) for n in names if n]
     ins = [f"{n}t" if n else "" for n in names] + ["cos", "sin"] + (["pos"] if positions else [])
     node_attrs = dict(num_heads=H, kv_num_heads=HKV, head_dim=D, rotary_dim=rd,
-                      interleaved=int(il), kernel=f"r.cubin:{name}", kernel_abi=3) | attrs
+                      interleaved=int(il), kernel=f"r.cubin:{name}", kernel_abi=4) | attrs
     nodes.append(helper.make_node("Rotary", ins, ["yt"], domain="ai.stofc",
                                   **{k: v for k, v in node_attrs.items() if v is not None}))
     nodes.append(helper.make_node("Cast", ["yt"], ["y"], to=TensorProto.FLOAT))

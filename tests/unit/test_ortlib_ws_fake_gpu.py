@@ -250,6 +250,28 @@ def test_ws_launch_equals_ws_launch_data(fake, ws_runtime, tmp_path, name, make_
                           sm_count=sms)
 
 
+@pytest.mark.parametrize("env,pdl", [({}, True), ({"STOFC_FAKE_PTX_VERSION": "80"}, False),
+                                     ({"STOFC_NO_PDL": "1"}, False), ({"STOFC_NO_PDL": "0"}, True)],
+                         ids=["sm90_ptx", "sm80_ptx", "no_pdl", "no_pdl_0"])
+def test_ws_kernels_launch_with_pdl_when_their_ptx_waits(fake, ws_runtime, tmp_path, env, pdl):
+    """The main and combine kernels wait on their grid dependency (pdl.cuh), so the twin
+    launches both with programmatic stream serialization when their PTX is compute_90 or newer
+    (the fake reports $STOFC_FAKE_PTX_VERSION, default 90) unless $STOFC_NO_PDL is set (not
+    "0"); KeyPrep, whose kernel does not wait, never."""
+    fmt = encode("longformer:window=64,global=16", 1024)
+    config = ws(split=8)
+    assert launch_data(fmt, config).splits                              # a combine follows
+    model = ws_package(tmp_path, fmt, config, kpm=True)
+    f = ws_feeds(np.random.default_rng(5), 1, 1024, 2, 2, kpm=True, bias=False, packed=False)
+    code, out, records = run(fake, tmp_path, model, [f, f], **env)
+    assert code == 0, out
+    launches = [r for r in records if r["call"] == "launch"]
+    ws_launches = [r for r in launches if r["fn"].startswith("stofc_attn_ws_")]
+    assert len(ws_launches) == 4                                        # main + combine, twice
+    assert [r["pdl"] for r in ws_launches] == [pdl] * 4
+    assert [r["pdl"] for r in launches if r["fn"] == "stofc_key_prep"] == [False, False]
+
+
 def test_repeated_buffers_reuse_their_tensor_maps(fake, tmp_path):
     """Runs on buffers already seen encode no map again (cached by address and shape): ORT's
     CPU EP hands the kernel the fed numpy arrays, so three runs on one feed encode q, k and

@@ -204,6 +204,13 @@ CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
          ", \"value\": " + std::to_string(v) + "}");
     return CUDA_SUCCESS;
 }
+// CU_FUNC_ATTRIBUTE_PTX_VERSION is $STOFC_FAKE_PTX_VERSION (default 90: the twins may launch
+// the kernels that wait on their grid dependency with PDL); other attributes are 0.
+CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction) {
+    const char* env = std::getenv("STOFC_FAKE_PTX_VERSION");
+    *v = a == CU_FUNC_ATTRIBUTE_PTX_VERSION ? (env ? std::atoi(env) : 90) : 0;
+    return CUDA_SUCCESS;
+}
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
     *p = reinterpret_cast<CUdeviceptr>(std::calloc(1, bytes + 256));
     emit("{\"call\": \"mem_alloc\", \"ptr\": " + std::to_string(*p) + ", \"bytes\": " + std::to_string(bytes) + "}");
@@ -220,11 +227,14 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CU
     return CUDA_SUCCESS;
 }
 
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned smem, CUstream, void** args, void**) {
+// A launch's record: "pdl" says whether it asked for programmatic stream serialization
+// (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION set).
+static CUresult record_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                              unsigned bz, unsigned smem, void** args, bool pdl) {
     const std::string name = functions[f];
     std::ostringstream s;
-    s << "{\"call\": \"launch\", \"fn\": \"" << name << "\", \"grid\": [" << gx << ", " << gy << ", " << gz
+    s << "{\"call\": \"launch\", \"fn\": \"" << name << "\", \"pdl\": " << (pdl ? "true" : "false")
+      << ", \"grid\": [" << gx << ", " << gy << ", " << gz
       << "], \"block\": [" << bx << ", " << by << ", " << bz << "], \"smem\": " << smem << ", \"args\": {";
     if (name == "stofc_key_prep") {
         const int B = get<int>(args, 2);
@@ -308,6 +318,20 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     s << "}}";
     emit(s.str());
     return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, CUstream, void** args, void**) {
+    return record_launch(f, gx, gy, gz, bx, by, bz, smem, args, false);
+}
+// The CUDA 12 launch with attributes (cuda_driver.cc launch_kernel uses it for PDL).
+CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** args, void**) {
+    bool pdl = false;
+    for (unsigned i = 0; i < c->numAttrs; ++i)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            pdl = c->attrs[i].value.programmaticStreamSerializationAllowed != 0;
+    return record_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                         c->sharedMemBytes, args, pdl);
 }
 
 CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,

@@ -21,6 +21,7 @@
 #include <stofc/block_tile.cuh>
 #include <stofc/wgmma.cuh>
 #include <stofc/ws.cuh>
+#include <stofc/pdl.cuh>
 
 using namespace stofc;
 
@@ -212,6 +213,11 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         mbar_fence_init();
     }
     __syncthreads();
+    // programmatic dependent launch (pdl.cuh): nothing global is read or written above this
+    // line (kv_len and key_bits come from KeyPrep, q/k/v from the GEMM before, o may reuse
+    // memory the previous kernel reads); the combine may launch as these blocks run
+    pdl_wait();
+    pdl_launch_dependents();
 
     // warp-uniform in the compiler's eyes (a shuffle from lane 0): wgmma issued under
     // conditions on it stays in a non-divergent path and is not serialised
@@ -603,6 +609,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0_combine(T* __restrict__ o
                           const int* __restrict__ combine, int combine_head_stride,
                           const float* __restrict__ part_o, const float* __restrict__ part_ml,
                           int slots, int B, int H, int L) {
+    pdl_wait();                                    // the main kernel's partials (pdl.cuh)
     int idx = blockIdx.x;
     const int g = idx % COMBINE_GROUPS; idx /= COMBINE_GROUPS;
     const int h = idx % H; idx /= H;

@@ -12,6 +12,7 @@
 #include <stofc/wgmma.cuh>
 #include <stofc/gemm_ws.cuh>
 #include <stofc/gemm_common.cuh>
+#include <stofc/pdl.cuh>
 
 namespace {
 using namespace stofc;
@@ -72,6 +73,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stofc_gemm_ws_float16_g
         mbar_fence_init();
     }
     __syncthreads();
+    pdl_wait();                                    // x from the kernel before (pdl.cuh)
+    pdl_launch_dependents();
 
     if (wg == 0) {                                 // producer
         regs_release<40>();

@@ -5,6 +5,7 @@
 // shift=0 store_pre_norm=0. The row stays in registers.
 // x is float (float: the fp32 partial sums of a split GEMM+GEMM).
 #include <stofc/gemm_common.cuh>
+#include <stofc/pdl.cuh>
 
 namespace {
 using namespace stofc_ds;
@@ -22,6 +23,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) stofc_add_norm_bfloat16_f3
     const float* __restrict__ gamma, const float* __restrict__ beta, T* __restrict__ out,
     T* __restrict__ pre_norm, int M, int N, float eps) {
   __shared__ float red[ROWS * WPR];
+  stofc::pdl_wait();                               // x / residual from the kernels before (pdl.cuh)
+  stofc::pdl_launch_dependents();
   const int rl = threadIdx.x / TPR, lt = threadIdx.x % TPR;
   const int row = blockIdx.x * ROWS + rl;
   const bool row_ok = row < M;
