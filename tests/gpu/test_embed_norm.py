@@ -36,6 +36,7 @@ from stofc.kernels.embed_norm import (
     embed_norm_reference,
 )
 from stofc.kernels.render import render_kernel
+from stofc.lower.emit import KERNEL_ABI
 from tests.gpu.test_attention_helpers import quantise
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +183,7 @@ def test_embed_cuda_twin_matches_cpu_twin(tmp_path, dtype, pairs, beta, params_f
     inst = embed_norm_kernel(problem)
     rel = write_kernel(tmp_path, render_kernel(inst, (device_arch(),)).source, device_arch())
     model = embed_model(dtype, pairs, beta=beta, params_fp32=params_fp32,
-                        kernel=f"{rel}:{inst.name}", kernel_abi=3)
+                        kernel=f"{rel}:{inst.name}", kernel_abi=KERNEL_ABI)
     lib = build_library(tmp_path / "lib")
     cuda, cpu = sessions(model, tmp_path, lib)
     rng = np.random.default_rng(8)

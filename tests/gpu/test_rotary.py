@@ -33,6 +33,7 @@ from stofc.kernels.rotary import (
     rotary_launch,
     rotary_reference,
 )
+from stofc.lower.emit import KERNEL_ABI
 from tests.gpu.test_attention_helpers import quantise
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +166,7 @@ def _twin_model(tmp_path, arch, case):
     nodes.append(helper.make_node("Rotary", ins, ["yt"], domain="ai.stofc", num_heads=h,
                                   kv_num_heads=hkv, head_dim=d, rotary_dim=rd,
                                   interleaved=int(il), kernel=f"{rel}:{inst.name}",
-                                  kernel_abi=3))
+                                  kernel_abi=KERNEL_ABI))
     nodes.append(helper.make_node("Cast", ["yt"], ["y"], to=TensorProto.FLOAT))
     vi = helper.make_tensor_value_info
     inputs = [vi(n, TensorProto.FLOAT, None) for n in names if n]
