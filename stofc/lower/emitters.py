@@ -17,7 +17,6 @@ from onnx import numpy_helper
 
 from stofc.errors import PlanError, RegistryError
 from stofc.frontend.types import ModelGraph
-from stofc.kernels.epilogue import Epilogue
 from stofc.lower.attention_io import (
     attention_attributes,
     flat_input,
@@ -275,12 +274,12 @@ def _emit_gemm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             ops += _emit_fp32_tail(em, raw, out, bias=b, act=ep.act,
                                    residual=residual if ep.residual else None)
             note = f"activation {ep.act} has no FusedGemm form: float32 ONNX ops after the GEMM"
-    elif _residual_in_gemm(em, ep, residual, pre):
-        y = em.name("gemm_out")
-        ops.append(_gemm_node(em, x, w, b, residual, "none", y, kernel, layouts.get(w, "KN")))
-        ops.append(_norm_node(em, y, None, seg, ep.norm, ep.norm_shift, out, None, kernel))
-        note = "residual added by the GEMM (cuBLASLt's C, beta = 1): the norm reads one tensor"
     else:
+        # The residual joins the norm, not the GEMM. Tried (BERT-base at 8192 tokens, H100,
+        # e2e-long-h100-2026-11-27-nopdl): as cuBLASLt's C the norm fell from 12.5 to 7.9 us
+        # but the N = 768 GEMMs rose from 35.7 to 39.8 us (their epilogue reads C after the
+        # mainloop), a wash in time, and the sum rounded to float16 at the residual stream's
+        # magnitude raised verify's error from 1.7-1.9e-3 to 2.2-2.3e-3.
         y = em.name("gemm_out")
         ops.append(_gemm_node(em, x, w, b, None, ep.act if ep.act in _OPS_FOR_ACT else "none",
                               y, kernel, layouts.get(w, "KN")))
@@ -291,19 +290,6 @@ def _emit_gemm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
         ops.append(_norm_node(em, y, residual if ep.residual else None, seg, ep.norm,
                               ep.norm_shift, out, pre, kernel))
     return ops, note, None
-
-
-def _residual_in_gemm(em: Emitter, ep: Epilogue, residual: str | None, pre: str | None) -> bool:
-    """Whether a GEMM+norm segment's residual joins the GEMM (FusedGemm's residual: cuBLASLt's
-    C with beta = 1, added to the fp32 accumulators) instead of the norm: float16 packages, no
-    activation, no pre-norm sum to write. The norm then reads one tensor instead of two (BERT-
-    base at 8192 tokens: 25 instead of 38 MB per norm, ~4 us of its ~12.5, H100), and the
-    GEMM's extra read of C hides under its arithmetic. The sum is rounded to float16 once, at
-    the residual stream's magnitude, where the norm formed it in fp32 from the rounded GEMM
-    result: one rounding either way. bfloat16 packages keep the residual in the norm
-    (:mod:`stofc.lower.prenorm` keeps that sum float32)."""
-    return (em.dtype == "float16" and ep.residual and residual is not None and pre is None
-            and ep.act == "none")
 
 
 @emits("add_norm")
