@@ -61,16 +61,20 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "c3q": ({"warps": 16}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q": ({"warps": 16, "kstep": 2, "stages": 4}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
+    # the rows split into chunks of at most N entries (the selector's default_split otherwise)
+    **{f"split{n}": ({"split": n}, {}) for n in (8, 11, 12, 13, 16, 24, 32)},
 }
 
 
 def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionConfig:
     """The selector's ws starting config for the shape with ``over`` applied; the row split
-    is recomputed for the consumer count the overrides give."""
+    is recomputed for the consumer count the overrides give unless they set it."""
     cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D)
     if cfg is None:
         raise ValueError("no ws config for this shape")
     cfg = replace(cfg, **over)
+    if "split" in over:
+        return cfg
     return replace(cfg, split=default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count,
                                             consumers=consumers_of(cfg.warps)))
 
