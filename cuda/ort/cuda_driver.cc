@@ -61,18 +61,34 @@ bool pdl_disabled() {
     return off;
 }
 
+/// What pdl_launch learnt per function (PTX_VERSION >= 90), until pdl_forget.
+struct PdlCache {
+    std::mutex mu;
+    std::unordered_map<CUfunction, bool> ptx90;
+};
+
+PdlCache& pdl_cache() {
+    static PdlCache* cache = new PdlCache;  // never destroyed: modules may unload at exit
+    return *cache;
+}
+
 }  // namespace
 
 bool pdl_launch(const Driver& d, CUfunction fn) {
     if (d.LaunchKernelEx == nullptr || pdl_disabled()) return false;
-    static std::mutex mu;
-    static std::unordered_map<CUfunction, bool> ptx90;  // functions live as long as their module
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = ptx90.find(fn);
-    if (it != ptx90.end()) return it->second;
+    PdlCache& c = pdl_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.ptx90.find(fn);
+    if (it != c.ptx90.end()) return it->second;
     int ptx = 0;
     d.check(d.FuncGetAttribute(&ptx, CU_FUNC_ATTRIBUTE_PTX_VERSION, fn), "cuFuncGetAttribute(PTX_VERSION)");
-    return ptx90.emplace(fn, ptx >= 90).first->second;
+    return c.ptx90.emplace(fn, ptx >= 90).first->second;
+}
+
+void pdl_forget(CUfunction fn) {
+    PdlCache& c = pdl_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.ptx90.erase(fn);
 }
 
 void launch_kernel(const Driver& d, CUfunction fn, int64_t grid, int64_t block, unsigned smem, CUstream stream,

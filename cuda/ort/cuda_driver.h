@@ -67,6 +67,10 @@ void launch_kernel(const Driver& d, CUfunction fn, int64_t grid, int64_t block, 
 /// Whether launch_kernel would launch `fn` with programmatic dependent launch.
 bool pdl_launch(const Driver& d, CUfunction fn);
 
+/// Drops what pdl_launch remembers of `fn`: called before its module is unloaded, since a
+/// module loaded later may get the same handle for a function compiled otherwise.
+void pdl_forget(CUfunction fn);
+
 /// Makes `ctx` current for the scope (the stream's context, which is ORT's).
 struct ScopedContext {
     const Driver& drv;

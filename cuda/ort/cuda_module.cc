@@ -25,7 +25,10 @@ CudaModule::CudaModule(std::vector<char> image, std::string label, std::vector<s
 CudaModule::~CudaModule() {
     if (loaded_.empty()) return;
     const Driver& drv = driver();
-    for (auto& l : loaded_) drv.ModuleUnload(l.module);
+    for (auto& l : loaded_) {
+        for (CUfunction fn : l.fns) pdl_forget(fn);  // a later module may get the same handle
+        drv.ModuleUnload(l.module);
+    }
 }
 
 CUcontext CudaModule::context_of(CUstream stream) {

@@ -276,7 +276,7 @@ def _emit_gemm(em: Emitter, graph: ModelGraph, seg: Segment, kernel: str,
             note = f"activation {ep.act} has no FusedGemm form: float32 ONNX ops after the GEMM"
     else:
         # The residual joins the norm, not the GEMM. Tried (BERT-base at 8192 tokens, H100,
-        # e2e-long-h100-2026-11-27-nopdl): as cuBLASLt's C the norm fell from 12.5 to 7.9 us
+        # e2e-long-h100-2026-11-27-pdl-ab-off): as cuBLASLt's C the norm fell from 12.5 to 7.9 us
         # but the N = 768 GEMMs rose from 35.7 to 39.8 us (their epilogue reads C after the
         # mainloop), a wash in time, and the sum rounded to float16 at the residual stream's
         # magnitude raised verify's error from 1.7-1.9e-3 to 2.2-2.3e-3.
