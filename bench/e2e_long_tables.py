@@ -15,6 +15,7 @@ Written under ``out``: ``STEM.md`` (tables), ``STEM.json`` (all rows) and ``STEM
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -35,6 +36,17 @@ def targets(model: str, mask: str | None, b: int, s: int) -> dict[str, float] | 
     return None
 
 
+def short_of(ratio: float, target: float) -> str:
+    """``ratio`` (below ``target``) with two decimals, or as many more (up to six, then cut
+    rather than rounded) as it takes not to print the target itself: 2.4961 against 2.5
+    reads 2.496, not 2.50."""
+    for digits in range(2, 7):
+        text = f"{ratio:.{digits}f}"
+        if float(text) < target:
+            return text
+    return f"{math.floor(ratio * 1e6) / 1e6:.6f}"
+
+
 def verdict(st, others: dict[str, float | None], want: dict[str, float] | None) -> str:
     """'met', 'MISSED (vs X: r)' or 'open (no X)' for stofc's ``st`` ms; '-' without target."""
     if not want:
@@ -42,7 +54,7 @@ def verdict(st, others: dict[str, float | None], want: dict[str, float] | None) 
     if not _num(st):
         return "not measured"
     missing = [k for k in want if not _num(others.get(k))]
-    missed = [f"vs {k} {others[k] / st:.2f}x < {v}x" for k, v in want.items()
+    missed = [f"vs {k} {short_of(others[k] / st, v)}x < {v}x" for k, v in want.items()
               if k not in missing and others[k] / st < v]
     if missed:
         return "MISSED (" + ", ".join(missed) + ")"

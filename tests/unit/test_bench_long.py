@@ -29,6 +29,18 @@ def test_selftest_arguments_tables_plot_and_forms():
     assert "## Longest input at batch 1" in text and "## Short inputs" in text
 
 
+def test_a_miss_never_prints_as_the_target():
+    """BigBird at (1, 8192) ran 3.856 ms against ORT's 9.625 (2.4961x): the verdict says
+    2.496x < 2.5x, not 2.50x < 2.5x; a clear miss keeps two decimals, a hit says met."""
+    from e2e_long_tables import short_of, verdict
+
+    assert verdict(3.856, {"ORT": 9.625, "Flex": 6.464}, {"ORT": 2.5, "Flex": 2.0}) == \
+        "MISSED (vs ORT 2.496x < 2.5x, vs Flex 1.68x < 2.0x)"
+    assert verdict(4.01, {"ORT": 9.625}, {"ORT": 2.5}) == "MISSED (vs ORT 2.40x < 2.5x)"
+    assert verdict(6.398, {"ORT": 9.625}, {"ORT": 1.5}) == "met"
+    assert short_of(2.4999996, 2.5) == "2.499999"           # cut, never rounded up to 2.5
+
+
 def test_table_from_merges_two_calls(tmp_path):
     """--table-from: the JSONL of two calls make one set of tables named by GPU and date."""
     import e2e_long
