@@ -47,12 +47,18 @@ def main() -> int:
     import cupy as cp
     import numpy as np
 
+    from stofc.runtime import segment_cublas
     from stofc.runtime.segment_cublas import LtRankUnavailable, lt_handle, lt_split
 
     parser = argparse.ArgumentParser(prog="bench/lt_ranks.py")
     parser.add_argument("--shapes", default="8192:2304:768,8192:768:768,8192:768:3072")
     parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--workspace-mib", type=int, default=None,
+                        help="the heuristic's and the matmul's workspace instead of the "
+                             "package's 32 MiB (0: only algorithms that need none)")
     args = parser.parse_args()
+    if args.workspace_mib is not None:   # a probe of the library's constant, before any handle
+        segment_cublas._WORKSPACE = args.workspace_mib * 1024 * 1024
     lt = lt_handle()
     code, _ = lt_split(True, "none", False)
     stream = cp.cuda.get_current_stream()
@@ -76,6 +82,7 @@ def main() -> int:
             err = float(cp.abs(got - want).max() / cp.abs(want).max())
             us, names = _measure(lt, code, stream, x, w, bias, out, rank)
             print(json.dumps(dict(m=m, n=n, k=k, rank=rank, us=round(us, 2),
+                                  workspace=segment_cublas._WORKSPACE,
                                   memsets=sum("Memset" in s for s in names),
                                   kernels=[s for s in names if "Memset" not in s],
                                   rel_vs_rank0=round(err, 5))), flush=True)
