@@ -29,7 +29,16 @@ MN-major (no transpose pass), persistent over the output tiles.
   running the epilogue while the consumers start the next tile (the tile staged whole as
   fp16, so three stages): 89.6 us against 81.3 in the same call, 70.2 against 68.2 without an
   activation; three warps cannot issue the GELU's ~20 instructions per element as fast as
-  the tensor cores finish a tile (gemm-ws-epi-tried-h100-2026-11-27.{jsonl,patch}).
+  the tensor cores finish a tile (gemm-ws-epi-tried-h100-2026-11-27.{jsonl,patch}). And:
+  deferring a tile's epilogue into the next tile's mainloop (acc + bias rounded to 64 packed
+  registers, 24/240 register split, one or two 16-column units of the activation after each
+  k-step's wgmma issue): correct (the GPU tests passed), level without an activation, but
+  97.8-99.1 us against 83.1 with the GELU (one unit per step: 118-121). ncu: tensor pipe 55%
+  -> 44% active, 23% more instructions, no pipe saturated: the units run in the warps that
+  issue the wgmma, so each step's next wgmma waits for them
+  (gemm-ws-defer-tried-h100-2026-11-27.{jsonl,patch}, ...-ncu-...txt). A wgmma issued
+  after a path that may exit the tile loop without ``wgmma_wait<0>`` is serialised by ptxas
+  (C7518): keep the wait ahead of every exit.
 * :func:`render_gemm_ws`: the kernel's source for a problem and config.
 * :func:`gemm_ws_grid`: the persistent grid (one block per SM at most).
 * :func:`twin_choice`: whether a package's FusedGemm node gets the kernel, and from how many
