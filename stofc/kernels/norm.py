@@ -74,17 +74,27 @@ def _constraints(env: dict) -> None:
 def space(problem: NormProblem, profile: GpuProfile | None = None) -> Space:
     """Threads-per-row and rows-per-block candidates."""
     del profile
-    return Space(axes=(("tpr", (32, 64, 128, 256, 512)), ("rows", (1, 2, 4, 8))),
+    # whole warps: powers of two, and three times them, which hidden sizes that are
+    # multiples of 768 fill exactly (768, 1536, 3072 with one vector per thread)
+    return Space(axes=(("tpr", (32, 64, 96, 128, 192, 256, 384, 512)), ("rows", (1, 2, 4, 8))),
                  constraints=(_constraints,), fixed=(("n", problem.n),))
 
 
 def default_config(problem: NormProblem, profile: GpuProfile | None = None) -> NormConfig:
-    """One vector per thread when the row allows it; 4 warps per block at least."""
+    """One vector per thread where the row allows it (up to 512 threads: rows of 4096), in
+    whole warps (three for BERT-base's 768); 128 threads per block where a row takes fewer,
+    and two rows of three warps.
+
+    Measured (H100, fp16 residual + LayerNorm, ``bench/add_norm_configs.py``,
+    ``add-norm-configs-h100-2026-11-27.jsonl``): at (8192, 768) three warps x two rows ran
+    14.3 us against 15.3 for the previous rule's two warps x two vectors (-7%), 26.6 against
+    29.6 at (16384, 768); one vector per thread was the fastest or within 1% of it at every
+    measured width (768, 1024, 4096), and 128 threads per block (1024, 4096) within 1% of the
+    best block size."""
     del profile
-    tpr = 32
-    while tpr < 512 and -(-problem.n // (VEC * tpr)) > 2:
-        tpr *= 2
-    rows = max(1, 128 // tpr)
+    vectors = -(-problem.n // VEC)
+    tpr = min(512, -(-vectors // 32) * 32)
+    rows = 2 if tpr == 96 else max(1, 128 // tpr)   # 96 x 2: 14.3 us, 96 x 1: 14.6
     return NormConfig(tpr, rows)
 
 
