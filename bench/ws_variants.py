@@ -62,7 +62,7 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "k2c3q": ({"warps": 16, "kstep": 2, "stages": 4}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
-    **{f"split{n}": ({"split": n}, {}) for n in (8, 11, 12, 13, 16, 24, 32)},
+    **{f"split{n}": ({"split": n}, {}) for n in (8, 11, 12, 13, 16, 24, 32, 48, 64)},
 }
 
 
