@@ -74,9 +74,11 @@ def _constraints(env: dict) -> None:
 def space(problem: NormProblem, profile: GpuProfile | None = None) -> Space:
     """Threads-per-row and rows-per-block candidates."""
     del profile
-    # whole warps: powers of two, and three times them, which hidden sizes that are
-    # multiples of 768 fill exactly (768, 1536, 3072 with one vector per thread)
-    return Space(axes=(("tpr", (32, 64, 96, 128, 192, 256, 384, 512)), ("rows", (1, 2, 4, 8))),
+    # whole warps: powers of two, three times them, which hidden sizes that are multiples of
+    # 768 fill exactly (768, 1536, 3072 with one vector per thread), and the default's (five
+    # warps for 1280), so the tuner measures the config an untuned package runs
+    tprs = sorted({32, 64, 96, 128, 192, 256, 384, 512, default_config(problem).tpr})
+    return Space(axes=(("tpr", tuple(tprs)), ("rows", (1, 2, 4, 8))),
                  constraints=(_constraints,), fixed=(("n", problem.n),))
 
 

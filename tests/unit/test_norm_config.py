@@ -43,6 +43,15 @@ def test_space_holds_three_warp_rows_and_the_bert_default():
     assert all(t % 32 == 0 for t, _ in configs)
 
 
+@pytest.mark.parametrize("n", [256, 512, 768, 1024, 1280, 1536, 2560, 3072, 4096, 5120, 8192])
+def test_the_default_is_in_the_space(n):
+    """So the tuner measures the config an untuned package runs (it substitutes the space's
+    first config for a default the space lacks)."""
+    problem = NormProblem(8192, n, "float16", EP)
+    d = default_config(problem)
+    assert (d.tpr, d.rows) in {(c["tpr"], c["rows"]) for c in space(problem).configs()}
+
+
 @pytest.mark.slow  # one NVRTC compile
 def test_three_warp_default_compiles():
     problem = NormProblem(8192, 768, "float16", EP)
