@@ -16,9 +16,11 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from stofc.cachecheck import binary_problem, read_entry, sha256_bytes, warn_once, write_entry
 from stofc.codegen import Source
@@ -51,15 +53,33 @@ class CompiledKernel:
         return self.target.startswith("compute_")
 
 
-def _nvrtc():
-    try:
-        from cupy_backends.cuda.libs import nvrtc  # optional: CuPy's NVRTC, the GPU extras
-    except ImportError as err:  # pragma: no cover - depends on the install
-        raise StofcError(
-            f"NVRTC is not available ({err})",
-            hint="install the GPU extras: pip install 'stofc[gpu]'",
-        ) from err
-    return nvrtc
+_NVRTC_LOAD = threading.Lock()
+_nvrtc_loaded: Any = None
+
+
+def _nvrtc() -> Any:
+    """CuPy's NVRTC module, its library loaded once per process under a lock.
+
+    The first call into the module loads libnvrtc (cuda-pathfinder), which then preloads
+    libnvrtc-builtins by path: the library has no RUNPATH, so NVRTC cannot find its builtins
+    by itself. Two compile-stage threads making the first call at once let one compile
+    between the other's library load and its builtins preload, and NVRTC failed with
+    "failed to open libnvrtc-builtins.so.13.0" (LD_DEBUG showed the order). Loading here,
+    one thread at a time, closes that window."""
+    global _nvrtc_loaded
+    if _nvrtc_loaded is None:
+        with _NVRTC_LOAD:
+            if _nvrtc_loaded is None:
+                try:
+                    from cupy_backends.cuda.libs import nvrtc  # optional: the GPU extras
+                except ImportError as err:  # pragma: no cover - depends on the install
+                    raise StofcError(
+                        f"NVRTC is not available ({err})",
+                        hint="install the GPU extras: pip install 'stofc[gpu]'",
+                    ) from err
+                nvrtc.getVersion()          # loads the library (and its builtins) now
+                _nvrtc_loaded = nvrtc
+    return _nvrtc_loaded
 
 
 @cache
