@@ -17,8 +17,11 @@ import argparse
 import json
 
 
-def _measure(lt, code: int, stream, x, w, bias, out, rank: int) -> tuple[float, list[str]]:
-    """(median us of one call at ``rank``, the CUDA activities of one call)."""
+def _measure(lt, code: int, stream, x, w, bias, out, rank: int
+             ) -> tuple[float, list[str], float]:
+    """(median us of one call at ``rank``, the CUDA activities of one call, the median
+    GPU time of one call's activities over 20 profiled calls: the device's cost alone,
+    where the timed batches of small shapes measure the host's launch rate)."""
     import cupy as cp
     import numpy as np
     from torch.profiler import ProfilerActivity, profile
@@ -31,6 +34,15 @@ def _measure(lt, code: int, stream, x, w, bias, out, rank: int) -> tuple[float, 
         call()
         stream.synchronize()
     names = [ev.name[:70] for ev in prof.events() if ev.device_type.name == "CUDA"]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            call()
+        stream.synchronize()
+    gpu = [ev.device_time for ev in sorted(prof.events(), key=lambda e: e.time_range.start)
+           if ev.device_type.name == "CUDA"]
+    per_call = len(gpu) // 20 or 1
+    device_us = float(np.median([sum(gpu[i:i + per_call])
+                                 for i in range(0, per_call * 20, per_call)]))
     start, end = cp.cuda.Event(), cp.cuda.Event()
     times = []
     for _ in range(10):
@@ -40,7 +52,7 @@ def _measure(lt, code: int, stream, x, w, bias, out, rank: int) -> tuple[float, 
         end.record(stream)
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / 20)
-    return float(np.median(times)), names
+    return float(np.median(times)), names, device_us
 
 
 def main() -> int:
@@ -55,10 +67,11 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--workspace-mib", type=int, default=None,
                         help="the heuristic's and the matmul's workspace instead of the "
-                             "package's 32 MiB (0: only algorithms that need none)")
+                             "package's (segment_cublas.LT_WORKSPACE, 0: only algorithms that "
+                             "need none)")
     args = parser.parse_args()
     if args.workspace_mib is not None:   # a probe of the library's constant, before any handle
-        segment_cublas._WORKSPACE = args.workspace_mib * 1024 * 1024
+        segment_cublas.LT_WORKSPACE = args.workspace_mib * 1024 * 1024
     lt = lt_handle()
     code, _ = lt_split(True, "none", False)
     stream = cp.cuda.get_current_stream()
@@ -80,9 +93,10 @@ def main() -> int:
             got = out.astype(np.float32)
             want = got if want is None else want
             err = float(cp.abs(got - want).max() / cp.abs(want).max())
-            us, names = _measure(lt, code, stream, x, w, bias, out, rank)
+            us, names, device_us = _measure(lt, code, stream, x, w, bias, out, rank)
             print(json.dumps(dict(m=m, n=n, k=k, rank=rank, us=round(us, 2),
-                                  workspace=segment_cublas._WORKSPACE,
+                                  device_us=round(device_us, 2),
+                                  workspace=segment_cublas.LT_WORKSPACE,
                                   memsets=sum("Memset" in s for s in names),
                                   kernels=[s for s in names if "Memset" not in s],
                                   rel_vs_rank0=round(err, 5))), flush=True)

@@ -25,7 +25,8 @@ constexpr int kCudaR32F = 0, kCudaR16F = 2, kCudaR16BF = 14;
 constexpr int kOpN = 0, kOpT = 1;
 constexpr size_t kLtHeuristicBytes = 96;  // cublasLtMatmulHeuristicResult_t
 constexpr size_t kLtHeuristicWorkspaceOffset = 64;  // its size_t workspaceSize
-constexpr uint64_t kLtMaxWorkspace = 32ull << 20;   // as segment_cublas._WORKSPACE
+// as segment_cublas.LT_WORKSPACE (none: its comment gives the measurements)
+constexpr uint64_t kLtMaxWorkspace = 0;
 
 struct CublasLt {
     int (*Create)(LtHandle*);

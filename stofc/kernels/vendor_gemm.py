@@ -43,7 +43,7 @@ from stofc.kernels.epilogue import Epilogue
 from stofc.kernels.gemm import GemmProblem, GemmSegmentFamily
 from stofc.kernels.registry import KernelInstance, ParamValue, register
 from stofc.kernels.spec import KernelSpec
-from stofc.runtime.segment_cublas import lt_version
+from stofc.runtime.segment_cublas import LT_WORKSPACE, lt_version
 from stofc.targets import GpuProfile
 
 TEMPLATE = "vendor/cublas"
@@ -110,8 +110,10 @@ def split_fused_gemm(has_bias: bool, act: str, has_residual: bool,
 def vendor_tag() -> str:
     """The vendor path's identity in GEMM tuning keys: cuBLASLt version, weight layout and
     what Lt folds (``lt2``: the tanh GELU joined the bias and ReLU; a rank measured with
-    the older split timed another epilogue)."""
-    return f"cublasLt:{lt_version() or 'none'}:w_kn:lt2"
+    the older split timed another epilogue) and the workspace the heuristic may use
+    (``ws0``: none, :data:`~stofc.runtime.segment_cublas.LT_WORKSPACE`; ranks measured
+    under the old 32 MiB preference named other algorithms)."""
+    return f"cublasLt:{lt_version() or 'none'}:w_kn:lt2:ws{LT_WORKSPACE >> 20}"
 
 
 @dataclass(frozen=True)

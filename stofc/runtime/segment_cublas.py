@@ -25,7 +25,17 @@ _CUDA_R_16F, _CUDA_R_16BF = 2, 14
 _OP_N, _OP_T = 0, 1
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
-_WORKSPACE = 32 * 1024 * 1024
+_WORKSPACE = 32 * 1024 * 1024    # the plain cuBLAS handle's (cublasSetWorkspace: capturable)
+# cuBLASLt's workspace: the heuristic's MAX_WORKSPACE_BYTES preference and what cublasLtMatmul
+# gets. None: at 32 MiB the heuristic's first choice for the BERT-base QKV GEMM (8192 x 2304 x
+# 768) and for 4096-16384 x 3072 x 768 zeroes its workspace with a Memset before every call, one
+# more launch and kernel boundary (~3 us a layer in the package); with no workspace it picks the
+# stream-scheduled ("ssched") twin of the same tile config, 1-1.5 us faster in GPU time with the
+# memset counted, and the same kernel for every other shape measured (M 128-16384, BERT-base's
+# four GEMMs; one split-K pick at 128 x 768 x 3072 was 0.1 us faster with the workspace):
+# bench/results/lt-workspace-ab-{h100,h200}-2026-11-27.jsonl. The ORT twin's kLtMaxWorkspace
+# (cuda/ort/cublas_lt.h) must equal it, so a tuned rank names one algorithm on both sides.
+LT_WORKSPACE = 0
 
 
 def _library() -> ctypes.CDLL:
@@ -206,7 +216,7 @@ class CublasLt:
     scale, ``opN``/``opN``, column-major views of the row-major operands
     (``w [K, N]`` as A ``N x K`` ld N, ``x [M, K]`` as B ``K x M`` ld K,
     ``out [M, N]`` as C and D ``N x M`` ld N), the epilogue, the bias pointer set
-    before the heuristic, and a 32 MiB workspace preference.
+    before the heuristic, and a workspace preference of :data:`LT_WORKSPACE` bytes.
 
     ``lib`` / ``workspace`` (a device pointer) let tests drive it with a fake
     library and no GPU; by default the real library and a CuPy buffer.
@@ -235,11 +245,12 @@ class CublasLt:
         self.lib = lib
         self.handle = vp()
         Cublas._check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        if workspace is None:
+        self._workspace_bytes = LT_WORKSPACE
+        if workspace is None and self._workspace_bytes:
             import cupy  # optional: CuPy, the GPU extras
-            self.workspace = cupy.empty(_WORKSPACE, dtype=cupy.uint8)
+            self.workspace = cupy.empty(self._workspace_bytes, dtype=cupy.uint8)
             workspace = int(self.workspace.data.ptr)
-        self._workspace_ptr = workspace
+        self._workspace_ptr = workspace or 0
         self._plans: dict[tuple, LtPlan] = {}
         self._one = ctypes.c_float(1.0)
         self._zero = ctypes.c_float(0.0)
@@ -280,7 +291,7 @@ class CublasLt:
         pref = vp()
         Cublas._check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
                       "cublasLtMatmulPreferenceCreate")
-        size = ctypes.c_uint64(_WORKSPACE)
+        size = ctypes.c_uint64(self._workspace_bytes)
         Cublas._check(lib.cublasLtMatmulPreferenceSetAttribute(
             pref, _LT_PREF_MAX_WORKSPACE, vp(ctypes.addressof(size)), ctypes.sizeof(size)),
             "cublasLtMatmulPreferenceSetAttribute")
@@ -332,7 +343,8 @@ class CublasLt:
             self.handle, plan.desc, vp(ctypes.addressof(self._one)), vp(w_kn.data.ptr), plan.a,
             vp(x.data.ptr), plan.b, vp(ctypes.addressof(beta)), vp(c_ptr), plan.c,
             vp(out.data.ptr), plan.c, vp(ctypes.addressof(plan.heuristic)),
-            vp(self._workspace_ptr), _WORKSPACE, vp(stream_ptr)), "cublasLtMatmul")
+            vp(self._workspace_ptr or None), self._workspace_bytes, vp(stream_ptr)),
+            "cublasLtMatmul")
 
 
 _LT_HANDLES: dict[int, CublasLt] = {}

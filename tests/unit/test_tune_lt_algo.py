@@ -327,7 +327,8 @@ class FakeLt:
             self.matmuls.append({
                 "algo": int.from_bytes(ctypes.string_at(algo.value, 8), "little"),
                 "a": a_ptr.value, "b": b_ptr.value, "c": c_ptr.value, "d": d_ptr.value,
-                "beta": ctypes.c_float.from_address(beta.value).value})
+                "beta": ctypes.c_float.from_address(beta.value).value,
+                "workspace": workspace.value, "size": size})
             return 0
 
         self.cublasLtCreate = create
@@ -391,9 +392,10 @@ def test_descriptors_are_those_of_the_ort_twin():
     assert sets[:4] == [(3, 0), (4, 0), (7, 4), (8, 0x4000)]   # opN, opN, BIAS, bias
     layouts = [c[1:] for c in calls if c[0] == "layout"]
     assert layouts == [(14, n, k, n), (14, k, m, k), (14, n, m, n)]
-    assert ("pref", 1, 32 << 20) in calls
+    assert ("pref", 1, 0) in calls                             # no workspace (LT_WORKSPACE)
     done = fake.matmuls[-1]
     assert done["c"] == 0x6000 and done["d"] == 0x3000 and done["beta"] == 1.0
+    assert done["size"] == 0
     # the C++ twins build the same (cuda_lt_gemm.cc, shared by FusedGemm and GatedGemm):
     # opN/opN and these three layouts
     cc = (ROOT / "cuda/ort/cuda_lt_gemm.cc").read_text()
@@ -404,6 +406,24 @@ def test_descriptors_are_those_of_the_ort_twin():
     assert re.search(r"MatmulDescCreate\(&p->desc, kLtComputeF32, kCudaR32F\)", cc)
     fused = (ROOT / "cuda/ort/cuda_gemm_norm.cc").read_text()
     assert re.search(r"f32_out \? kCudaR32F : dtype", fused)   # C/D = dtype unless a float y
+
+
+def test_no_lt_workspace_on_either_side():
+    """The heuristic may use no workspace, in Python and in the ORT library alike: with one,
+    its first choice for BERT-base's QKV GEMM zeroes it with a memset before every call
+    (bench/results/lt-workspace-ab-*); the two preferences must match, or a tuned rank
+    names different algorithms in the tuner and the package."""
+    assert sc.LT_WORKSPACE == 0
+    header = (ROOT / "cuda/ort/cublas_lt.h").read_text()
+    found = re.search(r"constexpr uint64_t kLtMaxWorkspace = (\d+)(?:ull)?;", header)
+    assert found and int(found.group(1)) == sc.LT_WORKSPACE
+    fake = FakeLt(available=1)
+    lt = sc.CublasLt(lib=fake)                                 # no CuPy buffer is made
+    x, w, out = _array((8, 64), 0x1000), _array((64, 32), 0x2000), _array((8, 32), 0x3000)
+    lt.matmul(x, w, out, "float16", 0)
+    assert fake.matmuls[-1]["workspace"] is None and fake.matmuls[-1]["size"] == 0
+    from stofc.kernels.vendor_gemm import vendor_tag
+    assert vendor_tag().endswith(":ws0")                       # tuned ranks of 32 MiB: stale
 
 
 # ---- the segment runner's vendor path -------------------------------------------------
