@@ -51,6 +51,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "s3": ({"stages": 3}, {}),
     "s4": ({"stages": 4}, {}),
     "q_smem": ({}, {"q_in_regs": "false"}),
+    # P's row sums by FADD trees in the softmax instead of the ones wgmma (ws.WS_ROWSUM_MMA)
+    "rowsum_off": ({}, {"rowsum_mma": "false"}),
+    "rowsum_on": ({}, {"rowsum_mma": "true"}),
     "no_pingpong": ({"pingpong": False}, {}),
     "kstep2": ({"kstep": 2, "stages": 4}, {}),
     # (three consumers at head_dim 128 read Q from shared memory: ws_q_in_regs; the

@@ -37,6 +37,15 @@ __device__ __forceinline__ u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
            (static_cast<u64>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 
+/// Descriptor of a shared-memory operand without swizzle (K-major B: core matrices of 8
+/// rows x 16 contiguous bytes; `lbo` = byte stride between core matrices along K, `sbo`
+/// = along N). The row-sum operand (ws_ones) uses it.
+__device__ __forceinline__ u64 plain_desc(u32 addr, u32 lbo, u32 sbo) {
+    return static_cast<u64>((addr & 0x3FFFFu) >> 4) |
+           (static_cast<u64>((lbo & 0x3FFFFu) >> 4) << 16) |
+           (static_cast<u64>((sbo & 0x3FFFFu) >> 4) << 32);
+}
+
 /// Order earlier register writes (accumulators, register A) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -285,6 +294,25 @@ __device__ __forceinline__ void wgmma_rs_tb<__nv_bfloat16, 256>(float (&d)[32][4
                    STOFC_ACC8_AT(d, 24)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
+
+/// d (64 x 8) += A (64 x 16, registers) * B (16 x 8, smem, K-major). With B all ones every
+/// column of d is the row sum of A: the ws kernel's softmax row sums of P, on the tensor
+/// cores (ROWSUM_MMA) instead of ~2 FADDs per probability.
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n8(float (&d)[1][4], const u32 (&a)[4], u64 desc_b);
+
+#define STOFC_RS_N8(TYPE, KIND)                                                                 \
+    template <>                                                                                 \
+    __device__ __forceinline__ void wgmma_rs_n8<TYPE>(float (&d)[1][4], const u32 (&a)[4],       \
+                                                      u64 desc_b) {                              \
+        asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32." KIND "." KIND                 \
+                     " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 1, 1, 1, 0;\n"                   \
+                     : STOFC_ACC1(d, 0)                                                         \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                \
+    }
+STOFC_RS_N8(__half, "f16")
+STOFC_RS_N8(__nv_bfloat16, "bf16")
+#undef STOFC_RS_N8
 
 // STOFC_ACC1, STOFC_ACC8_AT, STOFC_D64 and STOFC_D128 stay defined: gemm_ws.cuh's wgmma
 // forms take the same operand lists.

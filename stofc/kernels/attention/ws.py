@@ -75,6 +75,19 @@ def _ring_bytes(stages: int, head_dim: int, consumers: int) -> int:
     return q + kv + bitmaps + barriers
 
 
+# The row sums of P (the softmax denominators) come from a wgmma of P against a 16 x 8 tile of
+# ones in shared memory (ONES_BYTES after the mbarriers, 128-byte aligned: OFF_ONES in the
+# template), issued with each step's P V, instead of ~2 FADDs per probability in the softmax
+# (31 of a consumer warp's ~340 instructions per 64-key step at head_dim 64).
+WS_ROWSUM_MMA = True
+ONES_BYTES = 256
+
+
+def _ones_end(stages: int, head_dim: int, consumers: int) -> int:
+    """The end of the ring and, 128-byte aligned after it, the row-sum operand's ones."""
+    return -(-_ring_bytes(stages, head_dim, consumers) // 128) * 128 + ONES_BYTES
+
+
 def ws_stage_bytes(head_dim: int, consumers: int) -> int:
     """The output staging area: 16 rows of ``2 * head_dim + 16`` bytes per consumer warp
     (``staged_row_bytes`` in ``cuda/stofc/ws.cuh``)."""
@@ -92,9 +105,8 @@ def ws_stage_o(stages: int, head_dim: int, consumers: int = 2) -> bool:
 
 
 def _staged_bytes(stages: int, head_dim: int, consumers: int) -> int:
-    """The ring, then, 128-byte aligned (``OFF_O`` in the template), the staging area."""
-    ring = _ring_bytes(stages, head_dim, consumers)
-    return -(-ring // 128) * 128 + ws_stage_bytes(head_dim, consumers)
+    """The ring, the ones (:func:`_ones_end`), then the staging area (``OFF_O``)."""
+    return _ones_end(stages, head_dim, consumers) + ws_stage_bytes(head_dim, consumers)
 
 
 def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
@@ -103,7 +115,7 @@ def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
     output staging area after it."""
     if ws_stage_o(stages, head_dim, consumers):
         return _staged_bytes(stages, head_dim, consumers) + 1024
-    return _ring_bytes(stages, head_dim, consumers) + 1024
+    return _ones_end(stages, head_dim, consumers) + 1024
 
 
 def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
@@ -237,6 +249,7 @@ class AttentionWs(AttentionFamily):
                     has_softcap=FLAG[spec.has_softcap],
                     q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],
                     stage_o=FLAG[ws_stage_o(c.stages, spec.head_dim, ws_consumers(c))],
+                    rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ONES_BYTES,
                     smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c)))
 
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------

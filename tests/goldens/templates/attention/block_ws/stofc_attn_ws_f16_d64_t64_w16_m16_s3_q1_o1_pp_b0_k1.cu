@@ -42,6 +42,7 @@ constexpr int MAX_CHUNKS = 64;      // chunks of one split row (combine)
 constexpr int KSTEP = 1;                // 64-key tiles per softmax step
 constexpr int CONSUMERS = 3;        // consumer warpgroups: 64 query rows each
 constexpr bool STAGE_O = true;           // O leaves through smem (16-byte stores)
+constexpr bool ROWSUM_MMA = true;     // P's row sums by wgmma against ones
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -63,10 +64,13 @@ constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
 constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
 constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
-constexpr int OFF_O = (OFF_BAR + (4 * STAGES + 2) * 8 + 127) / 128 * 128;   // staged O
+// B of the row-sum wgmma (ROWSUM_MMA): 16 keys x 8 columns of ones, K-major, no swizzle
+constexpr int OFF_ONES = (OFF_BAR + (4 * STAGES + 2) * 8 + 127) / 128 * 128;
+constexpr int ONES_BYTES = 256;
+constexpr int OFF_O = OFF_ONES + ONES_BYTES;                                 // staged O
 constexpr int O_WARP = 16 * staged_row_bytes<D>();   // a consumer warp's 16 staged rows
-constexpr int SMEM_END = STAGE_O ? OFF_O + CONSUMERS * 4 * O_WARP : OFF_BAR + (4 * STAGES + 2) * 8;
-static_assert(SMEM_END + 1024 <= 107136, "the launch's dynamic shared memory (ws_smem_bytes) "
+constexpr int SMEM_END = STAGE_O ? OFF_O + CONSUMERS * 4 * O_WARP : OFF_O;
+static_assert(SMEM_END + 1024 <= 107392, "the launch's dynamic shared memory (ws_smem_bytes) "
               "holds every region and the 1024 bytes of alignment slack");
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
               BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + 1;
@@ -75,6 +79,7 @@ static_assert(D % 64 == 0, "head_dim must fill 128-byte swizzle panels");
 static_assert(STAGES >= 2, "the ring needs two stages");
 static_assert(Q_IN_REGS || D >= 128, "Q leaves the registers only for large head_dims");
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
+static_assert(ONES_BYTES >= 256, "the row-sum operand: 16 keys x 8 columns of T");
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
 static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
@@ -212,6 +217,12 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         mbar_init(bar(BAR_Q_EMPTY), 4 * CONSUMERS);        // one arrival per consumer warp
         mbar_fence_init();
     }
+    if (ROWSUM_MMA && threadIdx.x < ONES_BYTES / 4) {   // the ones the row-sum wgmma reads
+        const u32 one2 = DTypeTraits<T>::pack(1.0f, 1.0f);
+        asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(base + OFF_ONES + 4u * threadIdx.x), "r"(one2)
+                     : "memory");
+        fence_proxy_async_smem();                          // visible to wgmma (async proxy)
+    }
     __syncthreads();
     // programmatic dependent launch (pdl.cuh): nothing global is read or written above this
     // line (kv_len and key_bits come from KeyPrep, q/k/v from the GEMM before, o may reuse
@@ -329,6 +340,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     const T* br1 = nullptr;
     u32 qf[Q_IN_REGS ? KC : 1][4];
     float acc[ND][4];
+    float lacc[1][4];                              // ROWSUM_MMA: P's row sums (every column)
     float row_m[2], row_l[2];
     u32 pf_prev[NS / 2][4];
     float alpha_prev[2];
@@ -347,6 +359,8 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     const u64 desc_k0 = sw128_desc(base + OFF_K, 16, 1024);          // K slot 0 panel 0, K-major
     const u64 desc_v0 = sw128_desc(base + OFF_V, KV_PANEL, 1024);    // V slot 0, N-major
     const u64 desc_q = sw128_desc(q_wg, 16, 1024);                   // Q (when read from smem)
+    // ones (ROWSUM_MMA): the two 8 x 16-byte core matrices of a k16 step 128 bytes apart
+    const u64 desc_ones = plain_desc(base + OFF_ONES, 128, 128);
     auto parity_of = [&](Ring p, int hh) { return ring_at(p, hh).par; };
     // A K slot also holds the step's bitmaps, read by every thread in mask_step: each warp
     // releases it once all its lanes are past their reads.
@@ -389,8 +403,12 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh)
             mbar_wait(bar(BAR_FULL_V + slot_of(i0, hh)), parity_of(i0, hh));
-        if (rescale_prev) rescale_rows<ND>(acc, alpha_prev);   // warp-uniform (a vote)
+        if (rescale_prev) {                                    // warp-uniform (a vote)
+            rescale_rows<ND>(acc, alpha_prev);
+            if (ROWSUM_MMA) rescale_rows<1>(lacc, alpha_prev);
+        }
         wgmma_pin(acc);
+        if (ROWSUM_MMA) wgmma_pin(lacc);
         wgmma_keep(pf_prev);
         wgmma_fence();
 #pragma unroll
@@ -399,6 +417,10 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 #pragma unroll
             for (int kk = 0; kk < NB / 2; ++kk)
                 wgmma_rs_tb<T, D>(acc, pf_prev[hh * (NB / 2) + kk], desc_at(dv, kk * 16 * 128));
+        }
+        if (ROWSUM_MMA) {
+#pragma unroll
+            for (int kk = 0; kk < NS / 2; ++kk) wgmma_rs_n8<T>(lacc, pf_prev[kk], desc_ones);
         }
         wgmma_commit();
     };
@@ -429,6 +451,10 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 else
                     mask_tile<H1>(sc, bm32, 2 * warp, need_keys, keys, br0, br1, inv_scale, g, t4);
             }
+        }
+        if (ROWSUM_MMA) {
+            float unused_l[2] = {0.0f, 0.0f};      // the sums come from the row-sum wgmma
+            return softmax_exp_lazy<NS>(sc, row_m, unused_l, sl, alpha);
         }
         return softmax_exp_lazy<NS>(sc, row_m, row_l, sl, alpha);
     };
@@ -484,6 +510,8 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         for (int nn = 0; nn < ND; ++nn)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[nn][e] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lacc[0][e] = 0.0f;
         row_m[0] = row_m[1] = STOFC_NEG_INF;
         row_l[0] = row_l[1] = 0.0f;
         alpha_prev[0] = alpha_prev[1] = 1.0f;
@@ -517,6 +545,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 release_k(i0);                                            // release the K slots
                 wgmma_wait<0>();                       // P V done: its P may be overwritten now
                 wgmma_pin(acc);
+                if (ROWSUM_MMA) wgmma_pin(lacc);
                 wgmma_keep(pf_prev);
                 release_v(prev_i0);
                 keep_probs(sc, alpha, moved);
@@ -535,6 +564,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 if (PINGPONG) named_bar_arrive(bar_other, 256);
                 wgmma_wait<0>();
                 wgmma_pin(acc);
+                if (ROWSUM_MMA) wgmma_pin(lacc);
                 wgmma_keep(pf_prev);
                 release_k(i0);
                 release_v(prev_i0);
@@ -557,11 +587,16 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 issue_pv(prev_i0);
                 wgmma_wait<0>();
                 wgmma_pin(acc);
+                if (ROWSUM_MMA) wgmma_pin(lacc);
             }
             release_v(prev_i0);
         }
 
         if (!Q_IN_REGS && !empty) release_q();     // the last S = Q K^T has retired
+        if (ROWSUM_MMA) {          // every lane holds its rows' whole sums: one per quad, as
+            row_l[0] = t4 == 0 ? lacc[0][0] : 0.0f;  // the softmax's quad-partial sums are
+            row_l[1] = t4 == 0 ? lacc[0][2] : 0.0f;
+        }
         // ---- epilogue: a whole row writes O; a chunk writes its partial result
         if (x.slot < 0) {
             T* ob = o + x.b * o_sb + x.h * o_sh;
