@@ -219,7 +219,8 @@ class CublasLt:
     before the heuristic, and a workspace preference of :data:`LT_WORKSPACE` bytes.
 
     ``lib`` / ``workspace`` (a device pointer) let tests drive it with a fake
-    library and no GPU; by default the real library and a CuPy buffer.
+    library and no GPU; by default the real library and, where ``LT_WORKSPACE`` is
+    not 0, a CuPy buffer of that size (none now: the matmul gets a null workspace).
     """
 
     def __init__(self, lib: Any = None, workspace: int | None = None) -> None:

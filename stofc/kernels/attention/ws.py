@@ -78,7 +78,8 @@ def _ring_bytes(stages: int, head_dim: int, consumers: int) -> int:
 # The row sums of P (the softmax denominators) come from a wgmma of P against a 16 x 8 tile of
 # ones in shared memory (ONES_BYTES after the mbarriers, 128-byte aligned: OFF_ONES in the
 # template), issued with each step's P V, instead of ~2 FADDs per probability in the softmax
-# (31 of a consumer warp's ~340 instructions per 64-key step at head_dim 64).
+# (~30 of a consumer warp's ~340 instructions per 64-key step at head_dim 64;
+# bench/results/ws-variants-rowsum-h100-2026-11-27.jsonl, NOTES.md).
 WS_ROWSUM_MMA = True
 ONES_BYTES = 256
 

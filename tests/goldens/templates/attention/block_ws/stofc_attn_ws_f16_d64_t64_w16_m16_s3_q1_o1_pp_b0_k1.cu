@@ -11,7 +11,8 @@
 // its registers to the consumers (setmaxnreg). A consumer warpgroup keeps its 64 rows
 // of Q in registers (head_dim <= 128; above, Q is read from smem), computes S = Q K^T
 // with register-A wgmma while the previous tile's O += P V runs (intra-warpgroup
-// overlap), and with PINGPONG the warpgroups take turns (round robin) issuing their
+// overlap; with ROWSUM_MMA the same group sums P's rows by a wgmma against ones), and
+// with PINGPONG the warpgroups take turns (round robin) issuing their
 // GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
 // hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
 // granularity; key padding, bias and soft-capping are block_tile.cuh's.
