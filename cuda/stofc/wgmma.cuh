@@ -27,23 +27,21 @@ __device__ __forceinline__ u32 sw128_offset(int row, int chunk) {
     return static_cast<u32>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
+/// Descriptor of a shared-memory operand at `addr` without swizzle (K-major B: core matrices
+/// of 8 rows x 16 contiguous bytes; `lbo` = byte stride between core matrices along K, `sbo`
+/// = along N); the fields every layout shares. The row-sum operand (ws ones) uses it as is.
+__device__ __forceinline__ u64 plain_desc(u32 addr, u32 lbo, u32 sbo) {
+    return static_cast<u64>((addr & 0x3FFFFu) >> 4) |
+           (static_cast<u64>((lbo & 0x3FFFFu) >> 4) << 16) |
+           (static_cast<u64>((sbo & 0x3FFFFu) >> 4) << 32);
+}
+
 /// Descriptor of a 128B-swizzled shared-memory operand at `addr` (1024-aligned panel
 /// base plus a k offset). K-major (no transpose): `lbo` unused, `sbo` = 1024 (8 rows).
 /// MN-major (transposed B): `lbo` = byte stride between 64-column panels along N,
 /// `sbo` = 1024 (8 K rows of 128 bytes).
 __device__ __forceinline__ u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
-    return static_cast<u64>((addr & 0x3FFFFu) >> 4) |
-           (static_cast<u64>((lbo & 0x3FFFFu) >> 4) << 16) |
-           (static_cast<u64>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-
-/// Descriptor of a shared-memory operand without swizzle (K-major B: core matrices of 8
-/// rows x 16 contiguous bytes; `lbo` = byte stride between core matrices along K, `sbo`
-/// = along N). The row-sum operand (ws_ones) uses it.
-__device__ __forceinline__ u64 plain_desc(u32 addr, u32 lbo, u32 sbo) {
-    return static_cast<u64>((addr & 0x3FFFFu) >> 4) |
-           (static_cast<u64>((lbo & 0x3FFFFu) >> 4) << 16) |
-           (static_cast<u64>((sbo & 0x3FFFFu) >> 4) << 32);
+    return plain_desc(addr, lbo, sbo) | (1ull << 62);   // layout type 1: 128-byte swizzle
 }
 
 /// Order earlier register writes (accumulators, register A) before the next wgmma.

@@ -313,8 +313,8 @@ def test_row_sums_come_from_the_ones_wgmma(dtype, head_dim, consumers):
     each P V), not FADD trees: the PTX holds the m64n8k16 wgmma and ~30 fewer adds per
     softmax copy than the same kernel rendered with ``rowsum_mma`` off (the sums the softmax
     still forms are dead and removed); the ones fit in the launch's shared memory after the
-    mbarriers (bench/results/ws-variants-rowsum-h100-2026-11-27.jsonl: 2-7% faster on dense
-    and causal rows at 8K, level to 2% either way elsewhere)."""
+    mbarriers (bench/results/ws-variants-rowsum-h100-2026-11-27.jsonl: 2-11% faster on dense
+    and causal rows at 8K, within 2% either way at 16K and on Longformer/BigBird)."""
     from stofc.codegen import render
     from stofc.compile import compile_source
     from stofc.kernels.attention.render import COMPILE_OPTIONS
