@@ -29,7 +29,17 @@ MN-major (no transpose pass), persistent over the output tiles.
   running the epilogue while the consumers start the next tile (the tile staged whole as
   fp16, so three stages): 89.6 us against 81.3 in the same call, 70.2 against 68.2 without an
   activation; three warps cannot issue the GELU's ~20 instructions per element as fast as
-  the tensor cores finish a tile (gemm-ws-epi-tried-h100-2026-11-27.{jsonl,patch}). And:
+  the tensor cores finish a tile (gemm-ws-epi-tried-h100-2026-11-27.{jsonl,patch}). Seven
+  epilogue warps (a fourth warpgroup beside those three) do not help either: 512 threads hold
+  128 registers each and ptxas compiles every path within that (setmaxnreg does not lift it;
+  a 64 x 256 fp32 accumulator fails with C7602), so the tile shrinks to 128 x 192; on an H200,
+  same calls in both orders, (8192, 768, 3072) + GELU 76.9 / 79.5 us against 76.7 / 78.2 for
+  this default, 9.5-10 us still over its own GEMM alone, and 16K rows 161.4 / 165.3 against
+  156.2 / 163.2 (gemm-ws-epi-wg-tried-h200-2026-11-27.{jsonl,patch}). The 192-wide tile with
+  the epilogue in the consumers wins where waves are few: 1024 rows 15.2 us against
+  17.7-18.2, 2048 rows 24.1-24.3 against 29.1-29.2 (1.45 waves of 128 x 256 tiles on 132 SMs
+  against 1.94 of 128 x 192), and loses 2-3% from 8192 rows on; not adopted, since the
+  FusedGemm node names one kernel (a per-M choice needs a second). And:
   deferring a tile's epilogue into the next tile's mainloop (acc + bias rounded to 64 packed
   registers, 24/240 register split, one or two 16-column units of the activation after each
   k-step's wgmma issue): correct (the GPU tests passed), level without an activation, but
