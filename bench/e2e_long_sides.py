@@ -318,7 +318,7 @@ def check_point(run, rec, b: int, s: int) -> None:
 
 def profile_point(run, rec, b: int, s: int) -> None:
     """GPU time split (attention, GEMMs, rest) per side at (b, s): ORT, each package, Flex."""
-    from profile_e2e import kernel_breakdown
+    from profile_e2e import foreign_kernels, kernel_breakdown, package_entries
 
     if not cuda():
         rec.emit(kind="skip", step="profile", model=run.name, B=b, S=s,
@@ -339,7 +339,12 @@ def profile_point(run, rec, b: int, s: int) -> None:
             for _ in range(3):
                 session.run_with_iobinding(binding)
             split = kernel_breakdown(lambda s_=session, b_=binding: s_.run_with_iobinding(b_))
-            rec.emit(kind="profile", **where, **_split_row(split))
+            row = _split_row(split)
+            if impl == "stofc":
+                foreign = foreign_kernels(split["names"], package_entries(run.packages[mask]))
+                if foreign:
+                    row["foreign_names"] = foreign
+            rec.emit(kind="profile", **where, **row)
         except Exception as err:
             rec.emit(kind="error", step="profile", **where, err=one_line(err))
         finally:

@@ -255,17 +255,28 @@ def profile_table(rows: list[dict]) -> list[str]:
     lines = ["## Where the GPU time goes (CUPTI through torch.profiler, ms per run)", ""]
     lines += _header(["model", "mask", "B", "L", "side", "attention", "GEMMs", "rest",
                       "GPU busy", "idle: host / device", "wall"])
+    foreign = []
     for r in prof:
         tl = r.get("timeline") or {}
         idle = (f"{_fmt(tl['host_gap'])} / {_fmt(tl['device_gap'])}" if "host_gap" in tl
                 else "-")
+        side = r["impl"]
+        if r.get("foreign_names"):
+            foreign.append(r)
+            side += " (names!)"
         lines.append(f"| {r['model']} | {r.get('mask') or '-'} | {r['B']} | {r['S']} | "
-                     f"{r['impl']} | {_fmt(r['attention_ms'])} | {_fmt(r['gemm_ms'])} | "
+                     f"{side} | {_fmt(r['attention_ms'])} | {_fmt(r['gemm_ms'])} | "
                      f"{_fmt(r['other_ms'])} | {_fmt(r['gpu_busy_ms'])} | {idle} | "
                      f"{_fmt(r['wall_ms'])} |")
     lines += ["", "idle: the gaps between a run's GPU activities, 'host' where the next launch "
               "call ended after the GPU went idle (the GPU waited for the host), 'device' "
               "where it was queued (the GPU's own turnaround)."]
+    for r in foreign:
+        lines += ["", f"names!: the profile of {r['model']}/{r.get('mask')} at ({r['B']}, "
+                  f"{r['S']}) recorded kernels this package does not define "
+                  f"({', '.join(r['foreign_names'])}): CUPTI named a kernel after a function "
+                  "another package loaded in the same process, so its attention / GEMM / rest "
+                  "split is not to be trusted (GPU busy, idle and wall stand)."]
     return [*lines, ""]
 
 

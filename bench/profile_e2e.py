@@ -45,6 +45,26 @@ def classify(name: str) -> str:
     return "gemm" if GEMM.search(name) else "other"
 
 
+ENTRY = re.compile(r'extern "C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(')
+
+
+def package_entries(package: Path) -> set[str]:
+    """The kernel entry points a stofc package defines (its ``kernels/*.cu``)."""
+    return {name for cu in sorted(Path(package, "kernels").glob("*.cu"))
+            for name in ENTRY.findall(cu.read_text())}
+
+
+def foreign_kernels(names, entries: set[str], width: int = 90) -> list[str]:
+    """The ``stofc_`` kernel names a profile of one package's session recorded that the
+    package does not define (names compared at the profile's ``width`` characters).
+
+    CUPTI can report a kernel under the name of a function another package loaded earlier in
+    the same process (seen on an H200, 2026-11-27: the causal package's FFN GEMM recorded as
+    the BigBird package's ``..._combine``); a row with such names has an unreliable split."""
+    own = {e[:width] for e in entries}
+    return sorted({n for n in names if n.startswith("stofc_") and n[:width] not in own})
+
+
 GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
@@ -154,6 +174,7 @@ def kernel_breakdown(run, runs: int = 5) -> dict:
     return dict(wall_ms=round(wall, 3), gpu_busy_ms=round(busy / runs / 1e3, 3),
                 kernels_per_run=round(sum(count.values()), 1),
                 gpu_sum_ms=round(sum(per.values()) / 1e3, 3), top=top, timeline=gaps,
+                names=sorted(per),
                 split_ms={k: round(v, 3) for k, v in split.items()})
 
 

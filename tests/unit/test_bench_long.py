@@ -188,6 +188,47 @@ def test_classify_kernel_names():
     assert classify("triton_per_fused_add_native_layer_norm_3") == "other"
 
 
+def test_package_entries_are_every_rendered_kernels_entry_points(tmp_path):
+    """Every golden kernel source (attention, GEMM, norm, RoPE templates) defines the entry
+    its file is named after; the ws attention's sources also define their combine."""
+    from profile_e2e import package_entries
+
+    goldens = sorted((ROOT / "tests" / "goldens" / "templates").rglob("*.cu"))
+    assert len(goldens) > 10
+    kernels = tmp_path / "pkg" / "kernels"
+    kernels.mkdir(parents=True)
+    for cu in goldens:
+        (kernels / cu.name).write_text(cu.read_text())
+    entries = package_entries(tmp_path / "pkg")
+    assert {cu.stem for cu in goldens} <= entries
+    assert any(e.startswith("stofc_attn_ws_") and e.endswith("_combine") for e in entries)
+
+
+def test_profile_rows_with_kernels_of_another_package_are_flagged(tmp_path):
+    """The case seen on an H200: the causal package's profile recorded its FFN GEMM under the
+    BigBird package's combine kernel name; the row is flagged, its split called unreliable."""
+    from e2e_long_tables import profile_table
+    from profile_e2e import foreign_kernels
+
+    own = {"stofc_attn_ws_f16_d64_t64_w16_m16_s4_q1_o1_pp_b0_k1",
+           "stofc_attn_ws_f16_d64_t64_w16_m16_s4_q1_o1_pp_b0_k1_combine",
+           "stofc_gemm_ws_float16_gelu_erf_b1_n256_s4_coop_p64", "stofc_key_prep"}
+    stray = "stofc_attn_ws_f16_d64_t64_w12_m16_s4_q1_o1_pp_b0_k1_combine"
+    names = [*sorted(own), stray, "nvjet_sm90_hsh_192x128_64x5_1x2_h_bz_coopB_bias_NNT"]
+    assert foreign_kernels(names, own) == [stray]
+    assert foreign_kernels(sorted(own), own) == []
+    long_name = "stofc_" + "x" * 120                      # the profile keeps 90 characters
+    assert foreign_kernels([long_name[:90]], {long_name}) == []
+    row = dict(kind="profile", model="bert32k", mask="causal", impl="stofc", B=1, S=8192,
+               attention_ms=4.032, gemm_ms=1.401, other_ms=0.259, gpu_busy_ms=5.676,
+               wall_ms=6.094, foreign_names=[stray])
+    clean = {**row, "mask": "bigbird", "foreign_names": None}
+    text = "\n".join(profile_table([row, clean]))
+    assert "| causal | 1 | 8192 | stofc (names!) |" in text
+    assert "| bigbird | 1 | 8192 | stofc |" in text
+    assert stray in text and "not to be trusted" in text
+
+
 def test_timeline_splits_idle_into_host_and_device_gaps():
     """Two runs of three activities: a queued launch leaves a 2 us device gap, a launch
     that ends after the GPU went idle leaves an 8 us host gap; the memset counts as GPU."""
