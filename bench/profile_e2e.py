@@ -48,10 +48,14 @@ def classify(name: str) -> str:
 ENTRY = re.compile(r'extern "C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(')
 
 
+LIBRARY_KERNELS = Path(__file__).resolve().parents[1] / "cuda" / "ort"
+
+
 def package_entries(package: Path) -> set[str]:
-    """The kernel entry points a stofc package defines (its ``kernels/*.cu``)."""
-    return {name for cu in sorted(Path(package, "kernels").glob("*.cu"))
-            for name in ENTRY.findall(cu.read_text())}
+    """The kernel entry points a stofc package can launch: its ``kernels/*.cu`` and those the
+    custom-op library embeds (``cuda/ort/*.cu``, e.g. ``stofc_key_prep``)."""
+    sources = [*sorted(Path(package, "kernels").glob("*.cu")), *sorted(LIBRARY_KERNELS.glob("*.cu"))]
+    return {name for cu in sources for name in ENTRY.findall(cu.read_text())}
 
 
 def foreign_kernels(names, entries: set[str], width: int = 90) -> list[str]:

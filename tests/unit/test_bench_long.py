@@ -202,6 +202,9 @@ def test_package_entries_are_every_rendered_kernels_entry_points(tmp_path):
     entries = package_entries(tmp_path / "pkg")
     assert {cu.stem for cu in goldens} <= entries
     assert any(e.startswith("stofc_attn_ws_") and e.endswith("_combine") for e in entries)
+    # the library's own kernels count as the package's (launched by libstofc_ort.so)
+    assert "stofc_key_prep" in entries
+    assert "stofc_key_prep" in package_entries(tmp_path / "empty")
 
 
 def test_profile_rows_with_kernels_of_another_package_are_flagged(tmp_path):
