@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import site
@@ -40,6 +41,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
 
 from stofc.kernels.attention import AttentionConfig, prune, select_kernel
+from stofc.kernels.attention.residue import choose_period
 from stofc.kernels.attention.ws_plan import default_split
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
@@ -104,7 +106,8 @@ def relerr(out, ref, rows) -> float:
 
 def ws_configs(fmt, B, H, profile, quick, sweep=False):
     """ws configs timed beside the selector's pick: (consumer warpgroups, ring depth,
-    ping-pong, tiles per step), each consumer count with its own default split; those
+    ping-pong, tiles per step), with and without the residue split where the mask has one,
+    each with its own default split; those
     ``prune`` refuses at this head_dim (three consumers above 64) are dropped."""
     grid = [(2, 2, True, 1), (2, 3, True, 1), (3, 3, True, 1), (2, 4, True, 2)]
     if quick:
@@ -113,11 +116,13 @@ def ws_configs(fmt, B, H, profile, quick, sweep=False):
         grid = [(c, s, pp, 1) for c in (2, 3) for s in (2, 3, 4) for pp in (True, False)] + \
             [(2, 4, pp, 2) for pp in (True, False)]
     cfgs = []
-    for consumers, stages, pp, ks in grid:
-        split = default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count,
+    chosen = choose_period(fmt)                  # a dilated mask: also walked by residue
+    periods = [(1, fmt)] + ([chosen] if chosen is not None else [])
+    for (period, walked), (consumers, stages, pp, ks) in itertools.product(periods, grid):
+        split = default_split(walked, batch=B * period, heads=H, sm_count=profile.sm_count,
                               consumers=consumers)
         cfgs.append(AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                                    split=split, pingpong=pp, kstep=ks))
+                                    split=split, pingpong=pp, kstep=ks, period=period))
     return [c for c in cfgs if prune(c, D_OF[0], profile) is None]
 
 

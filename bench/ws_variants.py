@@ -31,6 +31,7 @@ from stofc.codegen import render
 from stofc.compile import compile_source
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
 from stofc.kernels.attention.render import COMPILE_OPTIONS
+from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config
 from stofc.kernels.attention.ws_plan import consumers_of, default_split
@@ -64,8 +65,11 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "c3q": ({"warps": 16}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q": ({"warps": 16, "kstep": 2, "stages": 4}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
+    # with or without the residue split of a dilated mask (the selector's ws_config decides)
+    "p1": ({"period": 1}, {}),
+    "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
-    **{f"split{n}": ({"split": n}, {}) for n in (8, 11, 12, 13, 16, 24, 32, 48, 64)},
+    **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
 }
 
 
@@ -78,7 +82,9 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionCo
     cfg = replace(cfg, **over)
     if "split" in over:
         return cfg
-    return replace(cfg, split=default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count,
+    walked = split_format(fmt, cfg.period)
+    return replace(cfg, split=default_split(walked, batch=B * cfg.period, heads=H,
+                                            sm_count=profile.sm_count,
                                             consumers=consumers_of(cfg.warps)))
 
 

@@ -13,13 +13,14 @@ namespace {
 
 bool same_shape(const TensorMapShape& a, const TensorMapShape& b) {
     return std::memcmp(a.dims, b.dims, sizeof a.dims) == 0 && std::memcmp(a.strides, b.strides, sizeof a.strides) == 0 &&
-           std::memcmp(a.box, b.box, sizeof a.box) == 0;
+           std::memcmp(a.box, b.box, sizeof a.box) == 0 && std::memcmp(a.elem, b.elem, sizeof a.elem) == 0;
 }
 
 std::string shape_text(const TensorMapShape& s) {
     return "dims [" + std::to_string(s.dims[0]) + ", " + std::to_string(s.dims[1]) + ", " + std::to_string(s.dims[2]) +
            ", " + std::to_string(s.dims[3]) + "], byte strides [" + std::to_string(s.strides[0]) + ", " +
-           std::to_string(s.strides[1]) + ", " + std::to_string(s.strides[2]) + "]";
+           std::to_string(s.strides[1]) + ", " + std::to_string(s.strides[2]) + "], row step " +
+           std::to_string(s.elem[2]);
 }
 
 abi::map encode(const Driver& drv, bool bf16, const void* address, const TensorMapShape& s) {
@@ -35,7 +36,7 @@ abi::map encode(const Driver& drv, bool bf16, const void* address, const TensorM
     const cuuint64_t dims[4] = {s.dims[0], s.dims[1], s.dims[2], s.dims[3]};
     const cuuint64_t strides[3] = {s.strides[0], s.strides[1], s.strides[2]};
     const cuuint32_t box[4] = {s.box[0], s.box[1], s.box[2], s.box[3]};
-    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const cuuint32_t element_strides[4] = {s.elem[0], s.elem[1], s.elem[2], s.elem[3]};
     // the settings of stofc/runtime/tensor_map.py encode_tiled: 128-byte swizzle (the
     // kernel's smem panels), L2 promotion 128B, out-of-bounds elements read as zero
     const CUresult r = drv.TensorMapEncodeTiled(

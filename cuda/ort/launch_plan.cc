@@ -14,7 +14,7 @@ namespace stofc_ort {
 namespace {
 
 constexpr char kPlanMagic[8] = {'S', 'T', 'O', 'F', 'A', 'P', 'L', 'N'};
-constexpr uint32_t kPlanVersion = 3;
+constexpr uint32_t kPlanVersion = 4;
 constexpr size_t kPlanHeaderBytes = 256;
 constexpr size_t kCountsAt = 128;
 constexpr int kBlockRowArrays = 7, kWsArrays = 8;
@@ -84,8 +84,10 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
     const int64_t heads = p.num_heads, R = p.tile_rows;
     if (p.tile != kWsTile) rd.fail("a warp-specialised plan has 64x64 tiles");
     if (w.consumers != 2 && w.consumers != 3) rd.fail("a warp-specialised block has 2 or 3 consumer warpgroups");
+    if (w.period != 1 && w.period != 2 && w.period != 4) rd.fail("a residue split has period 1, 2 or 4");
     const int rows = ws_rows(w.consumers);
-    if (w.pairs != (p.seq_len + rows - 1) / rows) rd.fail("bad number of pair rows");
+    const int walked_len = (p.seq_len + w.period - 1) / w.period;  // residue 0's rows
+    if (w.pairs != (walked_len + rows - 1) / rows) rd.fail("bad number of pair rows");
     if (w.slots < 1 || w.n_items < 1 || w.n_split < 1 || w.split < 0 || w.orders_per_head < 0)
         rd.fail("bad ws scalars");
     // the walk: tile keys inside the mask, each warpgroup's part SKIP (-2), FULL (-1) or a bitmap
@@ -191,6 +193,7 @@ std::shared_ptr<const AttentionPlan> load_attention_plan(const std::string& path
         p->ws.split = sc[4];
         p->ws.orders_per_head = sc[5];
         p->ws.consumers = sc[6];
+        p->ws.period = sc[7];
         check_ws(*p, rd, n);
     } else {
         p->permuted = sc[0] != 0;
@@ -241,13 +244,15 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
     WsLaunchScalars r;
     const int rows = ws_rows(w.consumers);
     r.threads = ws_threads(w.consumers);
-    r.pairs = static_cast<int>(std::min<int64_t>(w.pairs, (s.S + rows - 1) / rows));
+    const int64_t walked = (s.S + w.period - 1) / w.period;  // residue 0's rows (period 1: S)
+    r.pairs = static_cast<int>(std::min<int64_t>(w.pairs, (walked + rows - 1) / rows));
     if (r.pairs < 1) return r;  // an empty sequence: nothing is launched
     r.order_offset = w.order_ptr[r.pairs - 1];
     r.items = w.items_upto[r.pairs];
-    r.n_work = s.H * s.B * r.items;  // work w: head w % H, batch (w / H) % B, item order[w / (H B)]
+    // work w: head w % H, batch-and-residue (w / H) % (B P), item order[w / (H B P)]
+    r.n_work = s.H * s.B * w.period * r.items;
     r.grid = std::min(r.n_work, std::max<int64_t>(sm_count, 1));
-    r.combine_grid = w.splits ? s.H * s.B * w.n_split * kWsCombineGroups : 0;
+    r.combine_grid = w.splits ? s.H * s.B * w.period * w.n_split * kWsCombineGroups : 0;
     const bool per_head = p.num_heads > 1;
     r.items_head_stride = per_head ? w.n_items * 4 : 0;
     r.order_head_stride = per_head ? w.orders_per_head : 0;
@@ -266,8 +271,9 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
         m.strides[2] = static_cast<uint64_t>(sb * kElem);
         m.box[0] = kWsBox;
         m.box[1] = 1;
-        m.box[2] = kWsBox;
+        m.box[2] = kWsBox * static_cast<uint32_t>(w.period);  // 64 rows, period apart
         m.box[3] = 1;
+        m.elem[2] = static_cast<uint32_t>(w.period);
         m.offset = offset;
         return m;
     };
@@ -276,7 +282,7 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
     r.v = map(hkv, a.k_sb, a.k_ss, a.v_offset);
     if (w.splits) {
         const size_t slot_rows =
-            static_cast<size_t>(s.B) * static_cast<size_t>(s.H) * static_cast<size_t>(w.slots) * rows;
+            static_cast<size_t>(s.B) * w.period * static_cast<size_t>(s.H) * static_cast<size_t>(w.slots) * rows;
         r.part_o_bytes = slot_rows * static_cast<size_t>(s.D) * sizeof(float);
         r.part_ml_bytes = slot_rows * 2 * sizeof(float);
     }

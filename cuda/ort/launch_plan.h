@@ -27,6 +27,7 @@ namespace stofc_ort {
 /// the block's `consumers` (2 or 3) tile rows: ws_rows(consumers) query rows.
 struct WsTables {
     int pairs = 0, slots = 0, n_items = 0, n_split = 0, split = 0, orders_per_head = 0, consumers = 0;
+    int period = 1;  // residue split (1, 2 or 4): the walk is the split mask's (residue.py)
     std::vector<int32_t> entry_key, entry_part, items, orders, combine, order_ptr, items_upto;
     bool splits = false;  // some pair row is split: workspace and the combine kernel
 };
@@ -97,24 +98,26 @@ AttentionLaunchScalars attention_scalars(const AttentionPlan& plan, const Attent
 
 /// One rank-4 TMA tensor map of a [B, S, heads, D] view of 16-bit elements, as
 /// stofc/runtime/attention_ws.py (WsLaunchData._map) encodes it: dims innermost first
-/// (D, heads, S, B), byte strides of dims 1..3 (head, seq, batch), box (64, 1, 64, 1).
+/// (D, heads, S, B), byte strides of dims 1..3 (head, seq, batch), box (64, 1, 64 P, 1) and
+/// element strides (1, 1, P, 1) for the plan's residue period P (64 rows, P apart).
 struct TensorMapShape {
     uint64_t dims[4] = {0, 0, 0, 0};
     uint64_t strides[3] = {0, 0, 0};
     uint32_t box[4] = {0, 0, 0, 0};
+    uint32_t elem[4] = {1, 1, 1, 1};
     long long offset = 0;  // elements from q's data to the view's first element (packed k, v)
 };
 
 /// The ws launches' scalars beyond attention_scalars' (WsLaunchData.bind): the work items
 /// of the run's pair rows, the grids, head strides, tensor maps and workspace.
 struct WsLaunchScalars {
-    int pairs = 0;             // pair rows the run covers: min(pairs, ceil(S / rows))
+    int pairs = 0;             // pair rows the run covers: min(pairs, ceil(ceil(S / period) / rows))
     int threads = 0;           // ws_threads(consumers)
     int64_t order_offset = 0;  // elements into each head's orders: order_ptr[pairs - 1]
     int64_t items = 0;         // items per head launched: items_upto[pairs]
-    int64_t n_work = 0;        // H * B * items: the works of the persistent grid
+    int64_t n_work = 0;        // H * B * period * items: the works of the persistent grid
     int64_t grid = 0;          // min(n_work, sm_count): at most one block per SM
-    int64_t combine_grid = 0;  // H * B * n_split * kWsCombineGroups (0 when no row is split)
+    int64_t combine_grid = 0;  // H * B * period * n_split * kWsCombineGroups (0: no row split)
     int items_head_stride = 0, order_head_stride = 0, combine_head_stride = 0, slots = 0;
     TensorMapShape q, k, v;
     size_t part_o_bytes = 0, part_ml_bytes = 0;  // float32 workspace (0 when no row is split)

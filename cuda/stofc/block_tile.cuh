@@ -37,6 +37,42 @@ __device__ __forceinline__ u64 step_key_word(int kbase, int kvl, const u64* key_
     return w;
 }
 
+/// Bits 0, 2, 4, ... of x packed into the low 32 bits (a parallel bit extract).
+__device__ __forceinline__ u64 even_bits(u64 x) {
+    x &= 0x5555555555555555ull;
+    x = (x | (x >> 1)) & 0x3333333333333333ull;
+    x = (x | (x >> 2)) & 0x0F0F0F0F0F0F0F0Full;
+    x = (x | (x >> 4)) & 0x00FF00FF00FF00FFull;
+    x = (x | (x >> 8)) & 0x0000FFFF0000FFFFull;
+    return (x | (x >> 16)) & 0x00000000FFFFFFFFull;
+}
+
+/// step_key_word of a residue walk (PERIOD P = 1, 2 or 4; stofc/kernels/attention/residue.py):
+/// `kbase` and `kvl` count the residue's keys (real key P a + r), `key_words` bounds the
+/// padding words of the batch. The 64 keys' padding bits are every P-th bit from r of the P
+/// words from (P kbase) / 64 (kbase is a multiple of 64, so they start a word). P = 1 is
+/// step_key_word.
+template <bool HAS_KEY_BITS, int P>
+__device__ __forceinline__ u64 residue_key_word(int kbase, int kvl, const u64* key_bits, int key_words,
+                                                int r) {
+    static_assert(P == 1 || P == 2 || P == 4, "residue periods 1, 2 and 4");
+    if (P == 1) return step_key_word<HAS_KEY_BITS>(kbase, kvl, key_bits);
+    if (kvl <= kbase) return 0ull;
+    u64 w = kvl - kbase >= 64 ? ~0ull : (1ull << (kvl - kbase)) - 1ull;
+    if (HAS_KEY_BITS) {
+        const int first = (kbase * P) >> 6;
+        u64 bits = 0ull;
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+            const u64 word = first + i < key_words ? key_bits[first + i] >> r : 0ull;
+            const u64 packed = P == 2 ? even_bits(word) : even_bits(even_bits(word));
+            bits |= packed << (i * (64 / P));
+        }
+        w &= bits;
+    }
+    return w;
+}
+
 /// Soft-cap every raw score of the step (c = softcap / scale, inv_c = 1 / c); before
 /// mask_step, which then overwrites disallowed scores with -inf.
 template <int NB>
@@ -54,8 +90,10 @@ __device__ __forceinline__ void soft_cap_step(float (&s)[NB][4], float c, float 
 /// (nullptr: a full tile, no bitmap); word (n0 + n) * ITN + ir holds this row
 /// pair's block of key block n; `need_keys` asks for the key tests (gathered
 /// steps, or a contiguous step whose key word is not all-ones). NB * 8 <= 64. `br0` / `br1` are the
-/// bias rows of rows g / g+8 (HAS_BIAS), added in raw score units.
-template <typename T, int NB, int ITN, bool HAS_BIAS, bool HAS_KEY_BITS, int M = NB, int OFF = 0>
+/// bias rows of rows g / g+8 (HAS_BIAS), added in raw score units; the bias of key k is
+/// br[KS * k] (KS > 1: a residue walk, whose key k is real key KS k + r, r folded into br).
+template <typename T, int NB, int ITN, bool HAS_BIAS, bool HAS_KEY_BITS, int M = NB, int OFF = 0,
+          int KS = 1>
 __device__ __forceinline__ void mask_step(float (&s_all)[M][4], const u32* bm32, int n0, int ir,
                                           bool need_keys, const StepKeys& keys, const T* br0,
                                           const T* br1, float inv_scale, int g, int t4) {
@@ -91,10 +129,10 @@ __device__ __forceinline__ void mask_step(float (&s_all)[M][4], const u32* bm32,
             keep_lo &= kmask;
         }
         if (HAS_BIAS) {
-            if (keep_hi & 1) s[OFF + n][0] += DT::to_float(br0[key0]) * inv_scale;
-            if (keep_hi & 2) s[OFF + n][1] += DT::to_float(br0[key1]) * inv_scale;
-            if (keep_lo & 1) s[OFF + n][2] += DT::to_float(br1[key0]) * inv_scale;
-            if (keep_lo & 2) s[OFF + n][3] += DT::to_float(br1[key1]) * inv_scale;
+            if (keep_hi & 1) s[OFF + n][0] += DT::to_float(br0[KS * key0]) * inv_scale;
+            if (keep_hi & 2) s[OFF + n][1] += DT::to_float(br0[KS * key1]) * inv_scale;
+            if (keep_lo & 1) s[OFF + n][2] += DT::to_float(br1[KS * key0]) * inv_scale;
+            if (keep_lo & 2) s[OFF + n][3] += DT::to_float(br1[KS * key1]) * inv_scale;
         }
         s[OFF + n][0] = (keep_hi & 1u) ? s[OFF + n][0] : STOFC_NEG_INF;
         s[OFF + n][1] = (keep_hi & 2u) ? s[OFF + n][1] : STOFC_NEG_INF;

@@ -170,7 +170,7 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #
 #    offset size field
 #         0    8 magic b"STOFAPLN"
-#         8    4 uint32 layout version (PLAN_BIN_VERSION = 3)
+#         8    4 uint32 layout version (PLAN_BIN_VERSION = 4)
 #        12    4 uint32 header size (PLAN_HEADER_BYTES = 256)
 #        16    4 int32  kind (0 block-wise, 1 row-wise, 2 warp-specialised)
 #        20    4 int32  tile T
@@ -180,7 +180,8 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #        36    4 int32  n: number of arrays (7 block/row, 8 ws)
 #        40   32 int32[8] kind scalars (zero past the kind's):
 #                  block/row: permuted (0/1), fmt_head_stride (0 = shared mask, else R+1)
-#                  ws: pairs, slots, n_items, n_split, split, orders_per_head, consumers
+#                  ws: pairs, slots, n_items, n_split, split, orders_per_head, consumers,
+#                      period (the residue split: 1, 2 or 4)
 #        72   32 spec_hash of the mask, ASCII, NUL-padded (truncated to 32)
 #       104   24 zero
 #       128  128 int64[16] element counts of the n arrays (zero past n)
@@ -195,7 +196,7 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #                  order_ptr int32 [pairs + 1], items_upto int32 [pairs + 1]
 
 PLAN_BIN_MAGIC = b"STOFAPLN"
-PLAN_BIN_VERSION = 3
+PLAN_BIN_VERSION = 4
 PLAN_HEADER_BYTES = 256
 _PLAN_HEADER = struct.Struct("<8sIIiiiiii8i32s")
 _PLAN_COUNTS = struct.Struct("<16q")

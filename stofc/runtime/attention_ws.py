@@ -54,11 +54,13 @@ class WsLaunchData:
         self._cp = cp
 
     def _map(self, view: TensorView):
-        item = 2
+        """The view's map: boxes of 64 columns by 64 rows, the rows ``period`` apart (a
+        residue's rows, :mod:`stofc.kernels.attention.residue`; 1: contiguous)."""
+        item, p = 2, self.plan.period
         return self._maps.get(
             view.address, self.dtype, (self.head_dim, view.heads, view.seq, view.batch),
             (view.strides[2] * item, view.strides[1] * item, view.strides[0] * item),
-            (BOX_COLS, 1, BOX_ROWS, 1))
+            (BOX_COLS, 1, BOX_ROWS * p, 1), (1, 1, p, 1))
 
     def bind(self, kernel: LoadedKernel, combine: LoadedKernel, *, q: TensorView, k: TensorView,
              v: TensorView, out, out_strides: tuple[int, int, int], kv_len, key_words, key_bits,
@@ -73,10 +75,12 @@ class WsLaunchData:
         i32, i64, f32 = np.int32, np.int64, np.float32
         offset, count = self.plan.launch_items(seq)
         order = self._orders[offset:]
-        n_work = heads * batch * count     # work w: head w % H, batch (w / H) % B, item order
+        period = self.plan.period          # residues, each walked as a batch of its own
+        # work w: head w % H, batch and residue (w / H) % (B P), item order
+        n_work = heads * batch * period * count
         slots = self.plan.slots
         if self.plan.splits:
-            rows = batch * heads * slots * self.plan.rows
+            rows = batch * period * heads * slots * self.plan.rows
             part_o = cp.empty(rows * self.head_dim, dtype=cp.float32)
             part_ml = cp.empty(rows * 2, dtype=cp.float32)
         else:
@@ -85,7 +89,7 @@ class WsLaunchData:
         tail = (i32(batch), i32(heads), i32(seq))
         then = None
         if self.plan.splits:
-            then = BoundLaunch(combine, heads * batch * self.plan.n_split * COMBINE_GROUPS,
+            then = BoundLaunch(combine, heads * batch * period * self.plan.n_split * COMBINE_GROUPS,
                                COMBINE_THREADS,
                                (out, osb, oss, osh, self._combine, i32(self.plan.combine_head_stride),
                                 part_o, part_ml, i32(slots), *tail))

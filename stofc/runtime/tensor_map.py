@@ -51,17 +51,22 @@ class TensorMap:
 
 
 def encode_tiled(address: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...],
-                 box: tuple[int, ...]) -> TensorMap:
+                 box: tuple[int, ...], steps: tuple[int, ...] | None = None) -> TensorMap:
     """Encode a tiled, 128-byte-swizzled map of a ``dtype`` tensor.
 
     ``dims`` innermost first (elements); ``strides`` the byte strides of dims 1..
-    (``len(dims) - 1`` of them, multiples of 16); ``box`` the tile one load copies
+    (``len(dims) - 1`` of them, multiples of 16); ``box`` the extent one load spans
     (its innermost extent times the element size must be <= 128 bytes for the
-    swizzle). Raises DeviceError with the driver's code when the driver refuses.
+    swizzle); ``steps`` the element strides of the traversal (default all 1; a load
+    copies ``ceil(box[i] / steps[i])`` elements of dim i, ``steps[i]`` apart, at most 8).
+    Raises DeviceError with the driver's code when the driver refuses.
     """
     rank = len(dims)
-    if len(strides) != rank - 1 or len(box) != rank or dtype not in _DATA_TYPES:
-        raise ValueError("dims, strides and box must have ranks r, r-1 and r; dtype fp16/bf16")
+    steps = steps or (1,) * rank
+    if (len(strides) != rank - 1 or len(box) != rank or len(steps) != rank
+            or dtype not in _DATA_TYPES):
+        raise ValueError("dims, strides, box and steps must have ranks r, r-1, r and r; "
+                         "dtype fp16/bf16")
     if address % 16 or any(s % 16 for s in strides):
         raise DeviceError(f"a TMA tensor needs 16-byte aligned address and strides "
                           f"(address {address:#x}, strides {strides})",
@@ -72,17 +77,17 @@ def encode_tiled(address: int, dtype: str, dims: tuple[int, ...], strides: tuple
     code = _encode_fn()(
         ctypes.c_void_p(at), ctypes.c_int(_DATA_TYPES[dtype]), u32(rank), ctypes.c_void_p(address),
         (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box),
-        (u32 * rank)(*([1] * rank)), ctypes.c_int(_INTERLEAVE_NONE), ctypes.c_int(_SWIZZLE_128B),
+        (u32 * rank)(*steps), ctypes.c_int(_INTERLEAVE_NONE), ctypes.c_int(_SWIZZLE_128B),
         ctypes.c_int(_L2_PROMOTION_128B), ctypes.c_int(_OOB_FILL_ZERO))
     if code != 0:
         raise DeviceError(f"cuTensorMapEncodeTiled refused dims {dims}, strides {strides}, "
-                          f"box {box} (CUresult {code})",
+                          f"box {box}, steps {steps} (CUresult {code})",
                           hint="report this as a stofc bug with the shapes")
     return TensorMap(ctypes.string_at(at, TENSOR_MAP_BYTES))
 
 
 class TensorMapCache:
-    """Maps by (address, dtype, dims, strides, box): a bound launch on fixed buffers
+    """Maps by (address, dtype, dims, strides, box, steps): a bound launch on fixed buffers
     builds each once; a small LRU keeps the host cost of changing buffers bounded."""
 
     def __init__(self, capacity: int = 64) -> None:
@@ -90,11 +95,11 @@ class TensorMapCache:
         self._capacity = capacity
 
     def get(self, address: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...],
-            box: tuple[int, ...]) -> TensorMap:
-        key = (address, dtype, dims, strides, box)
+            box: tuple[int, ...], steps: tuple[int, ...] | None = None) -> TensorMap:
+        key = (address, dtype, dims, strides, box, steps)
         hit = self._maps.pop(key, None)
         if hit is None:
-            hit = encode_tiled(address, dtype, dims, strides, box)
+            hit = encode_tiled(address, dtype, dims, strides, box, steps)
             if len(self._maps) >= self._capacity:
                 self._maps.pop(next(iter(self._maps)))
         self._maps[key] = hit

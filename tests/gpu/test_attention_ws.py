@@ -5,7 +5,8 @@ dtypes, blocks of two and three consumer warpgroups (three: head_dim 64, and 128
 read from shared memory), split rows merged
 by the combine kernel, ping-pong on and off, every ring depth,
 grouped-query attention, soft-capping, padding by lengths and 0/1 masks, bias, both
-layouts, packed QKV, per-head masks, rows without keys, and a run shorter than L_max.
+layouts, packed QKV, per-head masks, rows without keys, a run shorter than L_max, and
+dilated masks walked by residue (period 2 and 4: odd lengths, padding bits, bias, GQA).
 Outputs are NaN-poisoned before each launch; inputs are fresh per case.
 """
 
@@ -32,9 +33,10 @@ pytestmark = pytest.mark.skipif(not _hopper(), reason="the ws kernel needs an sm
 
 
 def ws(stages: int = 2, split: int = 0, pingpong: bool = True, kstep: int = 1,
-       consumers: int = 2) -> AttentionConfig:
+       consumers: int = 2, period: int = 1) -> AttentionConfig:
     return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), max(stages, 2 * kstep), 1,
-                           mma="wgmma", split=split, pingpong=pingpong, kstep=kstep)
+                           mma="wgmma", split=split, pingpong=pingpong, kstep=kstep,
+                           period=period)
 
 
 # (kstep, consumers) of the head_dim 64 cases: three consumers run one tile per step
@@ -229,3 +231,56 @@ def test_non_finite_values_stay_in_their_rows(head_dim, consumers):
     assert np.isfinite(got[:, rest]).all(), "NaN leaked into rows that never see the NaN keys"
     err = float(np.linalg.norm(got[:, rest] - ref[:, rest]) / np.linalg.norm(ref[:, rest]))
     assert err <= TOL[dtype], f"relative error {err:.2e}"
+
+
+# ---------------------------------------------------------------- the residue split
+RESIDUE_MASKS = [("dilated:window=256,dilation=2", 1001, 2),
+                 ("dilated:window=100,dilation=4", 1500, 4),
+                 ("dilated:window=256,dilation=2,causal=true", 2000, 2)]
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("split", [0, 8])
+@pytest.mark.parametrize("spec,L,period", RESIDUE_MASKS)
+def test_residue_split(spec, L, period, split, consumers):
+    """Each residue's rows walk the split mask through maps that step ``period`` rows; the
+    lengths are not multiples of the period (the last residues one row short), and a run
+    shorter than L_max (odd) is checked too."""
+    from stofc.kernels.attention.residue import choose_period
+    fmt, dense = encoded(spec, L)
+    assert choose_period(fmt)[0] == period
+    cfg = ws(stages=4, split=split, consumers=consumers, period=period)
+    for seq in (L, 777):
+        res = run_case(fmt, dense, cfg, batch=2, heads=3, seq=seq, head_dim=64,
+                       seq_lens=[seq, seq - 130],
+                       seed=_seed("wsres", spec, split, consumers, seq))
+        _check(res, "float16", f"{spec} seq={seq}")
+
+
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(128, 2, "bfloat16"), (128, 3, "bfloat16"),
+                                                      (256, 2, "float16")])
+def test_residue_split_head_dims(head_dim, consumers, dtype):
+    fmt, dense = encoded("dilated:window=256,dilation=2", 1200)
+    res = run_case(fmt, dense, ws(split=8, consumers=consumers, period=2), batch=2, heads=2,
+                   seq=1199, head_dim=head_dim, dtype=dtype,
+                   seed=_seed("wsresd", head_dim, consumers, dtype))
+    _check(res, dtype, f"D={head_dim}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("consumers,period", [(2, 2), (3, 2)])
+def test_residue_split_padding_bias_layouts(dtype, consumers, period):
+    """0/1 key masks (the padding bits of every period-th key), lengths, bias (columns
+    period apart), the bhsd layout, packed QKV, a custom scale."""
+    check_padding_bias_layouts(ws(split=8, consumers=consumers, period=period), "permute",
+                               dtype, _seed("wsrespad", dtype, consumers, period))
+
+
+def test_residue_split_period_four_key_mask_bias_softcap_gqa():
+    fmt, dense = encoded("dilated:window=200,dilation=4", 1300)
+    rng = np.random.default_rng(_seed("wsres4"))
+    key_mask = (rng.random((2, 1299)) < 0.7).astype(np.int32)
+    res = run_case(fmt, dense, ws(split=8, period=4), batch=2, heads=4, seq=1299, head_dim=64,
+                   dtype="bfloat16", key_mask=key_mask, bias_shape=(2, 1, 1299, 1299),
+                   kv_heads=2, softcap=20.0, seed=_seed("wsres4b"))
+    _check(res, "bfloat16")

@@ -226,6 +226,9 @@ WS = [  # mask, L_max, config: split rows + combine, two tiles per step, no ping
     ("causal", 512, ws_config(stages=4, kstep=2)),
     ("bigbird:block=64,window=3,global=1,random=2,seed=0", 768,
      ws_config(stages=3, pingpong=False, split=8)),
+    # dilated masks walked by residue: maps stepping 2 / 4 rows, P times the works
+    ("dilated:window=256,dilation=2", 1024, ws_config(stages=4, split=8, period=2)),
+    ("dilated:window=200,dilation=4", 1024, ws_config(warps=16, stages=3, period=4)),
 ]
 
 
@@ -463,12 +466,19 @@ def test_package_on_cuda_matches_cpu_and_original(tmp_path, example, mask, dtype
     assert all(np.array_equal(a, b) for a, b in zip(got, bound, strict=True))
 
 
-@pytest.mark.parametrize("dtype,config", [
-    ("bf16", ws_config(stages=3, split=8)), ("fp16", ws_config(stages=4, kstep=2, split=8)),
-    ("bf16", ws_config(warps=16, split=8)), ("fp16", ws_config(warps=16, stages=3))],
-    ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers"])
+LONGFORMER = "longformer:window=64,global=16"
+
+
+@pytest.mark.parametrize("dtype,config,mask", [
+    ("bf16", ws_config(stages=3, split=8), LONGFORMER),
+    ("fp16", ws_config(stages=4, kstep=2, split=8), LONGFORMER),
+    ("bf16", ws_config(warps=16, split=8), LONGFORMER),
+    ("fp16", ws_config(warps=16, stages=3), LONGFORMER),
+    ("fp16", ws_config(stages=4, split=8, period=2), "dilated:window=128,dilation=2")],
+    ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers",
+         "fp16-residue-split"])
 def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
-                                                 config):
+                                                 config, mask):
     """A package whose attention is the warp-specialised kernel (head_dim 128, forced through
     the plan as the tuner would) verifies on the CUDA EP against the original model."""
     from stofc.package.load import read_plan
@@ -482,7 +492,7 @@ def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hop
     model = tmp_path_factory.mktemp("ws_model") / "model.onnx"
     onnx.save(build_model(layers=2, hidden=256, heads=2, seq=1024), str(model))
     quiet = Instruments(progress=False)
-    pkg = compile_model(model, "longformer:window=64,global=16", gpu=detect().name, dtype=dtype,
+    pkg = compile_model(model, mask, gpu=detect().name, dtype=dtype,
                         max_seq_len=1024, out_dir=tmp_path / "pkg", instruments=quiet)
     recompile_package(pkg, with_attention_config(read_plan(pkg), config), instruments=quiet)
     doc = json.loads((pkg / "plan.json").read_text())

@@ -122,23 +122,25 @@ def test_head_dim_128_consumer_count_follows_the_measured_faster(spec, L, consum
     ("causal", 8192, 1, 16, 128, "ws"),
     ("longformer:window=256,global=16", 16384, 1, 12, 64, "ws"),
     ("strided:stride=128", 4096, 4, 12, 64, "block"),   # gathered tiles: block-wise
-    ("dilated:window=256,dilation=2", 4096, 4, 12, 64, "block"),   # residue permutation
-    # mha-hopper-h100-2026-11-26-prefetch (D128_COSTS): at head_dim 128 the ws kernel runs
-    # the dilated band at 129-132 TFLOP/s against the permuted block-wise kernel's 84; the
-    # strided mask's gathered tiles stay block-wise (115 against ws's 20)
+    # dilated bands: the ws kernel walks the residues apart (period 2), 171.6 TFLOP/s at
+    # head_dim 64 where the permuted block-wise kernel ran 115.7 (mha-hopper-h200-2026-11-27-
+    # residue and -flex, H200); at head_dim 128 261-263 against 84 (H100, -11-26-prefetch)
+    ("dilated:window=256,dilation=2", 4096, 4, 12, 64, "ws"),
+    # the strided mask's gathered tiles stay block-wise (115 against ws's 20)
     ("dilated:window=256,dilation=2", 8192, 1, 16, 128, "ws"),
     ("dilated:window=256,dilation=2", 16384, 1, 16, 128, "ws"),
     ("strided:stride=128", 8192, 1, 16, 128, "block"),
 ])
 def test_hopper_picks_the_warp_specialised_kernel_where_it_is_faster(spec, L, B, H, D, kind):
-    """The measured picks of bench/results/mha-hopper-h100-2026-11-25-fa4 and -11-26-prefetch
-    (the selector's estimate for ws; block-wise keeps the masks whose tiles it gathers, and
-    at head_dim 64 those it permutes)."""
+    """The measured picks of bench/results/mha-hopper-h100-2026-11-25-fa4, -11-26-prefetch and
+    mha-hopper-h200-2026-11-27-residue (the selector's estimate for ws; block-wise keeps the
+    masks whose tiles it gathers; dilated bands go to ws with the residue split)."""
     choice = select_kernel(encode(spec, L), H100, batch=B, heads=H, seq_len=L, head_dim=D)
     assert choice.kernel == kind, choice.explanation
     assert math.isfinite(choice.ws_us) and f"{choice.ws_us:.1f} us" in choice.explanation
     if kind == "ws":
         assert choice.config.kind == "ws" and "warp-specialised" in choice.explanation
+        assert choice.config.period == (2 if spec.startswith("dilated") else 1)
     # other GPUs never get it
     a100 = select_kernel(encode(spec, min(L, 4096)), get_profile("a100"), batch=B, heads=H,
                          seq_len=min(L, 4096), head_dim=D)

@@ -44,9 +44,9 @@ MASKS = [("causal", 1000), ("longformer:window=128,global=32", 2048),
          ("sliding:window=64", 700), ("dilated:window=256,dilation=2", 900), ("dense", 130)]
 
 
-def ws(stages=2, split=0, pingpong=True, kstep=1, consumers=2) -> AttentionConfig:
+def ws(stages=2, split=0, pingpong=True, kstep=1, consumers=2, period=1) -> AttentionConfig:
     return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                           split=split, pingpong=pingpong, kstep=kstep)
+                           split=split, pingpong=pingpong, kstep=kstep, period=period)
 
 
 def decode(plan, fmt) -> np.ndarray:
@@ -213,7 +213,12 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
     for s, dt, d, b, k, c in ((2, "float16", 64, False, True, False),
                               (3, "bfloat16", 64, True, True, True),
                               (2, "bfloat16", 128, True, True, True),
-                              (4, "float16", 128, False, False, False))]
+                              (4, "float16", 128, False, False, False))] + [
+    KernelSpec(ws(stages=s, consumers=c, period=p), dt, d, b, k)     # residue splits
+    for s, c, p, dt, d, b, k in ((4, 2, 2, "float16", 64, True, True),
+                                 (4, 3, 4, "float16", 64, False, True),
+                                 (3, 2, 2, "bfloat16", 128, False, True),
+                                 (2, 3, 2, "bfloat16", 128, True, False))]
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from stofc.kernels.attention.config import attention_family
 from stofc.kernels.attention.family import AttentionProblem
 from stofc.kernels.attention.launch import launch_data
 from stofc.kernels.attention.reference import format_from_dense
+from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws_launch import WsLaunchPlan
 from stofc.kernels.attention.ws_plan import plan_ws
 from stofc.kernels.render import render_kernel
@@ -51,9 +52,9 @@ WS_ABI, COMBINE_ABI = "STOFC_ATTENTION_WS_ABI", "STOFC_ATTENTION_WS_COMBINE_ABI"
 TEMPLATE = "block_ws.cu.j2"
 
 
-def ws(split=0, stages=2, kstep=1, pingpong=True, consumers=2) -> AttentionConfig:
+def ws(split=0, stages=2, kstep=1, pingpong=True, consumers=2, period=1) -> AttentionConfig:
     return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                           split=split, pingpong=pingpong, kstep=kstep)
+                           split=split, pingpong=pingpong, kstep=kstep, period=period)
 
 
 def launch_numbers(config: AttentionConfig, head_dim: int) -> tuple[int, int, int]:
@@ -122,8 +123,8 @@ def ws_runtime(monkeypatch):
     monkeypatch.setattr(rws, "BoundLaunch", _Recorder)
     maps: list[tuple] = []
 
-    def get(self, address, dtype, dims, strides, box):
-        maps.append((address, dtype, dims, strides, box))
+    def get(self, address, dtype, dims, strides, box, steps=None):
+        maps.append((address, dtype, dims, strides, box, steps or (1,) * len(dims)))
         return tensor_map.TensorMap(len(maps).to_bytes(1, "little") * 128)
 
     monkeypatch.setattr(tensor_map.TensorMapCache, "get", get)
@@ -205,7 +206,7 @@ def test_per_head_plan_and_its_strides(ws_runtime, tmp_path):
 def test_plan_header_and_names():
     fmt = encode("causal", 256)
     blob = encode_attention_plan(launch_data(fmt, ws()))
-    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 3
+    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 4
     assert int.from_bytes(blob[12:16], "little") == PLAN_HEADER_BYTES == 256
     assert int.from_bytes(blob[16:20], "little") == 2                      # kind ws
     assert int.from_bytes(blob[36:40], "little") == 8                      # arrays
@@ -225,9 +226,10 @@ def test_plan_header_and_names():
 
 
 def test_cpp_reader_accepts_ws_plans(driver, tmp_path):
-    for i, (fmt, split) in enumerate([(encode("longformer:window=128,global=32", 2048), 8),
-                                      (per_head_format(700), 8), (encode("causal", 1000), 0)]):
-        data = launch_data(fmt, ws(split=split))
+    for i, (fmt, split, period) in enumerate([
+            (encode("longformer:window=128,global=32", 2048), 8, 1), (per_head_format(700), 8, 1),
+            (encode("causal", 1000), 0, 1), (encode("dilated:window=256,dilation=2", 1999), 8, 2)]):
+        data = launch_data(fmt, ws(split=split, period=period))
         path = write_attention_plan(data, tmp_path / f"{i}.plan.bin")
         (line,) = ask(driver, ("plan", {"path": str(path)}))
         assert line == (f"OK kind=ws tile=64 rows={fmt.tile_rows} heads={data.num_heads} "
@@ -265,6 +267,8 @@ def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):
         "combine row out of range ": edit("combine", 3 * split_row + 1, d.slots),
         "order_ptr / items_upto are inconsistent": edit("items_upto", 1, d.items_upto[1] + 1),
         "bad number of pair rows": {"pairs": d.pairs + 1},
+        "a residue split has period 1, 2 or 4": {"period": 3},
+        "bad number of pair rows ": {"period": 2},       # the walk is not the split mask's
     }
     paths = []
     for i, (_, change) in enumerate(cases.items()):
@@ -282,7 +286,7 @@ def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):
     blob[8:12] = (1).to_bytes(4, "little")
     (tmp_path / "old.plan.bin").write_bytes(bytes(blob))
     (line,) = ask(driver, ("plan", {"path": str(tmp_path / "old.plan.bin")}))
-    assert "has layout version 1, this library reads 3" in line, line
+    assert "has layout version 1, this library reads 4" in line, line
 
 
 # ---------------------------------------------------------------- launch scalars = bind
@@ -300,21 +304,26 @@ def _views(B, S, H, Hkv, D, packed, rng):
     return (rng.standard_normal((B, S, h, D)).astype(np.float16) for h in (H, Hkv, Hkv))
 
 
-SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed, SMs, consumers)
-    ("longformer:window=128,global=32", 8, 2, 2000, 4, 4, 64, False, 132, 2),   # 132 SMs
-    ("longformer:window=128,global=32", 8, 3, 200, 4, 2, 128, True, 132, 2),    # GQA, packed
-    ("causal", 0, 1, 1000, 2, 1, 64, False, 7, 2),                              # MQA, 7 SMs
-    ("per-head", 8, 2, 650, 2, 2, 128, True, 114, 2),
-    ("longformer:window=128,global=32", 8, 2, 2000, 4, 2, 64, True, 132, 3),    # 192-row blocks
-    ("per-head", 8, 2, 650, 2, 2, 64, False, 114, 3),
+SCALAR_CASES = [  # (fmt, split, B, S, H, Hkv, D, packed, SMs, consumers, period)
+    ("longformer:window=128,global=32", 8, 2, 2000, 4, 4, 64, False, 132, 2, 1),   # 132 SMs
+    ("longformer:window=128,global=32", 8, 3, 200, 4, 2, 128, True, 132, 2, 1),    # GQA, packed
+    ("causal", 0, 1, 1000, 2, 1, 64, False, 7, 2, 1),                              # MQA, 7 SMs
+    ("per-head", 8, 2, 650, 2, 2, 128, True, 114, 2, 1),
+    ("longformer:window=128,global=32", 8, 2, 2000, 4, 2, 64, True, 132, 3, 1),    # 192-row blocks
+    ("per-head", 8, 2, 650, 2, 2, 64, False, 114, 3, 1),
+    ("dilated:window=256,dilation=2", 8, 2, 1999, 4, 2, 64, True, 132, 2, 2),      # residue split
+    ("dilated:window=256,dilation=4", 0, 1, 1003, 2, 2, 128, False, 132, 3, 4),
 ]
 
 
-@pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed,sms,consumers", SCALAR_CASES)
+@pytest.mark.parametrize("spec,split,B,S,H,Hkv,D,packed,sms,consumers,period", SCALAR_CASES)
 def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, spec, split,
-                                                  B, S, H, Hkv, D, packed, sms, consumers):
+                                                  B, S, H, Hkv, D, packed, sms, consumers,
+                                                  period):
     fmt = per_head_format(700) if spec == "per-head" else encode(spec, 2048 if split else 1000)
-    config = ws(split=split, consumers=consumers)
+    if period > 1:
+        fmt = encode(spec, 2048)
+    config = ws(split=split, consumers=consumers, period=period)
     path = write_attention_plan(launch_data(fmt, config), tmp_path / "w.plan.bin")
     op = ws_op(fmt, config, head_dim=D, sm_count=sms)
     rng = np.random.default_rng(2)
@@ -327,20 +336,25 @@ def test_cpp_ws_scalars_equal_ws_launch_data_bind(driver, ws_runtime, tmp_path, 
     got = dict(item.split("=") for item in line.removeprefix("OK ").split())
     # the persistent grid: at most one block per SM over n_work = H * B * items works
     assert int(got["grid"]) == launch.grid == min(int(want["n_work"]), sms)
+    assert int(want["n_work"]) == H * B * period * int(got["items"])
     for name in ("items_head_stride", "order_head_stride", "slots", "key_words", "kv_group",
                  "n_work"):
         assert int(got[name]) == int(want[name]), name
     for name in ("o_sb", "o_ss", "o_sh"):
         assert int(got[name]) == int(want[name]), name
-    offset, count = plan_ws(fmt, split_tiles=split, consumers=consumers).launch_items(S)
+    walked = split_format(fmt, period)
+    offset, count = plan_ws(walked, split_tiles=split, consumers=consumers).launch_items(
+        -(-S // period))
     assert (int(got["order_offset"]), int(got["items"])) == (offset, count)
     assert int(got["threads"]) == launch.block == 128 * (consumers + 1)
     # the tensor maps WsLaunchData encodes: q, k, v in that order
     maps = ws_runtime[-3:]
-    for (address, dtype, dims, strides, box), t, view in zip(maps, "qkv", (q, k, v), strict=True):
+    for (address, dtype, dims, strides, box, steps), t, view in zip(maps, "qkv", (q, k, v),
+                                                                    strict=True):
         assert got[f"{t}_dims"] == ",".join(map(str, dims)), t
         assert got[f"{t}_strides"] == ",".join(map(str, strides)), t
-        assert got[f"{t}_box"] == ",".join(map(str, box)) == "64,1,64,1"
+        assert got[f"{t}_box"] == ",".join(map(str, box)) == f"64,1,{64 * period},1"
+        assert got[f"{t}_steps"] == ",".join(map(str, steps)) == f"1,1,{period},1"
         assert address == view.__array_interface__["data"][0] and dtype == "float16"
         offset_elems = (address - q.__array_interface__["data"][0]) // 2 if packed else 0
         assert int(got[f"{t}_offset"]) == offset_elems, t

@@ -172,6 +172,7 @@ std::string run(const std::string& parser, const MapSource& a) {
                 out << " " << names[m] << "_dims=" << t.dims[0] << "," << t.dims[1] << "," << t.dims[2] << "," << t.dims[3]
                     << " " << names[m] << "_strides=" << t.strides[0] << "," << t.strides[1] << "," << t.strides[2] << " "
                     << names[m] << "_box=" << t.box[0] << "," << t.box[1] << "," << t.box[2] << "," << t.box[3] << " "
+                    << names[m] << "_steps=" << t.elem[0] << "," << t.elem[1] << "," << t.elem[2] << "," << t.elem[3] << " "
                     << names[m] << "_offset=" << t.offset;
             }
             out << " o_sb=" << c.o_sb << " o_ss=" << c.o_ss << " o_sh=" << c.o_sh << " key_words=" << c.key_words

@@ -24,7 +24,8 @@ Warp-specialised (``kind="ws"``, Hopper, :mod:`.ws`): a producer warpgroup strea
 K/V with the Tensor Memory Accelerator into a ``stages``-deep ring, two consumer
 warpgroups own 64 query rows each (two tile rows of T=64); ``pingpong`` makes the
 consumers alternate their GEMMs; ``split`` cuts walks longer than that many tiles
-into chunks merged by a combine kernel (0: no split).
+into chunks merged by a combine kernel (0: no split); ``period`` > 1 walks a dilated
+mask's residues apart (:mod:`.residue`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class AttentionConfig:
     split: int = 0         # ws: walks longer than this many tiles are split (0: never)
     pingpong: bool = True  # ws: the two consumer warpgroups alternate their GEMMs
     kstep: int = 1         # ws: 64-key tiles per softmax step (1 or 2)
+    period: int = 1        # ws: residue split of a dilated mask (1: none; .residue)
 
     @property
     def threads(self) -> int:
@@ -169,7 +171,10 @@ def prune(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | 
         return f"unknown kernel kind {c.kind!r}"
     if c.tile not in TILES:
         return f"tile {c.tile} is not a mask-format tile size"
-    return attention_family(c.kind).prune(c, head_dim, profile)
+    fam = attention_family(c.kind)
+    if c.period != 1 and not fam.residue_split:
+        return f"{fam.label}: no residue split (period {c.period}); only the warp-specialised kernel has one"
+    return fam.prune(c, head_dim, profile)
 
 
 def resource_reason(config: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | None:

@@ -92,6 +92,7 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
     kind: ClassVar[str]           # AttentionConfig.kind of this family's configs
     selectable: ClassVar[bool] = True  # the selector offers it (it has a cost model)
     refines: ClassVar[bool] = False    # compared with the selector's pick afterwards
+    residue_split: ClassVar[bool] = False   # configs may have period > 1 (.residue)
     launch_data_type: ClassVar[type[LaunchData]] = AttentionLaunchData  # its *.plan.bin data
     label: ClassVar[str]          # "block-wise" ...: how explanations name it
     stof_class: ClassVar[str]     # what STOF's threshold calls such a kernel: block or row

@@ -24,12 +24,14 @@ kind-2 ``*.plan.bin`` for the CUDA twin. The selector compares its estimate
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 from stofc.kernels.attention.config import DTYPES, AttentionConfig, KernelSpec, prune
-from stofc.kernels.attention.family import AttentionFamily
+from stofc.kernels.attention.family import AttentionFamily, AttentionProblem
 from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
+from stofc.kernels.attention.residue import PERIODS, choose_period
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
 from stofc.kernels.attention.ws_plan import consumers_of
@@ -163,6 +165,8 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: split is 0 (never) or at least 8 tiles per chunk"
     if c.mma != "wgmma":
         return "ws: the consumers use wgmma"
+    if c.period != 1 and c.period not in PERIODS:
+        return "ws: a residue split has period 2 or 4 (a TMA box of 64 residue rows spans <= 256)"
     smem = ws_smem_bytes(c.stages, head_dim, ws_consumers(c))
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
@@ -189,6 +193,7 @@ class AttentionWs(AttentionFamily):
     space_order = 20
     tuner_tag = (("kind", "ws"),)
     refines = True           # compared with the block/row pick (:mod:`.select`)
+    residue_split = True     # period > 1: a dilated mask's residues walked apart (.residue)
     launch_data_type = WsLaunchPlan
 
     def template_of(self, config: AttentionConfig) -> str:
@@ -200,7 +205,8 @@ class AttentionWs(AttentionFamily):
         return target
 
     def name_tag(self, config: AttentionConfig) -> str:
-        return f"{'_pp' if config.pingpong else ''}{'_k2' if config.kstep == 2 else ''}"
+        return (f"{'_pp' if config.pingpong else ''}{'_k2' if config.kstep == 2 else ''}"
+                f"{f'_p{config.period}' if config.period > 1 else ''}")
 
     def rows_per_block(self, config: AttentionConfig) -> int:
         return ws_consumers(config) * config.tile
@@ -210,7 +216,8 @@ class AttentionWs(AttentionFamily):
         return (f"warp-specialised T={c.tile} rows/block={self.rows_per_block(c)} "
                 f"stages={c.stages}"
                 f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
-                f"{f' split={c.split}' if c.split else ''}")
+                f"{f' split={c.split}' if c.split else ''}"
+                f"{f' residues={c.period}' if c.period > 1 else ''}")
 
     def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
         return ws_smem_bytes(config.stages, head_dim, ws_consumers(config))
@@ -234,6 +241,17 @@ class AttentionWs(AttentionFamily):
                 out.append(cfg)
         return out
 
+    def candidates(self, problem: AttentionProblem, profile: GpuProfile
+                   ) -> tuple[list[AttentionConfig], dict[str, int]]:
+        """The search space, each config also with the residue split where the mask has one
+        (:func:`~.residue.choose_period`): the split walks fewer tiles, but its rows are
+        shorter, so which wins (and with which split and ring) is measured."""
+        configs, extra = super().candidates(problem, profile)
+        chosen = choose_period(problem.fmt)
+        if chosen is not None:
+            configs = configs + [replace(c, period=chosen[0]) for c in configs]
+        return configs, extra
+
     def entry_points(self, spec: KernelSpec) -> tuple[str, ...]:
         return (spec.name, f"{spec.name}_combine")
 
@@ -247,7 +265,7 @@ class AttentionWs(AttentionFamily):
                     producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
                     combine_groups=COMBINE_GROUPS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
-                    has_softcap=FLAG[spec.has_softcap],
+                    has_softcap=FLAG[spec.has_softcap], period=c.period,
                     q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],
                     stage_o=FLAG[ws_stage_o(c.stages, spec.head_dim, ws_consumers(c))],
                     rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ONES_BYTES,
@@ -268,7 +286,15 @@ class AttentionWs(AttentionFamily):
                            head_dim=head_dim)
 
     def advantage(self, fmt: MaskFormat) -> str:
-        return "TMA-fed warpgroup MMA on the contiguous 64x64 tiles of the walk"
+        why = "TMA-fed warpgroup MMA on the contiguous 64x64 tiles of the walk"
+        chosen = choose_period(fmt) if fmt.tile == WS_TILE else None
+        if chosen is None:
+            return why
+        period, sub = chosen
+        return (f"{why}; the mask splits into {period} residues (rows q % {period}) that "
+                f"each walk {sub.load_col_idx.size} tiles of one shared sub-mask, "
+                f"{period * sub.load_col_idx.size} in all against {fmt.load_col_idx.size} "
+                f"checkerboard tiles unsplit (residues={period})")
 
     # -- launch: 384 or 512 threads, one block per work item (the plan's), the ws walk --
     def blocks_per_tile_row(self, config: AttentionConfig) -> int:
@@ -280,6 +306,8 @@ class AttentionWs(AttentionFamily):
         return ws_launch_data(fmt, config)
 
     def launch_key(self, config: AttentionConfig) -> str:
-        """One plan file per split and block height: the config fields the walk uses."""
+        """One plan file per split, block height and residue split: the config fields the
+        walk uses."""
         rows = "" if ws_consumers(config) == 2 else f"-c{ws_consumers(config)}"
-        return f"ws{rows}{f'-split{config.split}' if config.split else ''}"
+        return (f"ws{rows}{f'-split{config.split}' if config.split else ''}"
+                f"{f'-p{config.period}' if config.period > 1 else ''}")

@@ -45,12 +45,14 @@ keeps short.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from stofc.kernels.attention.config import AttentionConfig, prune
+from stofc.kernels.attention.residue import choose_period, split_format
 from stofc.kernels.attention.ws_plan import (
     CONSUMERS,
     SKIP,
@@ -158,8 +160,13 @@ def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: fl
 
 def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, batch: int,
                 heads: int, seq_len: int, head_dim: int) -> float:
-    """Estimated microseconds of the ws kernel (and its combine) for one launch."""
+    """Estimated microseconds of the ws kernel (and its combine) for one launch. A residue
+    split (``cfg.period`` P > 1) is the split mask's walk for P times the batch over
+    ``ceil(seq_len / P)`` rows: the same per-entry costs (its tiles are the mask's own)."""
     consumers = consumers_of(cfg.warps)
+    if cfg.period > 1:
+        fmt = split_format(fmt, cfg.period)
+        batch, seq_len = batch * cfg.period, -(-seq_len // cfg.period)
     plan = plan_ws(fmt, split_tiles=cfg.split, consumers=consumers)
     per_fmt_head = heads if fmt.num_heads == 1 else 1
     sm_tflops = profile.fp16_tflops / profile.sm_count
@@ -179,20 +186,23 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
               head_dim: int, seq_len: int | None = None) -> AttentionConfig | None:
     """The starting ws config: ping-pong, one tile per step, the ring depth measured fastest
     for the head_dim and consumer count (:func:`ws_stages`), and of the consumer counts that
-    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128) the
-    one estimated faster on this mask at ``seq_len`` (default L_max; three by THREE_MARGIN at
-    head_dim 64), each with its rows
-    split for this batch and head count; None where no ws config runs (not Hopper, tile
-    or head_dim)."""
+    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128), with and
+    without the mask's residue split (:func:`~.residue.choose_period`, where it has one),
+    the one estimated faster on this mask at ``seq_len`` (default L_max; three by
+    THREE_MARGIN at head_dim 64), each with its rows split for this batch and head count;
+    None where no ws config runs (not Hopper, tile or head_dim)."""
     if fmt.tile != 64:
         return None
     best: tuple[float, AttentionConfig] | None = None
-    for consumers in CONSUMERS:
+    chosen = choose_period(fmt)
+    periods = [(1, fmt)] + ([chosen] if chosen is not None else [])
+    for (period, walked), consumers in itertools.product(periods, CONSUMERS):
         probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1),
-                                ws_stages(head_dim, consumers), 1, mma="wgmma", pingpong=True)
+                                ws_stages(head_dim, consumers), 1, mma="wgmma", pingpong=True,
+                                period=period)
         if prune(probe, head_dim, profile) is not None:     # before the split's plan_ws
             continue
-        cfg = replace(probe, split=default_split(fmt, batch=batch, heads=heads,
+        cfg = replace(probe, split=default_split(walked, batch=batch * period, heads=heads,
                                                  sm_count=profile.sm_count,
                                                  consumers=consumers))
         us = ws_estimate(fmt, profile, cfg, batch=batch, heads=heads,

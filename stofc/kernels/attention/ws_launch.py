@@ -23,6 +23,7 @@ import numpy as np
 
 from stofc.kernels.attention.config import AttentionConfig
 from stofc.kernels.attention.launch import LaunchData
+from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws_plan import WS_TILE, consumers_of, plan_ws
 from stofc.masks.format import MaskFormat
 
@@ -42,7 +43,7 @@ class WsLaunchPlan(LaunchData):
         ("entry_key", "<i4"), ("entry_part", "<i4"), ("bitmaps", "<u8"), ("items", "<i4"),
         ("orders", "<i4"), ("combine", "<i4"), ("order_ptr", "<i4"), ("items_upto", "<i4"))
     SCALARS: ClassVar[tuple[str, ...]] = ("pairs", "slots", "n_items", "n_split", "split",
-                                          "orders_per_head", "consumers")
+                                          "orders_per_head", "consumers", "period")
 
     kind: str                # always "ws"
     tile: int
@@ -57,6 +58,7 @@ class WsLaunchPlan(LaunchData):
     split: int               # the config's split (tiles per chunk; 0 = none)
     orders_per_head: int     # order_ptr[-1]
     consumers: int           # consumer warpgroups per block (2 or 3)
+    period: int              # residue split (1: none): the walk is the split mask's
     entry_key: np.ndarray
     entry_part: np.ndarray
     bitmaps: np.ndarray
@@ -68,8 +70,9 @@ class WsLaunchPlan(LaunchData):
 
     def launch_items(self, seq_len: int) -> tuple[int, int]:
         """(offset into each head's orders, items launched per head) of a run of ``seq_len``:
-        ``WsPlan.launch_items``."""
-        p = min(self.pairs, -(-seq_len // self.rows))
+        ``WsPlan.launch_items`` (a residue split's rows: those of residue 0, the longest)."""
+        walked = -(-seq_len // self.period)
+        p = min(self.pairs, -(-walked // self.rows))
         return int(self.order_ptr[p - 1]), int(self.items_upto[p])
 
     @property
@@ -107,9 +110,12 @@ class WsLaunchPlan(LaunchData):
 
 def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
     """What a ws kernel of ``config`` on ``fmt`` is launched with: :func:`plan_ws` with the
-    config's ``split``, flattened for upload (empty bitmaps become two zero words, empty
-    orders one zero), for the CuPy runtime and the CUDA twin alike."""
-    plan = plan_ws(fmt, split_tiles=config.split, consumers=consumers_of(config.warps))
+    config's ``split`` (on the residue-split mask when ``config.period`` > 1; ``seq_len``,
+    ``tile_rows`` and ``spec_hash`` stay ``fmt``'s), flattened for upload (empty bitmaps
+    become two zero words, empty orders one zero), for the CuPy runtime and the CUDA twin
+    alike."""
+    walked = split_format(fmt, config.period)
+    plan = plan_ws(walked, split_tiles=config.split, consumers=consumers_of(config.warps))
 
     def flat(a, dtype) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=dtype).ravel()
@@ -120,7 +126,7 @@ def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
         num_heads=plan.num_heads, spec_hash=fmt.spec_hash, pairs=plan.pairs, slots=plan.slots,
         n_items=int(plan.items.shape[1]), n_split=int(plan.combine.shape[1]),
         split=int(config.split), orders_per_head=int(plan.orders.shape[1]),
-        consumers=plan.consumers,
+        consumers=plan.consumers, period=int(config.period),
         entry_key=flat(plan.entry_key, np.int32), entry_part=flat(plan.entry_part, np.int32),
         bitmaps=flat(words if words.size else np.zeros(2, np.uint64), np.uint64),
         items=flat(plan.items, np.int32),

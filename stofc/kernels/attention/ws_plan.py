@@ -19,8 +19,9 @@ merges the chunks of a row by their log-sum-exp. Items run longest first, so the
 critical path follows the total work divided by the SMs, not the longest row.
 
 Only contiguous 64-key tiles are walked (the producer loads them with the Tensor
-Memory Accelerator); gathered and residue-permuted walks stay with the other
-block-wise kernels.
+Memory Accelerator); gathered walks stay with the block-wise kernels. A dilated mask is
+walked by residue instead (:mod:`.residue`): the plan is this walk of the split mask, and
+the kernel runs it once per residue through tensor maps that step ``P`` rows.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@
 // with PINGPONG the warpgroups take turns (round robin) issuing their
 // GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
 // hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
-// granularity; key padding, bias and soft-capping are block_tile.cuh's.
+// granularity; key padding, bias and soft-capping are block_tile.cuh's. With PERIOD > 1
+// (a dilated mask split by residue) each residue's rows are a sequence of their own.
 // A whole pair row writes O normalised (staged in shared memory for 16-byte stores where
 // the area fits: STAGE_O); a chunk of a split row writes its unnormalised
 // O, row max and row sum to its workspace slot, merged by stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_combine.
@@ -44,6 +45,11 @@ constexpr int KSTEP = 1;                // 64-key tiles per softmax step
 constexpr int CONSUMERS = 3;        // consumer warpgroups: 64 query rows each
 constexpr bool STAGE_O = true;           // O leaves through smem (16-byte stores)
 constexpr bool ROWSUM_MMA = true;     // P's row sums by wgmma against ones
+// Residue split (stofc/kernels/attention/residue.py): rows of one residue r = q % PERIOD
+// meet only keys of that residue, and every residue walks the same mask, so a work is
+// (head, batch, residue, item), the walk's rows and keys count residue positions a (real
+// row PERIOD a + r), and the tensor maps step PERIOD rows per loaded row. PERIOD 1: none.
+constexpr int PERIOD = 1;
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -84,6 +90,7 @@ static_assert(ONES_BYTES >= 256, "the row-sum operand: 16 keys x 8 columns of T"
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
 static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+static_assert(PERIOD == 1 || PERIOD == 2 || PERIOD == 4, "a TMA box spans <= 256 rows: PERIOD 1, 2 or 4");
 constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
 constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never used if KSTEP 1)
 
@@ -115,7 +122,7 @@ template <int HH>
 __device__ __forceinline__ void mask_tile(float (&sc)[NS][4], const u32* bm32, int ir,
                                           bool need_keys, const StepKeys& keys, const T* br0,
                                           const T* br1, float inv_scale, int g, int t4) {
-    mask_step<T, NB, ITN, HAS_BIAS, HAS_KEY_BITS, NS, HH * NB>(
+    mask_step<T, NB, ITN, HAS_BIAS, HAS_KEY_BITS, NS, HH * NB, PERIOD>(
         sc, bm32, 0, ir, need_keys, keys, br0, br1, inv_scale, g, t4);
 }
 
@@ -187,20 +194,26 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         return ws_work_index(k, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
     };
     struct Work {
-        int h, b, prow, begin, n, slot, kvl;
+        int h, b, r, vb, lr, prow, begin, n, slot, kvl;
     };
+    // work w: head w % H, then (batch, residue) as one index vb = batch * PERIOD + residue,
+    // then the item; lr: the residue's rows, kvl: its keys (PERIOD 1: L and the key length)
     auto work_at = [&](int wk) {
         Work x;
         int idx = wk;
         x.h = idx % H; idx /= H;
-        x.b = idx % B; idx /= B;
+        x.vb = idx % (B * PERIOD); idx /= B * PERIOD;
+        x.b = x.vb / PERIOD;
+        x.r = x.vb - x.b * PERIOD;
+        x.lr = (L - x.r + PERIOD - 1) / PERIOD;
         const int* it4 = items + x.h * items_head_stride + 4 * item_order[x.h * order_head_stride + idx];
         x.prow = it4[0];
         x.begin = it4[1];
         int end = it4[2];
         x.slot = it4[3];
-        x.kvl = min(kv_len[x.b], L);
-        if (x.prow < 0 || x.prow * ROWS >= L) x.prow = -1;   // padding, or rows past this run
+        const int kvl = min(kv_len[x.b], L);
+        x.kvl = kvl > x.r ? (kvl - x.r + PERIOD - 1) / PERIOD : 0;
+        if (x.prow < 0 || x.prow * ROWS >= x.lr) x.prow = -1;   // padding, or rows past this run
         end = trim_walk(entry_key, x.begin, end, x.kvl, TILE);   // tiles past the keys
         x.n = max(end - x.begin, 0);
         return x;
@@ -254,7 +267,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(sQ + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q), pn * 64,
-                                x.h, x.prow * ROWS + w * TILE, x.b);
+                                x.h, PERIOD * (x.prow * ROWS + w * TILE) + x.r, x.b);
             // V of entry begin + i (its key: the K load's, already in a register)
             auto load_v = [&](int i, int key) {
                 const int g = ring + i;
@@ -264,7 +277,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(base + OFF_V + s * KV_BYTES + pn * KV_PANEL, &tma_v,
-                                bar(BAR_FULL_V + s), pn * 64, hkv, key, x.b);
+                                bar(BAR_FULL_V + s), pn * 64, hkv, PERIOD * key + x.r, x.b);
             };
             const int n_load = (x.n + KSTEP - 1) / KSTEP * KSTEP;   // whole steps (pad: a real tile)
             // The walk entries are read one tile ahead, before the wait for a free slot:
@@ -292,7 +305,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(base + OFF_K + pn * K_PANEL_STRIDE + s * KV_PANEL, &tma_k, full, pn * 64,
-                                hkv, key, x.b);
+                                hkv, PERIOD * key + x.r, x.b);
                 const u32 sbm = base + OFF_BM + s * CONSUMERS * BM_BYTES;
 #pragma unroll
                 for (int w = 0; w < CONSUMERS; ++w)
@@ -335,7 +348,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     // the current work's values (set at each work; the step lambdas below read them)
     int q_use = 0;                                 // Q loads consumed so far
     Ring cur{0, 0u};                               // the ring position of the next step
-    int begin = 0, n = 0, kvl = 0;
+    int begin = 0, n = 0, kvl = 0, residue = 0;
     const u64* kbits = key_bits;
     const T* br0 = nullptr;
     const T* br1 = nullptr;
@@ -439,7 +452,8 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                     for (int e = 0; e < 4; ++e) sc[hh * NB + nn][e] = STOFC_NEG_INF;
                 continue;
             }
-            const u64 kword = step_key_word<HAS_KEY_BITS>(key[hh], kvl, kbits);
+            const u64 kword = residue_key_word<HAS_KEY_BITS, PERIOD>(key[hh], kvl, kbits,
+                                                                     key_words, residue);
             const bool need_keys = kword != ~0ull;
             if (part[hh] >= 0 || need_keys || HAS_BIAS) {
                 const u32* bm32 = part[hh] >= 0
@@ -488,11 +502,13 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         begin = x.begin;
         n = x.n;
         kvl = x.kvl;
+        residue = x.r;
         kbits = key_bits + (HAS_KEY_BITS ? x.b * key_words : 0);
         const int rq0 = x.prow * ROWS + w * TILE + warp * 16 + g;   // this thread's query rows
-        if (HAS_BIAS) {
+        if (HAS_BIAS) {            // real row PERIOD qr + r; its keys PERIOD c + r (mask_step)
             auto bias_row = [&](int qr) {
-                return bias + x.b * bias_sb + x.h * bias_sh + min(max(qr, 0), L - 1) * bias_sq;
+                return bias + x.b * bias_sb + x.h * bias_sh +
+                       min(max(PERIOD * qr + x.r, 0), L - 1) * bias_sq + x.r;
             };
             br0 = bias_row(rq0);
             br1 = bias_row(rq0 + 8);
@@ -600,13 +616,13 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         }
         // ---- epilogue: a whole row writes O; a chunk writes its partial result
         if (x.slot < 0) {
-            T* ob = o + x.b * o_sb + x.h * o_sh;
+            T* ob = o + x.b * o_sb + x.h * o_sh + x.r * o_ss;     // residue rows: PERIOD apart
             if (STAGE_O && o_vec)
-                store_rows_staged<T, ND>(acc, row_l, rq0 - g, ob, o_ss, L, lane, o_stage);
+                store_rows_staged<T, ND>(acc, row_l, rq0 - g, ob, PERIOD * o_ss, x.lr, lane, o_stage);
             else
-                store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, ob, o_ss, L, t4);
+                store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, ob, PERIOD * o_ss, x.lr, t4);
         } else {
-        const long long ws = (static_cast<long long>(x.b) * H + x.h) * slots + x.slot;
+        const long long ws = (static_cast<long long>(x.vb) * H + x.h) * slots + x.slot;
         const int lr0 = w * TILE + warp * 16 + g;      // rows inside the block
         float* po = part_o + ws * ROWS * D;
         if (!empty) {                                  // an empty chunk's weight is 0: never read
@@ -632,7 +648,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 
 // Merge the chunks of every split pair row: O = sum_c 2^(m_c - M) O_c / sum_c 2^(m_c - M) l_c
 // (M = max_c m_c, log2 units); a row whose chunks saw no allowed key writes 0. A block
-// merges CROWS rows of one split pair row (grid: H * B * split rows * COMBINE_GROUPS),
+// merges CROWS rows of one split pair row (grid: H * B * PERIOD * split rows * COMBINE_GROUPS),
 // a thread four columns of one row: every thread reads its row's (m, l) itself, so there
 // is no shared memory and no barrier, and the chunks' loads are independent.
 constexpr int COMBINE_GROUPS = 16;   // blocks per split pair row
@@ -649,17 +665,20 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_combine(T* __restrict__ o, l
     int idx = blockIdx.x;
     const int g = idx % COMBINE_GROUPS; idx /= COMBINE_GROUPS;
     const int h = idx % H; idx /= H;
-    const int b = idx % B; idx /= B;
+    const int vb = idx % (B * PERIOD); idx /= B * PERIOD;   // batch * PERIOD + residue
+    const int b = vb / PERIOD, r = vb - b * PERIOD;
+    const int lr = (L - r + PERIOD - 1) / PERIOD;          // the residue's rows
     const int* c3 = combine + h * combine_head_stride + 3 * idx;
     const int prow = c3[0], first = c3[1], chunks = min(c3[2], MAX_CHUNKS);
-    if (prow < 0 || prow * ROWS + g * CROWS >= L) return;
-    const long long ws0 = (static_cast<long long>(b) * H + h) * slots + first;
+    if (prow < 0 || prow * ROWS + g * CROWS >= lr) return;
+    const long long ws0 = (static_cast<long long>(vb) * H + h) * slots + first;
     typedef DTypeTraits<T> DT;
-    T* ob = o + b * o_sb + h * o_sh;
+    T* ob = o + b * o_sb + h * o_sh + r * o_ss;
+    const long long row_step = PERIOD * o_ss;
     for (int i = threadIdx.x; i < CROWS * C4; i += blockDim.x) {
         const int r = g * CROWS + i / C4, col = 4 * (i % C4);
         const int qr = prow * ROWS + r;
-        if (qr >= L) continue;
+        if (qr >= lr) continue;
         const float* ml = part_ml + (ws0 * ROWS + r) * 2;     // chunk c: ml[c * ROWS * 2]
         const float* po = part_o + (ws0 * ROWS + r) * D + col;
         float mx = STOFC_NEG_INF;
@@ -682,7 +701,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_combine(T* __restrict__ o, l
             }
         }
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        u32* out = reinterpret_cast<u32*>(ob + qr * o_ss + col);
+        u32* out = reinterpret_cast<u32*>(ob + qr * row_step + col);
         out[0] = DT::pack(sum.x * inv, sum.y * inv);
         out[1] = DT::pack(sum.z * inv, sum.w * inv);
     }
