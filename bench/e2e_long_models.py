@@ -65,7 +65,8 @@ class LongModel:
 
 BERT_MASKS = {"longformer": "longformer:window=256,global=16",
               "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
-              "causal": "causal"}
+              "causal": "causal",
+              "dilated": "dilated:window=256,dilation=2"}
 
 MODELS = {
     "bert32k": LongModel(
