@@ -71,8 +71,9 @@ def d128_features(spec: str, length: int, split: int, runs: int,
     cum_m = np.concatenate([[0.0], np.cumsum(masked)])
     items = plan.items[0]
     ok = items[:, 0] >= 0
-    e = float((cum_l[items[ok, 2]] - cum_l[items[ok, 1]]).sum()) * runs / SMS
-    m = float((cum_m[items[ok, 2]] - cum_m[items[ok, 1]]).sum()) * runs / SMS
+    share = np.where(items[:, 4] > 0, 1.0 / consumers, 1.0)[ok]   # shared chunks: C a step
+    e = float(((cum_l[items[ok, 2]] - cum_l[items[ok, 1]]) * share).sum()) * runs / SMS
+    m = float(((cum_m[items[ok, 2]] - cum_m[items[ok, 1]]) * share).sum()) * runs / SMS
     blocks = int(((cum_l[items[:, 2]] - cum_l[items[:, 1]]) > 0)[ok].sum()) * runs
     return [e, m, float(math.ceil(blocks / SMS))]
 

@@ -29,7 +29,7 @@ from triton.testing import do_bench
 import stofc.runtime.attention as attention_rt
 from stofc.codegen import render
 from stofc.compile import compile_source
-from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes
+from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_plan
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
@@ -67,6 +67,8 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
     # with or without the residue split of a dilated mask (the selector's ws_config decides)
     "p1": ({"period": 1}, {}),
+    # split rows without shared chunks (ws_plan: every chunk on its own tile rows)
+    "noshare": ({}, {"__noshare__": True}),
     "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
@@ -128,7 +130,11 @@ def main() -> int:
                 try:
                     cfg = base_config(fmt, profile, B, H, D, cfg_over)
                     tpl_over = dict(tpl_over)
-                    if tpl_over.pop("__exp__", False):
+                    if tpl_over.pop("__noshare__", False):
+                        with unittest.mock.patch.object(ws_plan, "_sole_warpgroup",
+                                                        lambda parts: -1):
+                            op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    elif tpl_over.pop("__exp__", False):
                         tpl_over["__template__"] = args.exp_template
                         with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)

@@ -132,6 +132,8 @@ constexpr int kWsTile = 64;
 constexpr int ws_threads(int consumers) { return 128 * (consumers + 1); }
 constexpr int ws_rows(int consumers) { return kWsTile * consumers; }
 constexpr int kWsBox = 64;  // TMA box: 64 elements of head_dim (one 128-byte panel) x 64 rows
+// ints per work item: (pair row, begin, end, slot, shared) (ITEM_FIELDS, stofc/kernels/attention/ws_plan.py)
+constexpr int kWsItemFields = 5;
 
 namespace abi {
 using ptr = const void*;

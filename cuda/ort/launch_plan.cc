@@ -14,7 +14,7 @@ namespace stofc_ort {
 namespace {
 
 constexpr char kPlanMagic[8] = {'S', 'T', 'O', 'F', 'A', 'P', 'L', 'N'};
-constexpr uint32_t kPlanVersion = 4;
+constexpr uint32_t kPlanVersion = 5;
 constexpr size_t kPlanHeaderBytes = 256;
 constexpr size_t kCountsAt = 128;
 constexpr int kBlockRowArrays = 7, kWsArrays = 8;
@@ -104,14 +104,20 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
     }
     for (int32_t part : w.entry_part)
         if (part < -2 || part >= n_bitmaps) rd.fail("entry part out of range");
-    // work items: (pair row, begin, end, slot), a pair row -1 = padding
-    if (static_cast<int64_t>(w.items.size()) != heads * w.n_items * 4) rd.fail("items has the wrong length");
-    for (size_t i = 0; i < w.items.size(); i += 4) {
-        const int32_t prow = w.items[i], begin = w.items[i + 1], end = w.items[i + 2], slot = w.items[i + 3];
+    // work items: (pair row, begin, end, slot, shared), a pair row -1 = padding; shared 0 or
+    // 1 + w0 + consumers * t (every warpgroup on tile row w0; scratch slots from t)
+    if (static_cast<int64_t>(w.items.size()) != heads * w.n_items * kWsItemFields)
+        rd.fail("items has the wrong length");
+    for (size_t i = 0; i < w.items.size(); i += kWsItemFields) {
+        const int32_t prow = w.items[i], begin = w.items[i + 1], end = w.items[i + 2], slot = w.items[i + 3],
+                      shared = w.items[i + 4];
         if (prow == -1) continue;
         if (prow < 0 || prow >= w.pairs) rd.fail("item pair row out of range");
         if (begin < 0 || end < begin || end > entries) rd.fail("item range outside the walk");
         if (slot < -1 || slot >= w.slots) rd.fail("item slot out of range");
+        // shared = 1 + w0 + consumers * t: scratch slots t .. t + consumers - 2 (ws_plan.py)
+        if (shared < 0 || (shared && (slot < 0 || (shared - 1) / w.consumers + w.consumers - 1 > w.slots)))
+            rd.fail("item shared out of range");
     }
     // the orders of every run length: offsets, counts, item indices
     const int64_t want_orders = std::max<int64_t>(1, heads * w.orders_per_head);
@@ -254,7 +260,7 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
     r.grid = std::min(r.n_work, std::max<int64_t>(sm_count, 1));
     r.combine_grid = w.splits ? s.H * s.B * w.period * w.n_split * kWsCombineGroups : 0;
     const bool per_head = p.num_heads > 1;
-    r.items_head_stride = per_head ? w.n_items * 4 : 0;
+    r.items_head_stride = per_head ? w.n_items * kWsItemFields : 0;
     r.order_head_stride = per_head ? w.orders_per_head : 0;
     r.combine_head_stride = per_head ? w.n_split * 3 : 0;
     r.slots = w.slots;

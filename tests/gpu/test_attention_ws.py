@@ -284,3 +284,27 @@ def test_residue_split_period_four_key_mask_bias_softcap_gqa():
                    dtype="bfloat16", key_mask=key_mask, bias_shape=(2, 1, 1299, 1299),
                    kv_heads=2, softcap=20.0, seed=_seed("wsres4b"))
     _check(res, "bfloat16")
+
+
+# ---------------------------------------------------------------- shared chunks
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 2, "float16"), (64, 3, "float16"),
+                                                      (128, 2, "bfloat16"), (128, 3, "bfloat16")])
+def test_shared_chunks_of_global_rows(head_dim, consumers, dtype):
+    """A global tile row's chunks past its band run on every warpgroup (each on every C-th
+    entry, its own slot); checked with padding bits, lengths, bias, GQA and a run shorter
+    than L_max whose last chunks are empty."""
+    from stofc.kernels.attention.ws_plan import consumers_of, plan_ws
+    fmt, dense = encoded("longformer:window=128,global=16", 2048)
+    cfg = ws(split=8, consumers=consumers)
+    plan = plan_ws(fmt, split_tiles=8, consumers=consumers_of(cfg.warps))
+    assert (plan.items[0][:, 4] > 0).sum() >= 2
+    rng = np.random.default_rng(_seed("wsshared", head_dim, consumers))
+    key_mask = (rng.random((2, 2048)) < 0.85).astype(np.int32)
+    for seq, kw in ((2048, dict(key_mask=key_mask, bias_shape=(2, 1, 2048, 2048))),
+                    (1500, dict(seq_lens=[1500, 777], kv_heads=2)),
+                    (300, {})):
+        if "key_mask" in kw:
+            kw["key_mask"] = key_mask[:, :seq]
+        res = run_case(fmt, dense, cfg, batch=2, heads=4, seq=seq, head_dim=head_dim,
+                       dtype=dtype, seed=_seed("wsshared2", head_dim, consumers, seq), **kw)
+        _check(res, dtype, f"seq={seq} {sorted(kw)}")

@@ -32,7 +32,7 @@ from stofc.kernels.attention.ws import (
     ws_stage_bytes,
     ws_stage_o,
 )
-from stofc.kernels.attention.ws_plan import FULL, SKIP, default_split, plan_ws
+from stofc.kernels.attention.ws_plan import FULL, SKIP, default_split, item_lengths, plan_ws
 from stofc.masks import encode
 from stofc.runtime import tensor_map
 from stofc.targets import get_profile
@@ -57,16 +57,21 @@ def decode(plan, fmt) -> np.ndarray:
     seen = np.zeros_like(out)
     bits = unpack_bits(plan.bitmaps, 64) if plan.bitmaps.size else None
     for h in range(heads):
-        for p, b, e, _ in plan.items[h]:
+        for p, b, e, _, shared in plan.items[h]:
             if p < 0:
                 continue
             for j in range(b, e):
                 k = int(plan.entry_key[j])
                 for w in range(c):
-                    part = int(plan.entry_part[c * j + w])
+                    row = w
+                    if shared:     # every warpgroup on tile row w0, entry j its (j-b) % C's
+                        row = (shared - 1) % c
+                        if (j - b) % c != w:
+                            continue
+                    part = int(plan.entry_part[c * j + row])
                     if part == SKIP:
                         continue
-                    rows = slice(p * rows_ + w * 64, p * rows_ + w * 64 + 64)
+                    rows = slice(p * rows_ + row * 64, p * rows_ + row * 64 + 64)
                     assert not seen[h, rows, k:k + 64].any(), "a tile is computed twice"
                     seen[h, rows, k:k + 64] = True
                     out[h, rows, k:k + 64] = True if part == FULL else bits[part]
@@ -89,6 +94,36 @@ def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
             if p >= 0:    # a split row's chunks are consecutive slots covering it
                 mine = plan.items[0][plan.items[0][:, 0] == p]
                 assert sorted(mine[:, 3].tolist()) == list(range(first, first + chunks))
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("L,split", [(2048, 8), (8192, 16)])
+def test_global_rows_past_their_band_are_shared_chunks(L, split, consumers):
+    """Longformer's global tile row walks every key tile alone past its band: those chunks are
+    shared (every warpgroup on tile row 0, every C-th entry each, C - 1 scratch slots after
+    the chunk slots), the band chunk is not, each is one chunk of the combine, and the walk
+    still covers every allowed element once (decode)."""
+    fmt = encode("longformer:window=256,global=16", L)
+    plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
+    items = plan.items[0]
+    row0 = items[items[:, 0] == 0]
+    chunks = -(-L // 64 // split)
+    assert len(row0) == chunks and row0[0, 4] == 0                        # the band chunk
+    shared = row0[1:, 4]
+    assert ((shared - 1) % consumers == 0).all()                          # tile row 0 alone
+    comb = plan.combine[0][plan.combine[0][:, 0] >= 0]
+    chunk_slots = int(comb[:, 2].sum())                                   # every split row's
+    scratch = (shared - 1) // consumers                                   # after the chunks
+    assert scratch.tolist() == [chunk_slots + i * (consumers - 1) for i in range(chunks - 1)]
+    assert comb[0].tolist() == [0, 0, chunks]
+    assert plan.slots == chunk_slots + (consumers - 1) * (chunks - 1)
+    assert (items[items[:, 0] > 0][:, 4] == 0).all()
+    assert np.array_equal(decode(plan, fmt), dense_from_format(fmt))
+    # the longest-first order counts a shared chunk's block steps: its entries / C
+    steps = item_lengths(items, consumers)
+    assert steps[items[:, 4] > 0].max() == -(-split // consumers)
+    plain = plan_ws(fmt, split_tiles=split, consumers=consumers, share=False)
+    assert (plain.items[0][:, 4] == 0).all() and plain.slots == chunk_slots
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
@@ -115,7 +150,7 @@ def test_orders_are_longest_first_for_every_run_length(consumers):
         items = plan.items[0][order]
         assert (items[:, 0] < P).all() and len(set(order.tolist())) == count
         assert count == int((plan.items[0][:, 0] < P).sum())
-        lengths = items[:, 2] - items[:, 1]
+        lengths = item_lengths(items, consumers)           # block steps (shared chunks: / C)
         assert (np.diff(lengths) <= 0).all()
 
 

@@ -227,3 +227,5 @@ def test_ws_launch_constants_match_the_abi_header():
 
     assert const("kWsCombineGroups") == COMBINE_GROUPS
     assert const("kWsCombineThreads") == COMBINE_THREADS
+    from stofc.kernels.attention.ws_plan import ITEM_FIELDS
+    assert const("kWsItemFields") == ITEM_FIELDS      # the plan file's items, read on both sides

@@ -196,7 +196,7 @@ def test_per_head_plan_and_its_strides(ws_runtime, tmp_path):
     op = ws_op(fmt, ws(split=8))
     plan = plan_ws(fmt, split_tiles=8)
     assert back.num_heads == 2 and back.splits
-    assert back.items_head_stride == plan.items.shape[1] * 4 == back.n_items * 4 > 0
+    assert back.items_head_stride == plan.items.shape[1] * 5 == back.n_items * 5 > 0
     assert back.order_head_stride == plan.orders.shape[1] > 0
     assert back.combine_head_stride == plan.combine.shape[1] * 3 == back.n_split * 3
     for name, arr in _uploaded(op).items():
@@ -206,7 +206,7 @@ def test_per_head_plan_and_its_strides(ws_runtime, tmp_path):
 def test_plan_header_and_names():
     fmt = encode("causal", 256)
     blob = encode_attention_plan(launch_data(fmt, ws()))
-    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 4
+    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 5
     assert int.from_bytes(blob[12:16], "little") == PLAN_HEADER_BYTES == 256
     assert int.from_bytes(blob[16:20], "little") == 2                      # kind ws
     assert int.from_bytes(blob[36:40], "little") == 8                      # arrays
@@ -252,16 +252,19 @@ def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):
         arr[index] = value
         return {name: arr}
 
-    real_item = int(np.nonzero(d.items.reshape(-1, 4)[:, 0] >= 0)[0][0])
+    real_item = int(np.nonzero(d.items.reshape(-1, 5)[:, 0] >= 0)[0][0])
+    shared_item = int(np.nonzero(d.items.reshape(-1, 5)[:, 4] > 0)[0][0])
     split_row = int(np.nonzero(d.combine.reshape(-1, 3)[:, 0] >= 0)[0][0])
     cases = {
         "entry key out of range": edit("entry_key", 0, fmt.tile_rows * 64),
         "entry key out of range ": edit("entry_key", 1, 65),                  # not a tile start
         "entry part out of range": edit("entry_part", 3, -3),
         "entry part out of range  ": edit("entry_part", 0, d.bitmaps.size // 64),
-        "item range outside the walk": edit("items", 4 * real_item + 2, d.entry_key.size),
-        "item pair row out of range": edit("items", 4 * real_item, d.pairs),
-        "item slot out of range": edit("items", 4 * real_item + 3, d.slots),
+        "item range outside the walk": edit("items", 5 * real_item + 2, d.entry_key.size),
+        "item pair row out of range": edit("items", 5 * real_item, d.pairs),
+        "item slot out of range": edit("items", 5 * real_item + 3, d.slots),
+        "item shared out of range": edit("items", 5 * real_item + 4, 1 + d.consumers * d.slots),
+        "item shared out of range ": edit("items", 5 * shared_item + 3, -1),      # not a chunk
         "order entry out of range": edit("orders", 0, d.n_items),
         "combine row out of range": edit("combine", 3 * split_row + 2, 65),    # > 64 chunks
         "combine row out of range ": edit("combine", 3 * split_row + 1, d.slots),
@@ -286,7 +289,7 @@ def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):
     blob[8:12] = (1).to_bytes(4, "little")
     (tmp_path / "old.plan.bin").write_bytes(bytes(blob))
     (line,) = ask(driver, ("plan", {"path": str(tmp_path / "old.plan.bin")}))
-    assert "has layout version 1, this library reads 4" in line, line
+    assert "has layout version 1, this library reads 5" in line, line
 
 
 # ---------------------------------------------------------------- launch scalars = bind

@@ -155,7 +155,9 @@ def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: fl
     cum = np.concatenate([[0.0], np.cumsum(per_entry)])
     items = plan.items[head]
     ok = (items[:, 0] >= 0) & (items[:, 0] * plan.rows < seq_len)
-    return np.where(ok, cum[items[:, 2]] - cum[items[:, 1]], 0.0)
+    ns = cum[items[:, 2]] - cum[items[:, 1]]
+    ns = np.where(items[:, 4] > 0, ns / plan.consumers, ns)   # shared: C entries a step
+    return np.where(ok, ns, 0.0)
 
 
 def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, batch: int,

@@ -24,7 +24,7 @@ import numpy as np
 from stofc.kernels.attention.config import AttentionConfig
 from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.residue import split_format
-from stofc.kernels.attention.ws_plan import WS_TILE, consumers_of, plan_ws
+from stofc.kernels.attention.ws_plan import ITEM_FIELDS, WS_TILE, consumers_of, plan_ws
 from stofc.masks.format import MaskFormat
 
 
@@ -33,7 +33,7 @@ class WsLaunchPlan(LaunchData):
     """The uploaded arrays and the scalars of one ws kernel's launches (module docstring).
 
     ``num_heads`` is the mask format's (1 = shared by every head): per format head
-    ``f``, items ``[f * n_items, (f + 1) * n_items)`` (4 ints each), orders
+    ``f``, items ``[f * n_items, (f + 1) * n_items)`` (ITEM_FIELDS ints each), orders
     ``[f * orders_per_head, ...)`` and combine rows ``[f * n_split, ...)`` (3 ints each).
     """
 
@@ -82,7 +82,7 @@ class WsLaunchPlan(LaunchData):
 
     @property
     def items_head_stride(self) -> int:
-        return self.n_items * 4 if self.num_heads > 1 else 0
+        return self.n_items * ITEM_FIELDS if self.num_heads > 1 else 0
 
     @property
     def order_head_stride(self) -> int:

@@ -18,6 +18,15 @@ partial output, row max and row sum to a workspace slot, and a combine kernel
 merges the chunks of a row by their log-sum-exp. Items run longest first, so the
 critical path follows the total work divided by the SMs, not the longest row.
 
+*Shared chunks.* Past its band, a global tile row (Longformer's first 16 queries) walks
+every key tile alone: in such a chunk one warpgroup computes and the others skip, and a
+warpgroup's step is bound by its own latency (S, softmax, P V), so the block ran at a
+third of its rate for a fifth of a Longformer launch. A chunk whose entries only one
+warpgroup ``w0`` computes is instead *shared*: every warpgroup loads that tile row's Q and
+takes every C-th entry (the warpgroups do not take turns there), the others leave their
+partials in scratch slots and warpgroup 0 merges them in the block, so the chunk is still
+one of the combine's (its rows of the pair row's other tile rows are written empty).
+
 Only contiguous 64-key tiles are walked (the producer loads them with the Tensor
 Memory Accelerator); gathered walks stay with the block-wise kernels. A dilated mask is
 walked by residue instead (:mod:`.residue`): the plan is this walk of the split mask, and
@@ -36,7 +45,8 @@ from stofc.masks.format import MaskFormat
 WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows, 64-key steps
 CONSUMERS = (2, 3)    # consumer warpgroups per block (64 query rows each)
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
-ITEM_FIELDS = 4       # (pair row, begin, end, slot); slot -1 writes the output directly
+ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
+MAX_CHUNKS = 64       # chunks of one split pair row the combine kernel merges
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,8 +55,12 @@ class WsPlan:
 
     Per format head ``f`` (``num_heads`` of them, 1 for a shared mask):
     ``pair_ptr[f]`` indexes ``entry_key`` / ``entry_part`` (global offsets);
-    ``items[f, i]`` = (pair row, begin, end, slot) with ``begin..end`` inside the pair
-    row's span (padding items have pair row -1); ``orders[f, order_ptr[P-1]:order_ptr[P]]``
+    ``items[f, i]`` = (pair row, begin, end, slot, shared) with ``begin..end`` inside the
+    pair row's span (padding items have pair row -1); ``shared`` 0 for an ordinary item, else
+    ``1 + w0 + C t``: every warpgroup works on tile row ``C p + w0``, warpgroup ``w`` on the
+    entries ``begin + w, begin + w + C, ...``; warpgroups ``w > 0`` leave their partials in
+    scratch slots ``t + w - 1`` and warpgroup 0 merges them into slot ``slot``
+    (module doc: shared chunks); ``orders[f, order_ptr[P-1]:order_ptr[P]]``
     lists the ``items_upto[P]`` items a run covering ``P`` pair rows launches, longest
     first (a head with fewer live items is padded with items the kernel skips: pair
     row -1 or at least P);
@@ -121,14 +135,29 @@ def _chunks(n: int, split_tiles: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
+def item_lengths(items: np.ndarray, consumers: int) -> np.ndarray:
+    """Block steps of each item ``[n, ITEM_FIELDS]``: its entries, a C-th of them (rounded
+    up) for a shared chunk, whose warpgroups take every C-th entry."""
+    n = (items[:, 2] - items[:, 1]).astype(np.int64)
+    return np.where(items[:, 4] > 0, -(-n // consumers), n)
+
+
+def _sole_warpgroup(parts: np.ndarray) -> int:
+    """The one warpgroup that computes entries of ``parts`` ([m, C]), or -1 (none or several)."""
+    active = np.nonzero((parts != SKIP).any(axis=0))[0]
+    return int(active[0]) if active.size == 1 else -1
+
+
 def consumers_of(warps: int) -> int:
     """Consumer warpgroups of a ws block of ``warps`` warps (one producer warpgroup)."""
     return warps // 4 - 1
 
 
-def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2) -> WsPlan:
+def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
+            share: bool = True) -> WsPlan:
     """The ws kernel's walk of ``fmt`` (tile 64) for blocks of ``consumers`` warpgroups,
-    with rows longer than ``split_tiles`` entries split into chunks (0: never split).
+    with rows longer than ``split_tiles`` entries split into chunks (0: never split), the
+    chunks one warpgroup computes alone shared (module doc; ``share=False``: none).
     Raises ValueError for another tile or consumer count."""
     if fmt.tile != WS_TILE:
         raise ValueError(f"the ws kernel walks 64x64 tiles, the format has T={fmt.tile}")
@@ -138,13 +167,13 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2) -> WsP
     ptr = np.zeros((heads, pairs + 1), np.int64)
     keys: list[np.ndarray] = []
     parts: list[np.ndarray] = []
-    items: list[list[tuple[int, int, int, int]]] = []
+    items: list[list[tuple[int, int, int, int, int]]] = []
     combine: list[list[tuple[int, int, int]]] = []
     tiles = np.zeros((heads, pairs), np.int64)
     slots_per_head = [0] * heads
     total = 0
     for h in range(heads):
-        head_items: list[tuple[int, int, int, int]] = []
+        head_items: list[tuple[int, int, int, int, int]] = []
         head_combine: list[tuple[int, int, int]] = []
         slot = 0
         for p in range(pairs):
@@ -156,13 +185,22 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2) -> WsP
             tiles[h, p] = n
             chunks = _chunks(n, split_tiles)
             if len(chunks) == 1:
-                head_items.append((p, total, total + n, -1))
+                head_items.append((p, total, total + n, -1, -1))     # w0 -1: not shared
             else:
                 head_combine.append((p, slot, len(chunks)))
                 for a, b in chunks:
-                    head_items.append((p, total + a, total + b, slot))
+                    w0 = _sole_warpgroup(pt[a:b]) if share else -1
+                    head_items.append((p, total + a, total + b, slot, w0))
                     slot += 1
             total += n
+        # a shared chunk's C - 1 scratch slots (its other warpgroups' partials) follow the
+        # head's chunk slots: shared = 1 + w0 + C * (first scratch slot)
+        for i, (p, a, b, sl, w0) in enumerate(head_items):
+            shared = 0
+            if w0 >= 0:
+                shared = 1 + w0 + consumers * slot
+                slot += consumers - 1
+            head_items[i] = (p, a, b, sl, shared)
         ptr[h, pairs] = total
         slots_per_head[h] = slot
         items.append(head_items)
@@ -186,7 +224,7 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2) -> WsP
     order_ptr = np.concatenate([[0], np.cumsum(upto[1:])]).astype(np.int32)
     orders = np.zeros((heads, int(order_ptr[-1])), np.int32)
     for h in range(heads):
-        pair_of, length = item_arr[h, :, 0], item_arr[h, :, 2] - item_arr[h, :, 1]
+        pair_of, length = item_arr[h, :, 0], item_lengths(item_arr[h], consumers)
         for p in range(1, pairs + 1):
             live = (pair_of >= 0) & (pair_of < p)
             idx = np.nonzero(live)[0]

@@ -17,6 +17,9 @@
 // hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
 // granularity; key padding, bias and soft-capping are block_tile.cuh's. With PERIOD > 1
 // (a dilated mask split by residue) each residue's rows are a sequence of their own.
+// A shared chunk of a split row (a global row walking alone past its band) gives every
+// warpgroup that tile row's Q and every CONSUMERS-th entry, without turns; warpgroup 0
+// merges the others' partials (through scratch slots) before writing the chunk's.
 // A whole pair row writes O normalised (staged in shared memory for 16-byte stores where
 // the area fits: STAGE_O); a chunk of a split row writes its unnormalised
 // O, row max and row sum to its workspace slot, merged by stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_combine.
@@ -50,6 +53,7 @@ constexpr bool ROWSUM_MMA = true;     // P's row sums by wgmma against ones
 // (head, batch, residue, item), the walk's rows and keys count residue positions a (real
 // row PERIOD a + r), and the tensor maps step PERIOD rows per loaded row. PERIOD 1: none.
 constexpr int PERIOD = 1;
+constexpr int ITEM_FIELDS = 5;    // (pair row, begin, end, slot, shared)
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -82,6 +86,7 @@ static_assert(SMEM_END + 1024 <= 107392, "the launch's dynamic shared memory (ws
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
               BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + 1;
 constexpr int SKIP = -2;                   // entry_part: this warpgroup skips the tile
+constexpr int BAR_MERGE = CONSUMERS + 1;   // named barrier of the consumers (1..C: ping-pong)
 static_assert(D % 64 == 0, "head_dim must fill 128-byte swizzle panels");
 static_assert(STAGES >= 2, "the ring needs two stages");
 static_assert(Q_IN_REGS || D >= 128, "Q leaves the registers only for large head_dims");
@@ -193,8 +198,11 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     auto work_index = [&](int k) {
         return ws_work_index(k, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
     };
+    // sh: 0, or 1 + w0 for a shared chunk (ws_plan.py): every warpgroup computes tile row
+    // C prow + w0 and takes every CONSUMERS-th entry; warpgroups w > 0 leave their partials
+    // in scratch slots temp + w - 1, which warpgroup 0 merges into slot
     struct Work {
-        int h, b, r, vb, lr, prow, begin, n, slot, kvl;
+        int h, b, r, vb, lr, prow, begin, n, slot, kvl, sh, temp;
     };
     // work w: head w % H, then (batch, residue) as one index vb = batch * PERIOD + residue,
     // then the item; lr: the residue's rows, kvl: its keys (PERIOD 1: L and the key length)
@@ -206,11 +214,14 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         x.b = x.vb / PERIOD;
         x.r = x.vb - x.b * PERIOD;
         x.lr = (L - x.r + PERIOD - 1) / PERIOD;
-        const int* it4 = items + x.h * items_head_stride + 4 * item_order[x.h * order_head_stride + idx];
-        x.prow = it4[0];
-        x.begin = it4[1];
-        int end = it4[2];
-        x.slot = it4[3];
+        const int* it = items + x.h * items_head_stride +
+                        ITEM_FIELDS * item_order[x.h * order_head_stride + idx];
+        x.prow = it[0];
+        x.begin = it[1];
+        int end = it[2];
+        x.slot = it[3];
+        x.sh = it[4] > 0 ? 1 + (it[4] - 1) % CONSUMERS : 0;     // it[4] = 1 + w0 + C temp
+        x.temp = it[4] > 0 ? (it[4] - 1) / CONSUMERS : 0;
         const int kvl = min(kv_len[x.b], L);
         x.kvl = kvl > x.r ? (kvl - x.r + PERIOD - 1) / PERIOD : 0;
         if (x.prow < 0 || x.prow * ROWS >= x.lr) x.prow = -1;   // padding, or rows past this run
@@ -267,7 +278,8 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
                     tma_load_4d(sQ + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q), pn * 64,
-                                x.h, PERIOD * (x.prow * ROWS + w * TILE) + x.r, x.b);
+                                x.h, PERIOD * (x.prow * ROWS + (x.sh ? x.sh - 1 : w) * TILE) + x.r,
+                                x.b);
             // V of entry begin + i (its key: the K load's, already in a register)
             auto load_v = [&](int i, int key) {
                 const int g = ring + i;
@@ -283,11 +295,18 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
             // The walk entries are read one tile ahead, before the wait for a free slot:
             // a freed slot's refill then waits only for the TMA, not for a global load first.
             int key = 0, part[CONSUMERS];
+            // (a shared chunk: entry i is warpgroup i % CONSUMERS's, with tile row w0's bitmaps)
             auto read_entry = [&](int i, int& k, int (&p)[CONSUMERS]) {
                 const int j = x.begin + i;
                 k = entry_key[j];
+                if (x.sh) {
+                    const int mine = entry_part[CONSUMERS * j + x.sh - 1];
 #pragma unroll
-                for (int w = 0; w < CONSUMERS; ++w) p[w] = entry_part[CONSUMERS * j + w];
+                    for (int w = 0; w < CONSUMERS; ++w) p[w] = i % CONSUMERS == w ? mine : SKIP;
+                } else {
+#pragma unroll
+                    for (int w = 0; w < CONSUMERS; ++w) p[w] = entry_part[CONSUMERS * j + w];
+                }
             };
             if (n_load > 0) read_entry(0, key, part);
             int prev_key = 0;
@@ -348,7 +367,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     // the current work's values (set at each work; the step lambdas below read them)
     int q_use = 0;                                 // Q loads consumed so far
     Ring cur{0, 0u};                               // the ring position of the next step
-    int begin = 0, n = 0, kvl = 0, residue = 0;
+    int begin = 0, n = 0, kvl = 0, residue = 0, shared = 0;
     const u64* kbits = key_bits;
     const T* br0 = nullptr;
     const T* br1 = nullptr;
@@ -488,7 +507,9 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
             const int i = t * KSTEP + hh;
             const int j = begin + min(i, max(n - 1, 0));
             key[hh] = entry_key[j];
-            part[hh] = i < n ? __shfl_sync(0xffffffffu, entry_part[CONSUMERS * j + w], 0) : SKIP;
+            const bool mine = i < n && (shared == 0 || i % CONSUMERS == w);
+            const int row = shared ? shared - 1 : w;
+            part[hh] = mine ? __shfl_sync(0xffffffffu, entry_part[CONSUMERS * j + row], 0) : SKIP;
         }
     };
 
@@ -503,8 +524,10 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         n = x.n;
         kvl = x.kvl;
         residue = x.r;
+        shared = x.sh;
+        const int qrow = x.sh ? x.sh - 1 : w;      // the pair row's tile row this warpgroup computes
         kbits = key_bits + (HAS_KEY_BITS ? x.b * key_words : 0);
-        const int rq0 = x.prow * ROWS + w * TILE + warp * 16 + g;   // this thread's query rows
+        const int rq0 = x.prow * ROWS + qrow * TILE + warp * 16 + g;   // this thread's query rows
         if (HAS_BIAS) {            // real row PERIOD qr + r; its keys PERIOD c + r (mask_step)
             auto bias_row = [&](int qr) {
                 return bias + x.b * bias_sb + x.h * bias_sh +
@@ -536,6 +559,9 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         prev_any = false;
 
         const int steps = (n + KSTEP - 1) / KSTEP;
+        // a shared chunk's warpgroups do not take turns: each computes every C-th entry, and
+        // turns would wait each one's GEMMs on the previous one's softmax
+        const bool pp = PINGPONG && x.sh == 0;
         int key[KSTEP], part[KSTEP];
         if (steps > 0) fetch(0, key, part);
         for (int t = 0; t < steps; ++t) {
@@ -548,13 +574,13 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 mbar_wait(bar(BAR_FULL_K + slot_of(i0, hh)), parity_of(i0, hh));
                 any = any || part[hh] != SKIP;
             }
-            if (PINGPONG) named_bar_sync(bar_mine, 256);
+            if (pp) named_bar_sync(bar_mine, 256);
             float sc[NS][4];
             if (any && prev_any) {
                 // S of this step and P V of the last one in flight; softmax under the P V GEMM
                 issue_s(sc, i0);
                 issue_pv(prev_i0);
-                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                if (pp) named_bar_arrive(bar_other, 256);
                 wgmma_wait<1>();
                 wgmma_pin(sc);
                 float alpha[2];
@@ -568,7 +594,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 keep_probs(sc, alpha, moved);
             } else if (any) {
                 issue_s(sc, i0);
-                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                if (pp) named_bar_arrive(bar_other, 256);
                 wgmma_wait<0>();
                 wgmma_pin(sc);
                 if (t > 0) release_v(prev_i0);
@@ -578,7 +604,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 keep_probs(sc, alpha, moved);
             } else if (prev_any) {
                 issue_pv(prev_i0);
-                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                if (pp) named_bar_arrive(bar_other, 256);
                 wgmma_wait<0>();
                 wgmma_pin(acc);
                 if (ROWSUM_MMA) wgmma_pin(lacc);
@@ -586,7 +612,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 release_k(i0);
                 release_v(prev_i0);
             } else {
-                if (PINGPONG) named_bar_arrive(bar_other, 256);
+                if (pp) named_bar_arrive(bar_other, 256);
                 release_k(i0);
                 if (t > 0) release_v(prev_i0);
             }
@@ -622,8 +648,61 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
             else
                 store_rows<T, ND>(acc, row_l, rq0, rq0 + 8, ob, PERIOD * o_ss, x.lr, t4);
         } else {
-        const long long ws = (static_cast<long long>(x.vb) * H + x.h) * slots + x.slot;
-        const int lr0 = w * TILE + warp * 16 + g;      // rows inside the block
+        const long long head_ws = (static_cast<long long>(x.vb) * H + x.h) * slots;
+        const int lr0 = qrow * TILE + warp * 16 + g;   // rows inside the block
+        float l0 = quad_sum(row_l[0]), l1 = quad_sum(row_l[1]);
+        if (x.sh) {
+            // a shared chunk: warpgroups w > 0 leave (O, m, l) in scratch slot temp + w - 1 (in
+            // the slot's row layout); after the barrier (global writes of this block are then
+            // visible to its threads) warpgroup 0 merges them into its own by log-sum-exp
+            if (w > 0) {
+                const long long t = head_ws + x.temp + w - 1;
+                float* po = part_o + t * ROWS * D;
+    #pragma unroll
+                for (int nn = 0; nn < ND; ++nn) {
+                    const int col = nn * 8 + 2 * t4;
+                    *reinterpret_cast<float2*>(po + lr0 * D + col) = make_float2(acc[nn][0], acc[nn][1]);
+                    *reinterpret_cast<float2*>(po + (lr0 + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
+                }
+                if (t4 == 0) {
+                    float* pml = part_ml + t * ROWS * 2;
+                    *reinterpret_cast<float2*>(pml + 2 * lr0) = make_float2(row_m[0], l0);
+                    *reinterpret_cast<float2*>(pml + 2 * (lr0 + 8)) = make_float2(row_m[1], l1);
+                }
+            }
+            named_bar_sync(BAR_MERGE, 128 * CONSUMERS);
+            if (w == 0) {
+                for (int k = 1; k < CONSUMERS; ++k) {
+                    const long long t = head_ws + x.temp + k - 1;
+                    const float* po = part_o + t * ROWS * D;
+                    const float* pml = part_ml + t * ROWS * 2;
+                    const float2 a = *reinterpret_cast<const float2*>(pml + 2 * lr0);
+                    const float2 b = *reinterpret_cast<const float2*>(pml + 2 * (lr0 + 8));
+                    const float n0 = fmaxf(row_m[0], a.x), n1 = fmaxf(row_m[1], b.x);
+                    // a row without keys on one side keeps the other's (no -inf - -inf)
+                    const float c0 = row_m[0] == STOFC_NEG_INF ? 0.0f : exp2f(row_m[0] - n0);
+                    const float c1 = row_m[1] == STOFC_NEG_INF ? 0.0f : exp2f(row_m[1] - n1);
+                    const float d0 = a.x == STOFC_NEG_INF ? 0.0f : exp2f(a.x - n0);
+                    const float d1 = b.x == STOFC_NEG_INF ? 0.0f : exp2f(b.x - n1);
+    #pragma unroll
+                    for (int nn = 0; nn < ND; ++nn) {
+                        const int col = nn * 8 + 2 * t4;
+                        const float2 u = *reinterpret_cast<const float2*>(po + lr0 * D + col);
+                        const float2 v = *reinterpret_cast<const float2*>(po + (lr0 + 8) * D + col);
+                        acc[nn][0] = fmaf(acc[nn][0], c0, u.x * d0);
+                        acc[nn][1] = fmaf(acc[nn][1], c0, u.y * d0);
+                        acc[nn][2] = fmaf(acc[nn][2], c1, v.x * d1);
+                        acc[nn][3] = fmaf(acc[nn][3], c1, v.y * d1);
+                    }
+                    l0 = fmaf(l0, c0, a.y * d0);
+                    l1 = fmaf(l1, c1, b.y * d1);
+                    row_m[0] = n0;
+                    row_m[1] = n1;
+                }
+            }
+        }
+        if (x.sh == 0 || w == 0) {
+        const long long ws = head_ws + x.slot;
         float* po = part_o + ws * ROWS * D;
         if (!empty) {                                  // an empty chunk's weight is 0: never read
     #pragma unroll
@@ -633,11 +712,16 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 *reinterpret_cast<float2*>(po + (lr0 + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
             }
         }
-        const float l0 = quad_sum(row_l[0]), l1 = quad_sum(row_l[1]);
         if (t4 == 0) {
             float* pml = part_ml + ws * ROWS * 2;
             *reinterpret_cast<float2*>(pml + 2 * lr0) = make_float2(row_m[0], l0);
             *reinterpret_cast<float2*>(pml + 2 * (lr0 + 8)) = make_float2(row_m[1], l1);
+        }
+        if (x.sh) {             // the chunk's slot holds tile row w0 only: the other rows are empty
+            float* pml = part_ml + ws * ROWS * 2;
+            for (int r = tid; r < ROWS; r += 128)
+                if (r / TILE != qrow) *reinterpret_cast<float2*>(pml + 2 * r) = make_float2(STOFC_NEG_INF, 0.0f);
+        }
         }
         }
 
