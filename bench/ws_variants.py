@@ -16,6 +16,7 @@ Usage: PYTHONPATH=. python3 bench/ws_variants.py [--cases B:H:L:D:dtype ...] [--
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import unittest.mock
 from dataclasses import replace
@@ -29,12 +30,12 @@ from triton.testing import do_bench
 import stofc.runtime.attention as attention_rt
 from stofc.codegen import render
 from stofc.compile import compile_source
-from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_plan
+from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_launch
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config
-from stofc.kernels.attention.ws_plan import consumers_of, default_split
+from stofc.kernels.attention.ws_plan import consumers_of, default_split, plan_ws
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.runtime.module import load_kernel
@@ -67,7 +68,7 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
     # with or without the residue split of a dilated mask (the selector's ws_config decides)
     "p1": ({"period": 1}, {}),
-    # split rows without shared chunks (ws_plan: every chunk on its own tile rows)
+    # split rows without shared chunks (plan_ws(share=False): every chunk on its own tile rows)
     "noshare": ({}, {"__noshare__": True}),
     "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
@@ -131,8 +132,8 @@ def main() -> int:
                     cfg = base_config(fmt, profile, B, H, D, cfg_over)
                     tpl_over = dict(tpl_over)
                     if tpl_over.pop("__noshare__", False):
-                        with unittest.mock.patch.object(ws_plan, "_sole_warpgroup",
-                                                        lambda parts: -1):
+                        with unittest.mock.patch.object(
+                                ws_launch, "plan_ws", functools.partial(plan_ws, share=False)):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     elif tpl_over.pop("__exp__", False):
                         tpl_over["__template__"] = args.exp_template

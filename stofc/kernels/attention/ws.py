@@ -34,7 +34,7 @@ from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
-from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MAX_CHUNKS, consumers_of
+from stofc.kernels.attention.ws_plan import ITEM_FIELDS, consumers_of
 from stofc.kernels.registry import register
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
@@ -45,6 +45,7 @@ WS_TILE = 64
 WS_WARPS = (12, 16)            # producer + two or three consumer warpgroups
 WS_STAGES = (2, 3, 4)
 REG_SPLITS = {2: (40, 232), 3: (32, 160)}   # consumers -> (producer, consumer) registers
+MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel merges
 COMBINE_GROUPS = 16            # combine blocks per split pair row (kWsCombineGroups)
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step

@@ -46,7 +46,6 @@ WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows,
 CONSUMERS = (2, 3)    # consumer warpgroups per block (64 query rows each)
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
-MAX_CHUNKS = 64       # chunks of one split pair row the combine kernel merges
 
 
 @dataclass(frozen=True, eq=False)
