@@ -108,12 +108,13 @@ def ws_configs(fmt, B, H, profile, quick, sweep=False):
     """ws configs timed beside the selector's pick: (consumer warpgroups, ring depth,
     ping-pong, tiles per step), with and without the residue split where the mask has one,
     each with its own default split; those
-    ``prune`` refuses at this head_dim (three consumers above 64) are dropped."""
-    grid = [(2, 2, True, 1), (2, 3, True, 1), (3, 3, True, 1), (2, 4, True, 2)]
+    ``prune`` refuses at this head_dim (three consumers above 128, four above 64) are dropped."""
+    grid = [(2, 2, True, 1), (2, 3, True, 1), (3, 3, True, 1), (2, 4, True, 2),
+            (3, 4, False, 1), (4, 4, True, 1), (4, 4, False, 1)]
     if quick:
         grid = [(2, 2, True, 1), (3, 3, True, 1)]
     if sweep:
-        grid = [(c, s, pp, 1) for c in (2, 3) for s in (2, 3, 4) for pp in (True, False)] + \
+        grid = [(c, s, pp, 1) for c in (2, 3, 4) for s in (2, 3, 4) for pp in (True, False)] + \
             [(2, 4, pp, 2) for pp in (True, False)]
     cfgs = []
     chosen = choose_period(fmt)                  # a dilated mask: also walked by residue

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stofc.kernels.attention.ws_cost import COMBINE_US, LAUNCH_US, _entry_flags
+from stofc.kernels.attention.ws_cost import COMBINE_US, LAUNCH_US, _entry_flags, dealt_loads
 from stofc.kernels.attention.ws_plan import SKIP, default_split, plan_ws
 from stofc.masks import encode
 
@@ -64,18 +64,23 @@ def mha_masks() -> dict[str, str]:
 
 def d128_features(spec: str, length: int, split: int, runs: int,
                   consumers: int = 2) -> list[float]:
-    """[entries, part tiles] per SM and waves of one D=128 launch (ws_estimate's terms)."""
+    """[entries, part tiles] of the busiest block and the waves of one launch of ``runs``
+    (batch x heads) copies of the walk (ws_estimate's terms: the block with the most
+    entries under the kernel's deal, :func:`~stofc.kernels.attention.ws_cost.dealt_loads`)."""
     plan = plan_ws(encode(spec, length), split_tiles=split, consumers=consumers)
     live, _, masked = _entry_flags(plan, length)
     cum_l = np.concatenate([[0.0], np.cumsum(live)])
     cum_m = np.concatenate([[0.0], np.cumsum(masked)])
     items = plan.items[0]
-    ok = items[:, 0] >= 0
-    share = np.where(items[:, 4] > 0, 1.0 / consumers, 1.0)[ok]   # shared chunks: C a step
-    e = float(((cum_l[items[ok, 2]] - cum_l[items[ok, 1]]) * share).sum()) * runs / SMS
-    m = float(((cum_m[items[ok, 2]] - cum_m[items[ok, 1]]) * share).sum()) * runs / SMS
-    blocks = int(((cum_l[items[:, 2]] - cum_l[items[:, 1]]) > 0)[ok].sum()) * runs
-    return [e, m, float(math.ceil(blocks / SMS))]
+    ok = (items[:, 0] >= 0).astype(np.float64)
+    share = np.where(items[:, 4] > 0, 1.0 / consumers, 1.0) * ok   # shared chunks: C a step
+    e = (cum_l[items[:, 2]] - cum_l[items[:, 1]]) * share
+    m = (cum_m[items[:, 2]] - cum_m[items[:, 1]]) * share
+    loads_e = dealt_loads(plan, [e], length, heads=runs, batch=1, sm_count=SMS)
+    loads_m = dealt_loads(plan, [m], length, heads=runs, batch=1, sm_count=SMS)
+    busiest = int(np.argmax(loads_e))
+    blocks = int((e > 0).sum()) * runs
+    return [float(loads_e[busiest]), float(loads_m[busiest]), float(math.ceil(blocks / SMS))]
 
 
 def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int = 2) -> int:
@@ -106,23 +111,32 @@ def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int =
 
 
 def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: str,
-               fixed: list[float] | None = None, launch: bool = False) -> int:
+               fixed: list[float] | None = None, launch: bool | float = False,
+               wave: float | None = None) -> int:
     """Least squares (relative error) of the estimator's form without the per-warpgroup
     term (D128_COSTS's; head_dim 64's from --mha and --variants); prints the constants.
     ``fixed``: each run's fixed microseconds beyond the launch constant (the combine
     launch's COMBINE_US where rows are split), subtracted before the fit. ``launch``: fit
     the launch constant too (head_dim 64's ``launch_us``: the fitted value less
-    BLOCK_SHORT_BIAS_US), else LAUNCH_US."""
+    BLOCK_SHORT_BIAS_US), else LAUNCH_US. ``wave``: hold the per-wave term at this value
+    (where the runs' waves and the launch constant are collinear and a free fit goes
+    negative). ``launch`` a number: hold the launch constant at it (fitted on short runs)."""
     A, t = np.asarray(X), np.asarray(y)
     base = np.asarray(fixed) if fixed is not None else np.zeros(len(t))
-    if launch:
+    if wave is not None:
+        base = base + wave * A[:, 2]
+        A = A[:, :2]
+    if launch is True:
         A = np.column_stack([A, np.ones(len(t))])
     else:
-        base = base + LAUNCH_US
+        base = base + (LAUNCH_US if launch is False else float(launch))
     w = 1.0 / t
     coef, *_ = np.linalg.lstsq(A * w[:, None], (t - base) * w, rcond=None)
-    entry, masked, wave = coef[:3]
-    const = f"launch {coef[3]:.2f} us" if launch else "+ LAUNCH_US"
+    entry, masked = coef[:2]
+    free = 2 if wave is not None else 3
+    wave = wave if wave is not None else coef[2]
+    const = (f"launch {coef[free]:.2f} us" if launch is True else
+             "+ LAUNCH_US" if launch is False else f"launch {float(launch):.2f} us held")
     print(f"{what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
           f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; {const}"
           f"{' + COMBINE_US where split' if fixed is not None else ''}]")
@@ -132,7 +146,8 @@ def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: st
 
 
 def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 128,
-                 exclude: str = "", launch: bool = False) -> int:
+                 exclude: str = "", launch: bool | float = False,
+                 wave: float | None = None) -> int:
     """Fit from ``bench/ws_variants.py`` lines: the ``column`` variant's time of each
     ``head_dim`` case (run at the split ``default_split`` gives ``consumers``: fit with the
     code that ran, ``exclude`` the runs it no longer gives), less COMBINE_US where rows are
@@ -158,7 +173,7 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
             y.append(v[2])
             labels.append(f"{r['case']} {r['mask']}")
     return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers ({column})",
-                      fixed, launch)
+                      fixed, launch, wave)
 
 
 def main() -> int:
@@ -176,13 +191,18 @@ def main() -> int:
     ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
     ap.add_argument("--launch", action="store_true",
                     help="--variants: fit the per-launch constant too (D64_COSTS' launch_us)")
+    ap.add_argument("--launch-us", type=float, default=None,
+                    help="--variants: hold the launch constant at this many us (short runs')")
+    ap.add_argument("--wave", type=float, default=None,
+                    help="--variants: hold the per-wave term at this many us")
     ap.add_argument("--exclude", default="",
                     help="--variants: skip 'case mask' labels matching this regex (runs whose "
                          "split default_split no longer gives)")
     args = ap.parse_args()
     if args.variants:
+        launch = args.launch_us if args.launch_us is not None else args.launch
         return fit_variants(args.variants, args.column, args.consumers, args.head_dim,
-                            args.exclude, args.launch)
+                            args.exclude, launch, args.wave)
     if args.mha:
         return fit_mha(args.mha, args.stages, args.head_dim, args.mha_consumers)
     with open(args.jsonl) as f:

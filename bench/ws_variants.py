@@ -57,6 +57,11 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "rowsum_off": ({}, {"rowsum_mma": "false"}),
     "rowsum_on": ({}, {"rowsum_mma": "true"}),
     "no_pingpong": ({"pingpong": False}, {}),
+    "pingpong": ({"pingpong": True}, {}),
+    "c4": ({"warps": 20}, {}),                          # four (head_dim 64; Q from smem)
+    # each consumer count with and without ping-pong turns (a calibration of D64_COSTS)
+    **{f"c{c}{tag}": ({"warps": 4 * (c + 1), "pingpong": pp}, {})
+       for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},
     "kstep2": ({"kstep": 2, "stages": 4}, {}),
     # (three consumers at head_dim 128 read Q from shared memory: ws_q_in_regs; the
     # committed ws-variants-d128-c3 file names that variant "c3q", run before the product did)

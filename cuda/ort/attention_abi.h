@@ -122,7 +122,7 @@ namespace stofc_ort {
 constexpr int64_t kAttentionKernelAbi = 4;
 
 // The warp-specialised kernel's launch shape (templates/attention/block_ws.cu.j2,
-// stofc/runtime/attention_ws.py): a producer warpgroup and 2 or 3 consumer warpgroups
+// stofc/runtime/attention_ws.py): a producer warpgroup and 2 to 4 consumer warpgroups
 // (the plan's `consumers`), 64 query rows (one 64-row tile row) per consumer, 64x64 mask
 // tiles; the combine kernel runs 256 threads.
 constexpr int kWsCombineThreads = 256;

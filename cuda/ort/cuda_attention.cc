@@ -6,7 +6,7 @@
 // H * B * rows * blocks_per_tile_row (rows = ceil(S/T), or R for a residue-permuted
 // plan), block_threads threads, smem_bytes dynamic shared memory. The warp-specialised
 // kernel (STOFC_ATTENTION_WS_ABI = stofc/runtime/attention_ws.py, WsLaunchData.bind;
-// cuda_attention_ws.cc): grid H * B * items of the run's pair rows, 384 or 512 threads, tensor
+// cuda_attention_ws.cc): grid H * B * items of the run's pair rows, 384, 512 or 640 threads, tensor
 // maps of q, k and v encoded on the host, then its combine kernel when the plan splits
 // rows. The device arrays come from the node's `launch_plan` file (launch_plan.h), read
 // at session creation and uploaded once per CUDA context at the first run (cuMemAlloc +

@@ -83,7 +83,7 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
     w.items_upto = rd.array<int32_t>(n[7], "items_upto");
     const int64_t heads = p.num_heads, R = p.tile_rows;
     if (p.tile != kWsTile) rd.fail("a warp-specialised plan has 64x64 tiles");
-    if (w.consumers != 2 && w.consumers != 3) rd.fail("a warp-specialised block has 2 or 3 consumer warpgroups");
+    if (w.consumers < 2 || w.consumers > 4) rd.fail("a warp-specialised block has 2 to 4 consumer warpgroups");
     if (w.period != 1 && w.period != 2 && w.period != 4) rd.fail("a residue split has period 1, 2 or 4");
     const int rows = ws_rows(w.consumers);
     const int walked_len = (p.seq_len + w.period - 1) / w.period;  // residue 0's rows

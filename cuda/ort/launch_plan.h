@@ -24,7 +24,7 @@ namespace stofc_ort {
 /// The warp-specialised kernel's tables (plan kind 2). Per format head f: items
 /// [f * n_items, ...) of 4 ints (pair row, begin, end, slot), orders [f * orders_per_head, ...),
 /// combine rows [f * n_split, ...) of 3 ints (pair row, first slot, chunks). A pair row is
-/// the block's `consumers` (2 or 3) tile rows: ws_rows(consumers) query rows.
+/// the block's `consumers` (2 to 4) tile rows: ws_rows(consumers) query rows.
 struct WsTables {
     int pairs = 0, slots = 0, n_items = 0, n_split = 0, split = 0, orders_per_head = 0, consumers = 0;
     int period = 1;  // residue split (1, 2 or 4): the walk is the split mask's (residue.py)

@@ -39,8 +39,8 @@ def ws(stages: int = 2, split: int = 0, pingpong: bool = True, kstep: int = 1,
                            period=period)
 
 
-# (kstep, consumers) of the head_dim 64 cases: three consumers run one tile per step
-STEPS = [(1, 2), (2, 2), (1, 3)]
+# (kstep, consumers) of the head_dim 64 cases: three and four consumers run one tile per step
+STEPS = [(1, 2), (2, 2), (1, 3), (1, 4)]
 
 
 def _check(res, dtype, what=""):
@@ -71,8 +71,8 @@ def test_every_family_head_dim_128_three_consumers(spec, split):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim,kstep,consumers",
-                         [(64, 1, 2), (64, 2, 2), (64, 1, 3), (128, 1, 2), (128, 2, 2),
-                          (128, 1, 3), (256, 1, 2)])
+                         [(64, 1, 2), (64, 2, 2), (64, 1, 3), (64, 1, 4), (128, 1, 2),
+                          (128, 2, 2), (128, 1, 3), (256, 1, 2)])
 @pytest.mark.parametrize("pingpong", [True, False])
 def test_head_dims_dtypes_pingpong(head_dim, kstep, consumers, dtype, pingpong):
     fmt, dense = encoded("longformer:window=100,global=20", 700)
@@ -100,7 +100,8 @@ def test_padding_bias_layouts(dtype, kstep, consumers):
 
 
 @pytest.mark.parametrize("kv_heads,head_dim,consumers",
-                         [(1, 128, 2), (2, 128, 2), (2, 64, 3), (1, 128, 3), (2, 128, 3)])
+                         [(1, 128, 2), (2, 128, 2), (2, 64, 3), (1, 128, 3), (2, 128, 3),
+                          (2, 64, 4)])
 def test_grouped_query_attention(kv_heads, head_dim, consumers):
     fmt, dense = encoded("sliding:window=150,causal=true", 600)
     res = run_case(fmt, dense, ws(consumers=consumers), batch=2, heads=6, seq=600,
@@ -109,7 +110,7 @@ def test_grouped_query_attention(kv_heads, head_dim, consumers):
     _check(res, "bfloat16")
 
 
-@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3), (128, 3)])
+@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3), (128, 3), (64, 4)])
 def test_logit_softcap(head_dim, consumers):
     fmt, dense = encoded("longformer:window=64,global=8", 300)
     key_mask = np.ones((2, 300), np.int32)
@@ -121,7 +122,7 @@ def test_logit_softcap(head_dim, consumers):
     _check(res, "bfloat16")
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 def test_per_head_masks_and_split(consumers):
     heads = 3
     rng = np.random.default_rng(_seed("wsheads"))
@@ -133,7 +134,7 @@ def test_per_head_masks_and_split(consumers):
     _check(res, "float16")
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 def test_empty_rows_give_zeros(consumers):
     dense = np.zeros((300, 300), dtype=bool)
     dense[100:200, :50] = True                   # rows outside 100..199 have no key
@@ -201,7 +202,7 @@ def test_output_rows_staged_or_direct(head_dim, consumers, stages, staged):
     assert err <= TOL[dtype], f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("head_dim,consumers", [(64, 2), (64, 3), (128, 2), (128, 3)])
+@pytest.mark.parametrize("head_dim,consumers", [(64, 2), (64, 3), (64, 4), (128, 2), (128, 3)])
 def test_non_finite_values_stay_in_their_rows(head_dim, consumers):
     """NaN in the values of keys 0..63 reaches only the rows whose walk holds key tile 0
     (the rows whose window holds those keys); with several works per block, every other
@@ -239,7 +240,7 @@ RESIDUE_MASKS = [("dilated:window=256,dilation=2", 1001, 2),
                  ("dilated:window=256,dilation=2,causal=true", 2000, 2)]
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 @pytest.mark.parametrize("split", [0, 8])
 @pytest.mark.parametrize("spec,L,period", RESIDUE_MASKS)
 def test_residue_split(spec, L, period, split, consumers):

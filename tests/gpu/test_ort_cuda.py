@@ -469,18 +469,21 @@ def test_package_on_cuda_matches_cpu_and_original(tmp_path, example, mask, dtype
 LONGFORMER = "longformer:window=64,global=16"
 
 
-@pytest.mark.parametrize("dtype,config,mask", [
-    ("bf16", ws_config(stages=3, split=8), LONGFORMER),
-    ("fp16", ws_config(stages=4, kstep=2, split=8), LONGFORMER),
-    ("bf16", ws_config(warps=16, split=8), LONGFORMER),
-    ("fp16", ws_config(warps=16, stages=3), LONGFORMER),
-    ("fp16", ws_config(stages=4, split=8, period=2), "dilated:window=128,dilation=2")],
+@pytest.mark.parametrize("dtype,config,mask,heads", [
+    ("bf16", ws_config(stages=3, split=8), LONGFORMER, 2),
+    ("fp16", ws_config(stages=4, kstep=2, split=8), LONGFORMER, 2),
+    ("bf16", ws_config(warps=16, split=8), LONGFORMER, 2),
+    ("fp16", ws_config(warps=16, stages=3), LONGFORMER, 2),
+    ("fp16", ws_config(stages=4, split=8, period=2), "dilated:window=128,dilation=2", 2),
+    ("fp16", ws_config(warps=20, stages=4, split=8), LONGFORMER, 4),
+    ("bf16", ws_config(warps=20, stages=4, pingpong=False), "causal", 4)],
     ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers",
-         "fp16-residue-split"])
+         "fp16-residue-split", "fp16-4consumers-split-d64", "bf16-4consumers-causal-d64"])
 def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
-                                                 config, mask):
-    """A package whose attention is the warp-specialised kernel (head_dim 128, forced through
-    the plan as the tuner would) verifies on the CUDA EP against the original model."""
+                                                 config, mask, heads):
+    """A package whose attention is the warp-specialised kernel (head_dim 128 with two heads,
+    64 with four; forced through the plan as the tuner would) verifies on the CUDA EP
+    against the original model."""
     from stofc.package.load import read_plan
     from stofc.package.verify import verify_package
     from stofc.pipeline import Instruments, compile_model, recompile_package
@@ -490,7 +493,7 @@ def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hop
     sys.path.insert(0, str(ROOT / "examples"))
     from build_model import build_model
     model = tmp_path_factory.mktemp("ws_model") / "model.onnx"
-    onnx.save(build_model(layers=2, hidden=256, heads=2, seq=1024), str(model))
+    onnx.save(build_model(layers=2, hidden=256, heads=heads, seq=1024), str(model))
     quiet = Instruments(progress=False)
     pkg = compile_model(model, mask, gpu=detect().name, dtype=dtype,
                         max_seq_len=1024, out_dir=tmp_path / "pkg", instruments=quiet)

@@ -27,6 +27,7 @@ from stofc.kernels.attention.ws import (
     ONES_BYTES,
     SM90_SMEM_PER_BLOCK,
     ws_q_in_regs,
+    ws_reg_split,
     ws_registers,
     ws_smem_bytes,
     ws_stage_bytes,
@@ -78,7 +79,7 @@ def decode(plan, fmt) -> np.ndarray:
     return out[:, :fmt.seq_len, :fmt.seq_len]
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 @pytest.mark.parametrize("split", [0, 8, 16])
 @pytest.mark.parametrize("spec,L", MASKS)
 def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
@@ -96,7 +97,7 @@ def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
                 assert sorted(mine[:, 3].tolist()) == list(range(first, first + chunks))
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 @pytest.mark.parametrize("L,split", [(2048, 8), (8192, 16)])
 def test_global_rows_past_their_band_are_shared_chunks(L, split, consumers):
     """Longformer's global tile row walks every key tile alone past its band: those chunks are
@@ -126,7 +127,7 @@ def test_global_rows_past_their_band_are_shared_chunks(L, split, consumers):
     assert (plain.items[0][:, 4] == 0).all() and plain.slots == chunk_slots
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 def test_plan_per_head_masks(consumers):
     rng = np.random.default_rng(0)
     dense = np.stack([np.tril(np.ones((700, 700), bool)), rng.random((700, 700)) < 0.1])
@@ -136,11 +137,11 @@ def test_plan_per_head_masks(consumers):
 
 
 def test_plan_refuses_other_consumer_counts():
-    with pytest.raises(ValueError, match="2 or 3 consumer"):
-        plan_ws(encode("causal", 256), consumers=4)
+    with pytest.raises(ValueError, match="2 to 4 consumer"):
+        plan_ws(encode("causal", 256), consumers=5)
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 def test_orders_are_longest_first_for_every_run_length(consumers):
     fmt = encode("longformer:window=128,global=32", 2048)
     plan = plan_ws(fmt, split_tiles=8, consumers=consumers)
@@ -164,7 +165,7 @@ def test_default_split_bounds_the_longest_item():
     assert default_split(encode("sliding:window=64", 4096), batch=8, heads=12, sm_count=132) == 0
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 @pytest.mark.parametrize("spec", ["longformer:window=256,global=16",
                                   "bigbird:block=64,window=3,global=2,random=3,seed=0"])
 @pytest.mark.parametrize("L,batch", [(4096, 4), (8192, 1), (16384, 1), (16384, 2)])
@@ -207,9 +208,14 @@ def test_prune_and_search_space():
     assert prune(ws(consumers=3), 256, H100) is not None      # shared memory, then registers
     assert ws_registers(256, 1, 3) > 160
     assert "160 with 3 consumer" in prune(ws(consumers=3, stages=4, kstep=2), 64, H100)
-    assert "2 or 3 consumer" in prune(AttentionConfig("ws", 64, 16, 20, 2, 1, mma="wgmma"),
+    assert "2 to 4 consumer" in prune(AttentionConfig("ws", 64, 16, 24, 2, 1, mma="wgmma"),
                                       64, H100)
-    assert {c.warps for c in search_space("ws", 64, "float16", H100)} == {12, 16}
+    # four consumer warpgroups: head_dim 64 only, one tile per step, Q in shared memory
+    assert prune(ws(consumers=4), 64, H100) is None and not ws_q_in_regs(64, 1, 4)
+    assert ws_reg_split(4) == (24, 112) and 24 * 128 + 4 * 112 * 128 <= 96 * 640
+    assert "112 with 4 consumer" in prune(ws(consumers=4), 128, H100)
+    assert "with 4 consumer" in prune(ws(consumers=4, stages=4, kstep=2), 64, H100)
+    assert {c.warps for c in search_space("ws", 64, "float16", H100)} == {12, 16, 20}
     assert {c.warps for c in space} == {12, 16}
     assert {c.warps for c in search_space("ws", 256, "bfloat16", H100)} == {12}
     src = render_kernel(KernelSpec(ws(consumers=3), "bfloat16", 128)).code
@@ -249,6 +255,9 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                               (3, "bfloat16", 64, True, True, True),
                               (2, "bfloat16", 128, True, True, True),
                               (4, "float16", 128, False, False, False))] + [
+    KernelSpec(ws(stages=s, consumers=4, pingpong=pp), "float16", 64, b, k, has_softcap=c)
+    for s, pp, b, k, c in ((4, True, False, True, False),          # four consumers: head_dim 64
+                           (3, False, True, True, True))] + [
     KernelSpec(ws(stages=s, consumers=c, period=p), dt, d, b, k)     # residue splits
     for s, c, p, dt, d, b, k in ((4, 2, 2, "float16", 64, True, True),
                                  (4, 3, 4, "float16", 64, False, True),
@@ -266,7 +275,7 @@ def test_every_variant_compiles_without_spills_or_serialised_wgmma(spec):
     assert not re.search(r"C75(0[89]|1\d|20)", report), report
 
 
-@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("consumers", [2, 3, 4])
 def test_launch_arguments_match_the_template(monkeypatch, consumers):
     fake = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: fake)

@@ -338,7 +338,7 @@ BAD = [  # (kernel config, plan config, override, message)
     (ws(), ws(), {"blocks_per_tile_row": 2}, "attribute 'blocks_per_tile_row' = 2 but a "
                                              "warp-specialised kernel takes 1"),
     (ws(), ws(), {"block_threads": 256}, "attribute 'block_threads' = 256 but a warp-specialised "
-                                         "kernel runs 384 or 512 threads"),
+                                         "kernel runs 384, 512 or 640 threads"),
     (ws(), ws(consumers=3), {}, "attribute 'block_threads' = 384 but launch plan"),
     (ws(consumers=3), ws(), {}, "attribute 'block_threads' = 512 but launch plan"),
     (ws(), ws(), {"smem_bytes": 0}, "attribute 'smem_bytes' is required (> 0) for a "

@@ -1,14 +1,16 @@
 """The warp-specialised Hopper kernel (``kind="ws"``): its shape, resources and pruning.
 
 ``templates/attention/block_ws.cu.j2`` runs a producer warpgroup that keeps few
-registers per thread and streams K/V with the Tensor Memory Accelerator, and two or
-three consumer warpgroups (``warps`` 12 or 16) that take the rest (``setmaxnreg``:
-40 / 232 with two, 32 / 160 with three, FlashAttention-3's split), own 64 query rows
-each and walk the pair rows of :mod:`.ws_plan`. Three consumers put three warps of
-softmax on each scheduler instead of two (more latency hidden; FlashAttention-3 runs
-head_dim 64 so); their 160 registers hold head_dim 64's arrays, and head_dim 128's once Q
-is read from shared memory (:func:`ws_q_in_regs`; 256's are pruned by
-:func:`ws_registers`). Shared memory holds Q for the block's rows, ``stages`` K and V
+registers per thread and streams K/V with the Tensor Memory Accelerator, and two to
+four consumer warpgroups (``warps`` 12, 16 or 20) that take the rest (``setmaxnreg``:
+40 / 232 with two, 32 / 160 with three, FlashAttention-3's split; 24 / 112 with four),
+own 64 query rows each and walk the pair rows of :mod:`.ws_plan`. Three consumers put
+three warps of softmax on each scheduler instead of two (more latency hidden;
+FlashAttention-3 runs head_dim 64 so); their 160 registers hold head_dim 64's arrays,
+and head_dim 128's once Q is read from shared memory (:func:`ws_q_in_regs`; 256's are
+pruned by :func:`ws_registers`). Four (head_dim 64 only, Q in shared memory) put four:
+dense and causal rows ran 8-13% faster than three (H100,
+``bench/results/ws-variants-c4-h100-2026-11-27.jsonl``). Shared memory holds Q for the block's rows, ``stages`` K and V
 tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
 stage, the ring's mbarriers and, where it fits, an area that stages O for 16-byte
 stores (:func:`ws_stage_o`). One block per SM.
@@ -42,15 +44,20 @@ from stofc.targets import GpuProfile
 WS_CC = (9, 0)                 # setmaxnreg, wgmma and the TMA path: sm_90a only
 WS_HEAD_DIMS = (64, 128, 256)  # whole 128-byte swizzle panels
 WS_TILE = 64
-WS_WARPS = (12, 16)            # producer + two or three consumer warpgroups
+WS_WARPS = (12, 16, 20)        # producer + two, three or four consumer warpgroups
 WS_STAGES = (2, 3, 4)
-REG_SPLITS = {2: (40, 232), 3: (32, 160)}   # consumers -> (producer, consumer) registers
+# consumers -> (producer, consumer) registers; the sum never exceeds the block's registers at
+# entry (ptxas: 65536 / threads, rounded down to 8: 168, 128, 96), which setmaxnreg only moves
+# (four: 24 x 128 + 4 x 112 x 128 <= 96 x 640; 120 each hung the block in setmaxnreg)
+REG_SPLITS = {2: (40, 232), 3: (32, 160), 4: (24, 112)}
 MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel merges
 COMBINE_GROUPS = 16            # combine blocks per split pair row (kWsCombineGroups)
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step
 Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
-REG_OVERHEAD = 40              # addresses, loop state, masks, softmax state
+# addresses, loop state, masks, softmax state: the four-warpgroup head_dim-64 kernel fits
+# its 80 registers of arrays in 112 with no spill (ptxas 13.0), so at most 32
+REG_OVERHEAD = 32
 SM90_SMEM_PER_BLOCK = 227 * 1024   # the opt-in limit of every sm_90 part (H100, H200, H800)
 
 
@@ -127,7 +134,11 @@ def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
     per step (the O, S and P arrays of 128 keys and head_dim 128 leave no room for Q:
     ptxas spilled 232 bytes) or three warpgroups (their 160 registers hold head_dim 128's
     O, S and P but not Q: ptxas spilled 100 bytes; with Q in shared memory the three run
-    dense and causal rows 4-11% faster than two, bench/results/ws-variants-d128-c3-*)."""
+    dense and causal rows 4-11% faster than two, bench/results/ws-variants-d128-c3-*).
+    Four warpgroups' 112 registers never hold Q (head_dim 64 with Q: C7512, wgmma
+    serialised for want of registers)."""
+    if consumers >= 4:
+        return False
     if kstep == 2 or consumers == 3:
         return head_dim <= 64
     return head_dim <= Q_REGS_MAX_HEAD_DIM
@@ -151,8 +162,8 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
     if c.tile != WS_TILE:
         return "ws: a consumer warpgroup owns one 64-row tile row (mask tile 64)"
     if c.warps not in WS_WARPS or (c.warp_m, c.q_split, c.min_blocks) != (16, 1, 1):
-        return ("ws: a producer and 2 or 3 consumer warpgroups (12 or 16 warps) of 64 rows "
-                "each, one block per SM")
+        return ("ws: a producer and 2 to 4 consumer warpgroups (12, 16 or 20 warps) of 64 "
+                "rows each, one block per SM")
     if c.gather or c.permute:
         return "ws: the TMA producer loads contiguous 64-key tiles (no gathered or permuted walk)"
     if c.stages not in WS_STAGES:

@@ -2,23 +2,27 @@
 
 Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
 
-* **head_dim 64** (``bench/results/ws-variants-d64-consumers{,-short}-h100-2026-11-26.jsonl``:
-  H=12 fp16, B=1-8 and 128 to 16K tokens; dense, causal, causal window 4095, windows
-  +-64 / +-256, Longformer, BigBird, dilated; both consumer counts in the same call; a
-  least-squares fit with a per-launch constant, ``bench/ws_calibrate.py --variants FILES
-  --head-dim 64 --launch``): a block's step over one entry of its merged walk costs about the same
-  whether one warpgroup computes the tile or all do, so the model (``D64_COSTS``, per
-  consumer count) charges each item ``entry_ns`` per entry and ``masked_ns`` per part
-  tile (bitmap tests), per SM, ``wave_us`` per wave of items (start, Q load, epilogue),
-  ``launch_us`` per launch (the fitted 9.7 / 10.4 us less BLOCK_SHORT_BIAS_US) and a launch
-  that splits rows COMBINE_US: within 0.85-1.16x of those 67 runs (one, run at a split
-  ``default_split`` no longer gives, left out). Three consumer warpgroups (192-row blocks)
-  walk fewer, longer entries: 14-18% faster on dense and causal rows, 2-9% on windows; at
-  512 tokens and on Longformer and BigBird at B=1-2 up to 4K two are faster by up to 15%,
-  which the fit does not separate well, so three are taken only when estimated
-  THREE_MARGIN[64] of two's: over those runs that picks within 0.7% of the faster on
-  average and 7.8% at worst (14.7% at worst without the margin). Checked on the GPU where
-  the picks changed (``selector-ab-d64-*``): local +-64 moved to ws, 9-25% faster.
+* **head_dim 64** (``bench/results/ws-variants-d64-consumers-pingpong-h100-2026-11-27.jsonl``:
+  H=12 fp16 at (1, 8192), (4, 4096), (2, 16384), (8, 512) and H=4 at (1, 8192); dense, causal,
+  causal window 4095, windows +-64 / +-256, Longformer, BigBird; two, three and four
+  consumer warpgroups with and without ping-pong turns in the same call, each fitted at the
+  turns :func:`ws_pingpong` gives it; ``bench/ws_calibrate.py --variants FILE --head-dim 64
+  --wave 0.69 --launch-us 9.72|10.37``): a block's step over one entry of its merged walk costs about the
+  same whether one warpgroup computes the tile or all do, so the model (``D64_COSTS``, per
+  consumer count) charges each item ``entry_ns`` per entry and ``masked_ns`` per part tile
+  (bitmap tests), per SM, ``wave_us`` per wave of items (start, Q load, epilogue) and
+  ``launch_us`` per launch (less BLOCK_SHORT_BIAS_US), both held at the 11-26 fit's (0.69 us;
+  9.72 / 10.37 us for two / three, and three's for four), which its runs of 128 to 512 tokens
+  set (these long runs trade the two against each other: a free fit put the wave term
+  negative), and a launch that splits rows COMBINE_US; the
+  walk time is the busiest block's under the kernel's deal (:func:`dealt_loads`), not the
+  mean, which put three consumers at B=1 H=4 L=8192 (172 works on 132 SMs) 1.4x short.
+  Within 0.91-1.08x (two), 0.87-1.22x (three) and 0.86-1.29x (four) of those 35 runs each;
+  BigBird is the outlier (its walk skips 46-57% of the pairs, cheaper steps than the model
+  charges three and four). The selector's pick over the 35 rows: 1.3% slower than the fastest
+  of the three on average, 11.5% at worst (H=4 Longformer, four picked where three were
+  faster); the 11-26 model, with two and three consumers and turns, was 6.2% / 61.5% behind
+  the same runs' fastest.
 * **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
   per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
@@ -96,17 +100,20 @@ class EntryCost:
     launch_us: float = LAUNCH_US      # a launch's fixed cost (module doc)
 
 
-# fitted over ws-variants-d64-consumers{,-short}-h100-2026-11-26 (4-stage ring, ping-pong,
-# O staged; columns c2 / c3; the three-consumer Longformer run at B=1 8K left out: it ran
-# at the split default_split no longer gives), with a per-launch constant (module doc)
-D64_COSTS = {2: EntryCost(794.0, 0.0, 182.0, 0.70, 9.72 - BLOCK_SHORT_BIAS_US),
-             3: EntryCost(973.0, 0.0, 178.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
+# fitted over ws-variants-d64-consumers-pingpong-h100-2026-11-27 (4-stage ring, O staged;
+# columns c2pp / c3np / c4pp or c4np as ws_pingpong takes turns), the wave term and the
+# launch constants held at the 11-26 fit's (its short runs, 128-512 tokens, set them; four
+# take three's), module doc
+D64_COSTS = {2: EntryCost(755.0, 0.0, 221.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
+             3: EntryCost(896.0, 0.0, 180.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
+             4: EntryCost(1065.0, 0.0, 288.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
 # 2: bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
 # 3: bench/ws_calibrate.py --variants over ws-variants-d128-c3-h100-2026-11-26 (2-stage ring;
 #    part tiles fixed at 71 ns)
 D128_COSTS = {2: EntryCost(1059.0, 0.0, 71.0, 4.53), 3: EntryCost(1444.0, 0.0, 71.0, 7.67)}
-# three consumers' estimate must be below this fraction of two's (head_dim 64: module doc)
-THREE_MARGIN = {64: 0.96}
+# ping-pong turns at head_dim 64 up to this share of skipped (entry, warpgroup) pairs
+# (ws_pingpong): causal rows skip 1-5%, bands, Longformer and BigBird 17-40%
+PINGPONG_MAX_SKIPPED = 0.10
 D64_STAGES = 4          # head_dim 64: see ws_stages
 D128_STAGES = 3         # head_dim 128, two consumers: see ws_stages
 STAGES = 2              # head_dim 256 (three stages do not fit), and 128 with three consumers
@@ -160,6 +167,33 @@ def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: fl
     return np.where(ok, ns, 0.0)
 
 
+def dealt_loads(plan: WsPlan, per_item: list[np.ndarray], seq_len: int, *, heads: int,
+                batch: int, sm_count: int) -> np.ndarray:
+    """Each block's total of a per-item quantity under the kernel's deal of a run of
+    ``seq_len``: work ``w`` is head ``w % H``, then batch, then the item in launch order
+    (longest first), dealt in snaking waves of ``min(works, SMs)`` blocks
+    (``ws_work_index``, ws.cuh). ``per_item[h]``: head ``h``'s value of each of its items
+    (one array for a walk every head shares). A launch lasts as long as its busiest
+    block: the mean where works are many and alike, up to 1.5x the mean where a partial
+    last wave gives some blocks one work more (B=1 H=4 L=8192: 172 works of three tile rows
+    on 132 SMs), and the longest work where works are fewer than SMs."""
+    off, n = plan.launch_items(seq_len)
+    ordered = [v[plan.orders[h, off:off + n]] for h, v in enumerate(per_item)]
+    if len(ordered) == 1:               # one walk for every head and batch
+        work = np.repeat(ordered[0], heads * batch)
+    else:                               # per-head walks: [item, batch, head]
+        work = np.repeat(np.stack(ordered, axis=1)[:, None, :], batch, axis=1).reshape(-1)
+    if work.size == 0:
+        return np.zeros(1)
+    grid = min(sm_count, work.size)
+    waves = -(-work.size // grid)
+    flat = np.zeros(waves * grid)
+    flat[:work.size] = work
+    dealt = flat.reshape(waves, grid)
+    dealt[1::2] = dealt[1::2, ::-1]     # odd waves run backwards over the blocks
+    return np.asarray(dealt.sum(axis=0))
+
+
 def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, batch: int,
                 heads: int, seq_len: int, head_dim: int) -> float:
     """Estimated microseconds of the ws kernel (and its combine) for one launch. A residue
@@ -173,29 +207,65 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     per_fmt_head = heads if fmt.num_heads == 1 else 1
     sm_tflops = profile.fp16_tflops / profile.sm_count
     costs = [_item_ns(plan, h, seq_len, head_dim, sm_tflops) for h in range(plan.num_heads)]
-    total = sum(float(c.sum()) for c in costs) * per_fmt_head * batch
-    longest = max(float(c.max()) if c.size else 0.0 for c in costs)
     blocks = sum(int((c > 0).sum()) for c in costs) * per_fmt_head * batch
     waves = math.ceil(blocks / profile.sm_count) if blocks else 0
+    if head_dim <= 64:          # the busiest block's time, the form D64_COSTS was fitted in
+        walk = float(dealt_loads(plan, costs, seq_len, heads=heads, batch=batch,
+                                 sm_count=profile.sm_count).max())
+    else:                       # the mean (or the longest item), head_dim 128's fitted form
+        total = sum(float(c.sum()) for c in costs) * per_fmt_head * batch
+        longest = max(float(c.max()) if c.size else 0.0 for c in costs)
+        walk = max(total / profile.sm_count, longest)
     costs_k = (D64_COSTS if head_dim <= 64 else D128_COSTS if head_dim <= 128 else None)
     wave_us = costs_k[consumers].wave_us if costs_k else WS_BLOCK_US
     launch_us = costs_k[consumers].launch_us if costs_k else LAUNCH_US
     combine = COMBINE_US if plan.splits else 0.0
-    return max(total / profile.sm_count, longest) * 1e-3 + waves * wave_us + launch_us + combine
+    return walk * 1e-3 + waves * wave_us + launch_us + combine
+
+
+def skipped_share(plan: WsPlan) -> float:
+    """The share of the walk's (entry, warpgroup) pairs that the warpgroup skips (its tile
+    row does not hold the tile): 0 for dense rows, a few percent for causal ones, a fifth to
+    a quarter for bands, Longformer and BigBird."""
+    c = plan.consumers
+    parts = np.asarray(plan.entry_part[:-c]).reshape(-1, c)
+    return float((parts == SKIP).mean()) if parts.size else 0.0
+
+
+def ws_pingpong(plan: WsPlan, head_dim: int) -> bool:
+    """Whether the consumers take ping-pong turns (``AttentionConfig.pingpong``) on ``plan``.
+
+    Turns go round robin over the walk's steps, also those a warpgroup skips, so on a walk
+    with many skipped pairs (:func:`skipped_share`) each warpgroup waits out the others'
+    steps. Measured at head_dim 64 (H100, same calls, ``bench/results/ws-variants-c4-h100-
+    2026-11-27.jsonl``, ``ws-variants-pingpong-c2-h100-2026-11-27.jsonl``): with four
+    consumers, turns run dense and causal rows 8-25% faster and Longformer, BigBird and
+    +-256 windows 3-8% slower; with three, they never paid (dense and causal -2% to level,
+    those masks 1-4% slower; also ``ws-variants-own-turns-tried-h100-2026-11-27.jsonl``,
+    where turns that skip the skipped steps were slower still); with two, -2.4% to +2.4%
+    (BigBird slower with turns, +-64 windows faster). So at head_dim 64 four consumers take
+    turns where at most PINGPONG_MAX_SKIPPED of the pairs are skipped, three never, two
+    always; at head_dim 128 and 256 always (two consumers on sparse masks ran 1-5% slower
+    without, ``ws-variants-pingpong-h100-2026-11-26.jsonl``)."""
+    if head_dim > 64 or plan.consumers == 2:
+        return True
+    return plan.consumers == 4 and skipped_share(plan) <= PINGPONG_MAX_SKIPPED
 
 
 def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
               head_dim: int, seq_len: int | None = None) -> AttentionConfig | None:
-    """The starting ws config: ping-pong, one tile per step, the ring depth measured fastest
-    for the head_dim and consumer count (:func:`ws_stages`), and of the consumer counts that
-    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128), with and
+    """The starting ws config: one tile per step, the ring depth measured fastest for the
+    head_dim and consumer count (:func:`ws_stages`), ping-pong turns where
+    :func:`ws_pingpong` takes them, and of the consumer counts that
+    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128, four at
+    64), with and
     without the mask's residue split (:func:`~.residue.choose_period`, where it has one),
-    the one estimated faster on this mask at ``seq_len`` (default L_max; three by
-    THREE_MARGIN at head_dim 64), each with its rows split for this batch and head count;
+    the one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
+    split for this batch and head count;
     None where no ws config runs (not Hopper, tile or head_dim)."""
     if fmt.tile != 64:
         return None
-    best: tuple[float, AttentionConfig] | None = None
+    best: tuple[float, AttentionConfig, MaskFormat] | None = None
     chosen = choose_period(fmt)
     periods = [(1, fmt)] + ([chosen] if chosen is not None else [])
     for (period, walked), consumers in itertools.product(periods, CONSUMERS):
@@ -209,8 +279,10 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
                                                  consumers=consumers))
         us = ws_estimate(fmt, profile, cfg, batch=batch, heads=heads,
                          seq_len=seq_len or fmt.seq_len, head_dim=head_dim)
-        if consumers == 3:
-            us /= THREE_MARGIN.get(head_dim, 1.0)
         if best is None or us < best[0]:
-            best = (us, cfg)
-    return None if best is None else best[1]
+            best = (us, cfg, walked)
+    if best is None:
+        return None
+    _, cfg, walked = best
+    plan = plan_ws(walked, split_tiles=cfg.split, consumers=consumers_of(cfg.warps))
+    return replace(cfg, pingpong=ws_pingpong(plan, head_dim))

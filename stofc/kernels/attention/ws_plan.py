@@ -1,7 +1,7 @@
 """The warp-specialised kernel's walk: block rows of tile rows, work items and their split.
 
 The warp-specialised (``ws``) kernel gives a thread block ``64 * C`` query rows: the
-``C`` consumer warpgroups (``consumers``, 2 or 3) each own one 64-row mask tile row,
+``C`` consumer warpgroups (``consumers``, 2 to 4) each own one 64-row mask tile row,
 ``C p .. C p + C - 1`` for the block's *pair row* ``p`` (the name of the two-consumer
 case, kept for every ``C``). The warpgroups read the K/V tiles one producer warp
 streams through a shared-memory ring, so they walk ONE list: the union of their tile
@@ -43,7 +43,7 @@ import numpy as np
 from stofc.masks.format import MaskFormat
 
 WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows, 64-key steps
-CONSUMERS = (2, 3)    # consumer warpgroups per block (64 query rows each)
+CONSUMERS = (2, 3, 4)    # consumer warpgroups per block (64 query rows each)
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
 
@@ -161,7 +161,7 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
     if fmt.tile != WS_TILE:
         raise ValueError(f"the ws kernel walks 64x64 tiles, the format has T={fmt.tile}")
     if consumers not in CONSUMERS:
-        raise ValueError(f"a ws block has 2 or 3 consumer warpgroups, not {consumers}")
+        raise ValueError(f"a ws block has 2 to 4 consumer warpgroups, not {consumers}")
     heads, pairs = fmt.num_heads, -(-fmt.seq_len // (WS_TILE * consumers))
     ptr = np.zeros((heads, pairs + 1), np.int64)
     keys: list[np.ndarray] = []

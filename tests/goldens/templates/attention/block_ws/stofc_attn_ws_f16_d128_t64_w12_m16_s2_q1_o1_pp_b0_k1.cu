@@ -1,6 +1,6 @@
 // stofc warp-specialised block-wise sparse attention (Hopper, sm_90a), generated.
 //
-// One thread block = a producer warpgroup and CONSUMERS (2 or 3) consumer warpgroups.
+// One thread block = a producer warpgroup and CONSUMERS (2 to 4) consumer warpgroups.
 // It owns one work item of stofc.kernels.attention.ws_plan: 64 * CONSUMERS query rows
 // (pair row p: mask tile rows C p .. C p + C - 1, one per consumer warpgroup) and a
 // range of the pair row's merged walk list. One producer thread streams Q (once), then
@@ -10,7 +10,7 @@
 // mbarrier; the consumers release each slot on an "empty" mbarrier. The producer gives
 // its registers to the consumers (setmaxnreg). A consumer warpgroup keeps its 64 rows
 // of Q in registers (head_dim <= 128; above, Q is read from smem), computes S = Q K^T
-// with register-A wgmma while the previous tile's O += P V runs (intra-warpgroup
+// with register-A wgmma (four warpgroups: from smem) while the previous tile's O += P V runs (intra-warpgroup
 // overlap; with ROWSUM_MMA the same group sums P's rows by a wgmma against ones), and
 // with PINGPONG the warpgroups take turns (round robin) issuing their
 // GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
@@ -89,12 +89,13 @@ constexpr int SKIP = -2;                   // entry_part: this warpgroup skips t
 constexpr int BAR_MERGE = CONSUMERS + 1;   // named barrier of the consumers (1..C: ping-pong)
 static_assert(D % 64 == 0, "head_dim must fill 128-byte swizzle panels");
 static_assert(STAGES >= 2, "the ring needs two stages");
-static_assert(Q_IN_REGS || D >= 128, "Q leaves the registers only for large head_dims");
+static_assert(Q_IN_REGS || D >= 128 || CONSUMERS == 4,
+              "Q leaves the registers for large head_dims and four consumer warpgroups");
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
 static_assert(ONES_BYTES >= 256, "the row-sum operand: 16 keys x 8 columns of T");
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
-static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "two to four consumer warpgroups");
 static_assert(PERIOD == 1 || PERIOD == 2 || PERIOD == 4, "a TMA box spans <= 256 rows: PERIOD 1, 2 or 4");
 constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
 constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never used if KSTEP 1)
