@@ -63,13 +63,15 @@ def mha_masks() -> dict[str, str]:
 
 
 def d128_features(spec: str, length: int, split: int, runs: int,
-                  consumers: int = 2) -> list[float]:
+                  consumers: int = 2, active: bool = False) -> list[float]:
     """[entries, part tiles] of the busiest block and the waves of one launch of ``runs``
     (batch x heads) copies of the walk (ws_estimate's terms: the block with the most
-    entries under the kernel's deal, :func:`~stofc.kernels.attention.ws_cost.dealt_loads`)."""
+    entries under the kernel's deal, :func:`~stofc.kernels.attention.ws_cost.dealt_loads`);
+    with ``active``, [entries, active warpgroup-tiles, part tiles, waves]."""
     plan = plan_ws(encode(spec, length), split_tiles=split, consumers=consumers)
-    live, _, masked = _entry_flags(plan, length)
+    live, act, masked = _entry_flags(plan, length)
     cum_l = np.concatenate([[0.0], np.cumsum(live)])
+    cum_a = np.concatenate([[0.0], np.cumsum(act)])
     cum_m = np.concatenate([[0.0], np.cumsum(masked)])
     items = plan.items[0]
     ok = (items[:, 0] >= 0).astype(np.float64)
@@ -80,7 +82,12 @@ def d128_features(spec: str, length: int, split: int, runs: int,
     loads_m = dealt_loads(plan, [m], length, heads=runs, batch=1, sm_count=SMS)
     busiest = int(np.argmax(loads_e))
     blocks = int((e > 0).sum()) * runs
-    return [float(loads_e[busiest]), float(loads_m[busiest]), float(math.ceil(blocks / SMS))]
+    waves = float(math.ceil(blocks / SMS))
+    if active:
+        a = (cum_a[items[:, 2]] - cum_a[items[:, 1]]) * share
+        loads_a = dealt_loads(plan, [a], length, heads=runs, batch=1, sm_count=SMS)
+        return [float(loads_e[busiest]), float(loads_a[busiest]), float(loads_m[busiest]), waves]
+    return [float(loads_e[busiest]), float(loads_m[busiest]), waves]
 
 
 def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int = 2) -> int:
@@ -122,23 +129,26 @@ def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: st
     (where the runs' waves and the launch constant are collinear and a free fit goes
     negative). ``launch`` a number: hold the launch constant at it (fitted on short runs)."""
     A, t = np.asarray(X), np.asarray(y)
+    terms = A.shape[1] - 1                  # cost columns before the waves (2, or 3: active)
     base = np.asarray(fixed) if fixed is not None else np.zeros(len(t))
     if wave is not None:
-        base = base + wave * A[:, 2]
-        A = A[:, :2]
+        base = base + wave * A[:, terms]
+        A = A[:, :terms]
     if launch is True:
         A = np.column_stack([A, np.ones(len(t))])
     else:
         base = base + (LAUNCH_US if launch is False else float(launch))
     w = 1.0 / t
     coef, *_ = np.linalg.lstsq(A * w[:, None], (t - base) * w, rcond=None)
-    entry, masked = coef[:2]
-    free = 2 if wave is not None else 3
-    wave = wave if wave is not None else coef[2]
+    entry, masked = coef[0], coef[terms - 1]
+    act = coef[1] if terms == 3 else 0.0
+    free = terms if wave is not None else terms + 1
+    wave = wave if wave is not None else coef[terms]
     const = (f"launch {coef[free]:.2f} us" if launch is True else
              "+ LAUNCH_US" if launch is False else f"launch {float(launch):.2f} us held")
-    print(f"{what}: EntryCost({entry * 1e3:.0f}, 0.0, {masked * 1e3:.0f}, "
-          f"{wave:.2f})  [ns per entry / part tile per SM, us per wave; {const}"
+    print(f"{what}: EntryCost({entry * 1e3:.0f}, {act * 1e3:.0f}, {masked * 1e3:.0f}, "
+          f"{wave:.2f})  [ns per entry / active warpgroup-tile / part tile per SM, us per wave; "
+          f"{const}"
           f"{' + COMBINE_US where split' if fixed is not None else ''}]")
     for label, got, want in zip(labels, A @ coef + base, t, strict=True):
         print(f"    {label:40s} measured {want:8.1f} us  model {got:8.1f}  ({got / want:.2f})")
@@ -147,7 +157,7 @@ def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: st
 
 def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 128,
                  exclude: str = "", launch: bool | float = False,
-                 wave: float | None = None) -> int:
+                 wave: float | None = None, active: bool = False) -> int:
     """Fit from ``bench/ws_variants.py`` lines: the ``column`` variant's time of each
     ``head_dim`` case (run at the split ``default_split`` gives ``consumers``: fit with the
     code that ran, ``exclude`` the runs it no longer gives), less COMBINE_US where rows are
@@ -167,7 +177,7 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
             split = default_split(fmt, batch=int(b), heads=int(h), sm_count=SMS,
                                   consumers=consumers)
             X.append(d128_features(masks[r["mask"]], int(length), split, int(b) * int(h),
-                                   consumers))
+                                   consumers, active))
             fixed.append(COMBINE_US if plan_ws(fmt, split_tiles=split,
                                                consumers=consumers).splits else 0.0)
             y.append(v[2])
@@ -191,6 +201,9 @@ def main() -> int:
     ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
     ap.add_argument("--launch", action="store_true",
                     help="--variants: fit the per-launch constant too (D64_COSTS' launch_us)")
+    ap.add_argument("--active", action="store_true",
+                    help="--variants: fit a cost per active warpgroup-tile too (walks whose "
+                         "warpgroups skip many tiles, without ping-pong turns)")
     ap.add_argument("--launch-us", type=float, default=None,
                     help="--variants: hold the launch constant at this many us (short runs')")
     ap.add_argument("--wave", type=float, default=None,
@@ -202,7 +215,7 @@ def main() -> int:
     if args.variants:
         launch = args.launch_us if args.launch_us is not None else args.launch
         return fit_variants(args.variants, args.column, args.consumers, args.head_dim,
-                            args.exclude, launch, args.wave)
+                            args.exclude, launch, args.wave, args.active)
     if args.mha:
         return fit_mha(args.mha, args.stages, args.head_dim, args.mha_consumers)
     with open(args.jsonl) as f:

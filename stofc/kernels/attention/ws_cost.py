@@ -7,22 +7,22 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   causal window 4095, windows +-64 / +-256, Longformer, BigBird; two, three and four
   consumer warpgroups with and without ping-pong turns in the same call, each fitted at the
   turns :func:`ws_pingpong` gives it; ``bench/ws_calibrate.py --variants FILE --head-dim 64
-  --wave 0.69 --launch-us 9.72|10.37``): a block's step over one entry of its merged walk costs about the
-  same whether one warpgroup computes the tile or all do, so the model (``D64_COSTS``, per
-  consumer count) charges each item ``entry_ns`` per entry and ``masked_ns`` per part tile
-  (bitmap tests), per SM, ``wave_us`` per wave of items (start, Q load, epilogue) and
+  --active --wave 0.69 --launch-us 9.72|10.37``): the model (``D64_COSTS``, per consumer
+  count) charges each item ``entry_ns`` per entry of its merged walk, ``active_ns`` per
+  warpgroup that computes the entry (without turns a step that fewer warpgroups compute is
+  cheaper: BigBird's walks skip 46-57% of the pairs) and ``masked_ns`` per part tile (bitmap
+  tests), per SM, ``wave_us`` per wave of items (start, Q load, epilogue) and
   ``launch_us`` per launch (less BLOCK_SHORT_BIAS_US), both held at the 11-26 fit's (0.69 us;
   9.72 / 10.37 us for two / three, and three's for four), which its runs of 128 to 512 tokens
   set (these long runs trade the two against each other: a free fit put the wave term
   negative), and a launch that splits rows COMBINE_US; the
   walk time is the busiest block's under the kernel's deal (:func:`dealt_loads`), not the
   mean, which put three consumers at B=1 H=4 L=8192 (172 works on 132 SMs) 1.4x short.
-  Within 0.91-1.08x (two), 0.87-1.22x (three) and 0.86-1.29x (four) of those 35 runs each;
-  BigBird is the outlier (its walk skips 46-57% of the pairs, cheaper steps than the model
-  charges three and four). The selector's pick over the 35 rows: 1.3% slower than the fastest
-  of the three on average, 11.5% at worst (H=4 Longformer, four picked where three were
-  faster); the 11-26 model, with two and three consumers and turns, was 6.2% / 61.5% behind
-  the same runs' fastest.
+  Within 0.89-1.06x (two), 0.89-1.10x (three) and 0.88-1.07x (four) of those 35 runs each.
+  The selector's pick over the 35 rows: 0.6% slower than the fastest of the three on
+  average, 11.5% at worst (H=4 Longformer, four picked where three were faster); the 11-26
+  model, with two and three consumers and turns, was 6.2% / 61.5% behind the same runs'
+  fastest.
 * **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
   per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
@@ -101,12 +101,12 @@ class EntryCost:
 
 
 # fitted over ws-variants-d64-consumers-pingpong-h100-2026-11-27 (4-stage ring, O staged;
-# columns c2pp / c3np / c4pp or c4np as ws_pingpong takes turns), the wave term and the
-# launch constants held at the 11-26 fit's (its short runs, 128-512 tokens, set them; four
-# take three's), module doc
-D64_COSTS = {2: EntryCost(755.0, 0.0, 221.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
-             3: EntryCost(896.0, 0.0, 180.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
-             4: EntryCost(1065.0, 0.0, 288.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
+# columns c2pp / c3np / c4pp or c4np as ws_pingpong takes turns) with a per-active-warpgroup
+# term, the wave term and the launch constants held at the 11-26 fit's (its short runs,
+# 128-512 tokens, set them; four take three's), module doc
+D64_COSTS = {2: EntryCost(624.0, 68.0, 248.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
+             3: EntryCost(512.0, 156.0, 236.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
+             4: EntryCost(511.0, 170.0, 390.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
 # 2: bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
 # 3: bench/ws_calibrate.py --variants over ws-variants-d128-c3-h100-2026-11-26 (2-stage ring;
 #    part tiles fixed at 71 ns)
