@@ -51,13 +51,12 @@ def test_four_consumers_take_turns_only_on_walks_that_skip_little(spec, turns):
 
 
 @pytest.mark.parametrize("spec", ["dense", "causal", LONGFORMER])
-def test_three_never_two_always_and_every_count_above_head_dim_64(spec):
-    """Three at head_dim 64: turns never paid (level to 4% slower); two: -2.4% to +2.4%,
-    kept; head_dim 128: two consumers ran sparse masks 1-5% slower without turns."""
-    assert not ws_pingpong(_plan(spec, 8192, 3), 64)
-    assert ws_pingpong(_plan(spec, 8192, 2), 64)
-    for consumers in (2, 3):
-        assert ws_pingpong(_plan(spec, 8192, consumers), 128)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_three_never_two_always(spec, head_dim):
+    """Three: turns never paid (head_dim 64 level to 4% slower, 128 level to 6%); two: -2.4%
+    to +2.4% at 64, level on 128's sparse masks: kept."""
+    assert not ws_pingpong(_plan(spec, 8192, 3), head_dim)
+    assert ws_pingpong(_plan(spec, 8192, 2), head_dim)
 
 
 @pytest.mark.parametrize("case,spec,warps,turns", [
@@ -75,5 +74,6 @@ def test_selector_starting_configs(case, spec, warps, turns):
 
 
 def test_head_dim_128_never_takes_four():
+    """Dense at (1, 16, 8192): three consumers without turns (546.6 TF/s against 542.9 with)."""
     cfg = ws_config(encode("dense", 8192), H100, batch=1, heads=16, head_dim=128)
-    assert cfg is not None and cfg.warps in (12, 16) and cfg.pingpong
+    assert cfg is not None and (cfg.warps, cfg.pingpong) == (16, False)

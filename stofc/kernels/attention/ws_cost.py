@@ -237,19 +237,24 @@ def ws_pingpong(plan: WsPlan, head_dim: int) -> bool:
 
     Turns go round robin over the walk's steps, also those a warpgroup skips, so on a walk
     with many skipped pairs (:func:`skipped_share`) each warpgroup waits out the others'
-    steps. Measured at head_dim 64 (H100, same calls, ``bench/results/ws-variants-c4-h100-
-    2026-11-27.jsonl``, ``ws-variants-pingpong-c2-h100-2026-11-27.jsonl``): with four
-    consumers, turns run dense and causal rows 8-25% faster and Longformer, BigBird and
-    +-256 windows 3-8% slower; with three, they never paid (dense and causal -2% to level,
-    those masks 1-4% slower; also ``ws-variants-own-turns-tried-h100-2026-11-27.jsonl``,
-    where turns that skip the skipped steps were slower still); with two, -2.4% to +2.4%
-    (BigBird slower with turns, +-64 windows faster). So at head_dim 64 four consumers take
-    turns where at most PINGPONG_MAX_SKIPPED of the pairs are skipped, three never, two
-    always; at head_dim 128 and 256 always (two consumers on sparse masks ran 1-5% slower
-    without, ``ws-variants-pingpong-h100-2026-11-26.jsonl``)."""
-    if head_dim > 64 or plan.consumers == 2:
+    steps. Measured on an H100, same calls (``bench/results/ws-variants-d64-consumers-
+    pingpong-h100-2026-11-27.jsonl``, ``ws-variants-d128-consumers-pingpong-h100-2026-11-27.jsonl``,
+    ``ws-variants-c4-h100-2026-11-27.jsonl``):
+
+    * four consumers (head_dim 64): turns run dense and causal rows 8-25% faster, and
+      Longformer, BigBird and +-256 windows 3-8% slower: taken where at most
+      PINGPONG_MAX_SKIPPED of the pairs are skipped;
+    * three: turns never paid (head_dim 64: level to 4% slower; 128: level to 6% slower on
+      every mask, +-64 / +-256 windows and Longformer 2-6%): never taken (turns that skip the
+      skipped steps were slower still, ``ws-variants-own-turns-tried-h100-2026-11-27.jsonl``);
+    * two: -2.4% to +2.4% at head_dim 64 and level on head_dim 128's sparse masks (1-5% in
+      favour of turns on 11-26's kernel, ``ws-variants-pingpong-h100-2026-11-26.jsonl``):
+      always taken, as before."""
+    if plan.consumers == 3:
+        return False
+    if plan.consumers == 2:
         return True
-    return plan.consumers == 4 and skipped_share(plan) <= PINGPONG_MAX_SKIPPED
+    return skipped_share(plan) <= PINGPONG_MAX_SKIPPED
 
 
 def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
