@@ -111,8 +111,9 @@ D64_COSTS = {2: EntryCost(624.0, 68.0, 248.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
 # 3: bench/ws_calibrate.py --variants over ws-variants-d128-c3-h100-2026-11-26 (2-stage ring;
 #    part tiles fixed at 71 ns)
 D128_COSTS = {2: EntryCost(1059.0, 0.0, 71.0, 4.53), 3: EntryCost(1444.0, 0.0, 71.0, 7.67)}
-# ping-pong turns at head_dim 64 up to this share of skipped (entry, warpgroup) pairs
-# (ws_pingpong): causal rows skip 1-5%, bands, Longformer and BigBird 17-40%
+# four consumers take ping-pong turns up to this share of skipped (entry, warpgroup) pairs
+# (ws_pingpong); at 8K they skip 0 (dense), 1-5% (causal), 25% (bands), 35% (Longformer), 57%
+# (BigBird)
 PINGPONG_MAX_SKIPPED = 0.10
 D64_STAGES = 4          # head_dim 64: see ws_stages
 D128_STAGES = 3         # head_dim 128, two consumers: see ws_stages
@@ -232,7 +233,7 @@ def skipped_share(plan: WsPlan) -> float:
     return float((parts == SKIP).mean()) if parts.size else 0.0
 
 
-def ws_pingpong(plan: WsPlan, head_dim: int) -> bool:
+def ws_pingpong(plan: WsPlan) -> bool:
     """Whether the consumers take ping-pong turns (``AttentionConfig.pingpong``) on ``plan``.
 
     Turns go round robin over the walk's steps, also those a warpgroup skips, so on a walk
@@ -241,7 +242,8 @@ def ws_pingpong(plan: WsPlan, head_dim: int) -> bool:
     pingpong-h100-2026-11-27.jsonl``, ``ws-variants-d128-consumers-pingpong-h100-2026-11-27.jsonl``,
     ``ws-variants-c4-h100-2026-11-27.jsonl``):
 
-    * four consumers (head_dim 64): turns run dense and causal rows 8-25% faster, and
+    * four consumers (head_dim 64 only, :func:`~.ws.ws_prune`): turns run dense and causal
+      rows 8-25% faster, and
       Longformer, BigBird and +-256 windows 3-8% slower: taken where at most
       PINGPONG_MAX_SKIPPED of the pairs are skipped;
     * three: turns never paid (head_dim 64: level to 4% slower; 128: level to 6% slower on
@@ -290,4 +292,4 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
         return None
     _, cfg, walked = best
     plan = plan_ws(walked, split_tiles=cfg.split, consumers=consumers_of(cfg.warps))
-    return replace(cfg, pingpong=ws_pingpong(plan, head_dim))
+    return replace(cfg, pingpong=ws_pingpong(plan))
