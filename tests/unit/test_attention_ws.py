@@ -385,3 +385,16 @@ def test_row_sums_come_from_the_ones_wgmma(dtype, head_dim, consumers):
     assert adds["true"] <= adds["false"] - 2 * 28, adds
     # the region: 128-byte aligned after the ring, inside the launch's shared memory
     assert ws_smem_bytes(2, head_dim, consumers) >= 1024 + ONES_BYTES
+
+
+@pytest.mark.parametrize("consumers", [2, 3, 4])
+def test_register_split_fits_the_pool_the_block_gets_at_entry(consumers):
+    """setmaxnreg only moves registers inside what the block got at launch (ptxas: 65536 /
+    threads, rounded down to 8, per thread); asking for more hung every four-consumer block
+    (24 / 120, H100, 2026-11-27). The template asserts the same at compile time."""
+    threads = 128 * (consumers + 1)
+    producer, consumer = ws_reg_split(consumers)
+    assert producer * 128 + consumer * 128 * consumers <= 65536 // threads // 8 * 8 * threads
+    assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= producer <= consumer <= 256
+    src = render_kernel(KernelSpec(ws(consumers=consumers), "float16", 64)).code
+    assert "65536 / NT / 8 * 8 * NT" in src

@@ -94,7 +94,9 @@ static_assert(Q_IN_REGS || D >= 128 || CONSUMERS == 4,
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
 static_assert(ONES_BYTES >= 256, "the row-sum operand: 16 keys x 8 columns of T");
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "register file");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536 / NT / 8 * 8 * NT,
+              "setmaxnreg only moves the registers the block got at entry (ptxas: 65536 / NT, "
+              "rounded down to 8, per thread): asking for more hangs every block");
 static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "two to four consumer warpgroups");
 static_assert(PERIOD == 1 || PERIOD == 2 || PERIOD == 4, "a TMA box spans <= 256 rows: PERIOD 1, 2 or 4");
 constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
