@@ -62,12 +62,14 @@ def mha_masks() -> dict[str, str]:
     return dict(re.findall(r'^\s*"(\w+)": \("([^"]+)"', body.group(1), re.M))
 
 
-def d128_features(spec: str, length: int, split: int, runs: int,
-                  consumers: int = 2, active: bool = False) -> list[float]:
-    """[entries, part tiles] of the busiest block and the waves of one launch of ``runs``
-    (batch x heads) copies of the walk (ws_estimate's terms: the block with the most
-    entries under the kernel's deal, :func:`~stofc.kernels.attention.ws_cost.dealt_loads`);
-    with ``active``, [entries, active warpgroup-tiles, part tiles, waves]."""
+def d128_features(spec: str, length: int, split: int, runs: int, consumers: int = 2,
+                  active: bool = False, busiest: bool = False) -> list[float]:
+    """[entries, part tiles] per SM and the waves of one launch of ``runs`` (batch x heads)
+    copies of the walk, in ws_estimate's form for the head_dim fitted: ``busiest`` (head_dim
+    64) those of the block with the most entries under the kernel's deal
+    (:func:`~stofc.kernels.attention.ws_cost.dealt_loads`), else the mean over the SMs
+    (head_dim 128's form); with ``active``, [entries, active warpgroup-tiles, part tiles,
+    waves]."""
     plan = plan_ws(encode(spec, length), split_tiles=split, consumers=consumers)
     live, act, masked = _entry_flags(plan, length)
     cum_l = np.concatenate([[0.0], np.cumsum(live)])
@@ -78,16 +80,14 @@ def d128_features(spec: str, length: int, split: int, runs: int,
     share = np.where(items[:, 4] > 0, 1.0 / consumers, 1.0) * ok   # shared chunks: C a step
     e = (cum_l[items[:, 2]] - cum_l[items[:, 1]]) * share
     m = (cum_m[items[:, 2]] - cum_m[items[:, 1]]) * share
-    loads_e = dealt_loads(plan, [e], length, heads=runs, batch=1, sm_count=SMS)
-    loads_m = dealt_loads(plan, [m], length, heads=runs, batch=1, sm_count=SMS)
-    busiest = int(np.argmax(loads_e))
-    blocks = int((e > 0).sum()) * runs
-    waves = float(math.ceil(blocks / SMS))
-    if active:
-        a = (cum_a[items[:, 2]] - cum_a[items[:, 1]]) * share
-        loads_a = dealt_loads(plan, [a], length, heads=runs, batch=1, sm_count=SMS)
-        return [float(loads_e[busiest]), float(loads_a[busiest]), float(loads_m[busiest]), waves]
-    return [float(loads_e[busiest]), float(loads_m[busiest]), waves]
+    a = (cum_a[items[:, 2]] - cum_a[items[:, 1]]) * share
+    per_item = [e, a, m] if active else [e, m]
+    waves = float(math.ceil(int((e > 0).sum()) * runs / SMS))
+    if not busiest:
+        return [float(x.sum()) * runs / SMS for x in per_item] + [waves]
+    loads = [dealt_loads(plan, [x], length, heads=runs, batch=1, sm_count=SMS) for x in per_item]
+    block = int(np.argmax(loads[0]))
+    return [float(x[block]) for x in loads] + [waves]
 
 
 def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int = 2) -> int:
@@ -111,7 +111,7 @@ def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int =
                 split = re.search(r"split=(\d+)", cfg)
                 X.append(d128_features(masks[r["mask"]], int(length),
                                        int(split.group(1)) if split else 0, int(b) * int(h),
-                                       consumers))
+                                       consumers, busiest=head_dim <= 64))
                 y.append(c["ms"] * 1e3)
                 labels.append(f"{r['case']} {r['mask']} ({c['label']})")
     return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers, stages {stages}")
@@ -120,8 +120,8 @@ def fit_mha(paths: list[str], stages: int, head_dim: int = 128, consumers: int =
 def _fit_costs(X: list[list[float]], y: list[float], labels: list[str], what: str,
                fixed: list[float] | None = None, launch: bool | float = False,
                wave: float | None = None) -> int:
-    """Least squares (relative error) of the estimator's form without the per-warpgroup
-    term (D128_COSTS's; head_dim 64's from --mha and --variants); prints the constants.
+    """Least squares (relative error) of the estimator's form, the per-warpgroup term only
+    where ``X`` has its column (``--active``); prints the constants.
     ``fixed``: each run's fixed microseconds beyond the launch constant (the combine
     launch's COMBINE_US where rows are split), subtracted before the fit. ``launch``: fit
     the launch constant too (head_dim 64's ``launch_us``: the fitted value less
@@ -177,7 +177,7 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
             split = default_split(fmt, batch=int(b), heads=int(h), sm_count=SMS,
                                   consumers=consumers)
             X.append(d128_features(masks[r["mask"]], int(length), split, int(b) * int(h),
-                                   consumers, active))
+                                   consumers, active, busiest=head_dim <= 64))
             fixed.append(COMBINE_US if plan_ws(fmt, split_tiles=split,
                                                consumers=consumers).splits else 0.0)
             y.append(v[2])
