@@ -78,6 +78,10 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
+    # one Q buffer where the product takes two (ws.ws_q_buffers): the A/B of the second
+    "q1": ({}, {"q_bufs": 1}),
+    **{f"c4{tag}_q1": ({"warps": 20, "pingpong": pp}, {"q_bufs": 1})
+       for tag, pp in (("pp", True), ("np", False))},
 }
 
 

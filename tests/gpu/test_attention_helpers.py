@@ -45,9 +45,11 @@ def run_case(fmt, dense, config, *, batch: int, heads: int, seq: int, head_dim: 
              dtype: str = "float16", seq_lens=None, key_mask=None, bias_shape=None,
              layout: str = "bshd", packed: bool = False, scale: float | None = None,
              seed: int | None = None, kv_heads: int | None = None, softcap: float = 0.0,
-             score_scale: float = 1.0) -> Result:
+             score_scale: float = 1.0, profile=None) -> Result:
     """Fresh random inputs, NaN-poisoned output, one launch, compare to float64.
 
+    ``profile``: the GPU profile the op plans for (default: this GPU's; a smaller
+    ``sm_count`` makes a persistent grid walk more works per block);
     ``kv_heads`` < heads: grouped-query attention (K/V have kv_heads heads);
     ``softcap``: logit soft-capping; ``score_scale`` multiplies q (large values
     push the soft-capping tanh into saturation).
@@ -77,7 +79,7 @@ def run_case(fmt, dense, config, *, batch: int, heads: int, seq: int, head_dim: 
     poison = np.float16(np.nan) if dtype == "float16" else np.uint16(0x7FC0)
     out_shape = (batch, heads, seq, head_dim) if layout == "bhsd" else shape
     out = cp.full(out_shape, poison, dtype=np.float16 if dtype == "float16" else np.uint16)
-    op = AttentionOp(fmt, config, dtype, head_dim, detect())
+    op = AttentionOp(fmt, config, dtype, head_dim, profile or detect())
     op.run(q_d, k_d, v_d, out, layout=layout, scale=scale, softcap=softcap,
            seq_lens=None if seq_lens is None else cp.asarray(np.asarray(seq_lens, np.int32)),
            key_mask=None if key_mask is None else cp.asarray(np.asarray(key_mask, np.int32)),

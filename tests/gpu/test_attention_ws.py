@@ -92,6 +92,32 @@ def test_ring_depths_on_long_rows(stages, consumers):
     _check(res, "bfloat16", f"stages={stages} consumers={consumers}")
 
 
+@pytest.mark.parametrize("spec", ["longformer:window=100,global=20", "causal",
+                                  "bigbird:block=64,window=3,global=1,random=2,seed=1"])
+@pytest.mark.parametrize("head_dim,consumers,stages,pingpong,dtype",
+                         [(64, 2, 4, True, "float16"), (64, 3, 4, False, "bfloat16"),
+                          (64, 4, 4, True, "float16"), (64, 4, 2, False, "bfloat16"),
+                          (128, 3, 2, False, "bfloat16")])
+def test_many_works_per_block(spec, head_dim, consumers, stages, pingpong, dtype):
+    """A grid of three blocks, so each walks 8-24 works: the K/V ring continues across
+    works and, where Q is read from shared memory (four consumers; three at head_dim 128),
+    the two Q buffers (ws_q_buffers) each serve several works, so both buffers' mbarrier
+    phases wrap, with split rows and shared chunks among the works."""
+    from dataclasses import replace
+
+    from stofc.kernels.attention.ws import ws_q_buffers
+
+    profile = replace(detect(), sm_count=3)
+    fmt, dense = encoded(spec, 1000)
+    cfg = ws(stages=stages, split=8, pingpong=pingpong, consumers=consumers)
+    res = run_case(fmt, dense, cfg, batch=2, heads=3, seq=1000, head_dim=head_dim,
+                   dtype=dtype, profile=profile,
+                   seed=_seed("wsworks", spec, head_dim, consumers, stages, pingpong))
+    assert ws_q_buffers(stages, head_dim, consumers) == (1 if consumers < 3 or
+                                                         (consumers == 3 and head_dim == 64) else 2)
+    _check(res, dtype, f"{spec} D={head_dim} consumers={consumers} stages={stages}")
+
+
 @pytest.mark.parametrize("kstep,consumers", STEPS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_padding_bias_layouts(dtype, kstep, consumers):

@@ -10,6 +10,7 @@ the template's signature (checked on the CPU with numpy standing in for CuPy).
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from stofc.kernels.attention.render import compile_kernel, render_kernel
 from stofc.kernels.attention.ws import (
     ONES_BYTES,
     SM90_SMEM_PER_BLOCK,
+    ws_q_buffers,
     ws_q_in_regs,
     ws_reg_split,
     ws_registers,
@@ -326,6 +328,30 @@ def test_output_staging_fits_where_taken():
         src = render_kernel(spec).code
         assert f"constexpr bool STAGE_O = {staged};" in src
         assert f"<= {ws_smem_bytes(stages, 128, consumers)}," in src
+
+
+def test_q_read_from_shared_memory_gets_a_second_buffer_where_it_fits():
+    """Where S = Q K^T reads Q from shared memory (four consumers; three at head_dim 128),
+    the next work's Q loads into a second buffer while this work's last steps run, so the
+    launch's shared memory holds two Q buffers and their mbarriers. Held in registers, Q
+    keeps one buffer; a second never costs the staging area or a stage (head_dim 128 with
+    three consumers and three or four stages, head_dim 256: one)."""
+    q_bytes = {(64, 4): 64 * 4 * 128, (128, 3): 2 * 64 * 3 * 128}
+    for stages in (2, 3, 4):
+        assert ws_q_buffers(stages, 64, 4) == 2
+        assert ws_smem_bytes(stages, 64, 4) - ws_smem_bytes(stages, 64, 2) >= q_bytes[(64, 4)]
+        for consumers in (2, 3):
+            assert ws_q_buffers(stages, 64, consumers) == 1     # Q in registers
+        assert ws_q_buffers(stages, 256, 2) == 1
+    assert ws_q_buffers(2, 128, 3) == 2 and ws_stage_o(2, 128, 3)
+    assert ws_q_buffers(3, 128, 3) == 1 and ws_q_buffers(4, 128, 3) == 1
+    assert ws_q_buffers(2, 128, 2, kstep=2) == 2 and ws_q_buffers(2, 128, 2) == 1
+    for stages, d, c in itertools.product((2, 3, 4), (64, 128, 256), (2, 3, 4)):
+        assert ws_smem_bytes(stages, d, c) <= SM90_SMEM_PER_BLOCK or ws_q_buffers(stages, d, c) == 1
+    two = render_kernel(KernelSpec(ws(stages=4, consumers=4), "float16", 64)).code
+    one = render_kernel(KernelSpec(ws(stages=4, consumers=3), "float16", 64)).code
+    assert "constexpr int Q_BUFS = 2;" in two and "constexpr int Q_BUFS = 1;" in one
+    assert f"<= {ws_smem_bytes(4, 64, 4)}," in two
 
 
 def test_template_refuses_a_launch_smem_that_misses_the_staging_area():

@@ -10,7 +10,8 @@ FlashAttention-3 runs head_dim 64 so); their 160 registers hold head_dim 64's ar
 and head_dim 128's once Q is read from shared memory (:func:`ws_q_in_regs`; 256's are
 pruned by :func:`ws_registers`). Four (head_dim 64 only, Q in shared memory) put four:
 dense and causal rows ran 8-13% faster than three (H100,
-``bench/results/ws-variants-c4-h100-2026-11-27.jsonl``). Shared memory holds Q for the block's rows, ``stages`` K and V
+``bench/results/ws-variants-c4-h100-2026-11-27.jsonl``). Shared memory holds Q for the block's
+rows (two buffers where S reads Q from it and they fit: :func:`ws_q_buffers`), ``stages`` K and V
 tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
 stage, the ring's mbarriers and, where it fits, an area that stages O for 16-byte
 stores (:func:`ws_stage_o`). One block per SM.
@@ -74,13 +75,14 @@ def ws_consumers(config: AttentionConfig) -> int:
     return consumers_of(config.warps)
 
 
-def _ring_bytes(stages: int, head_dim: int, consumers: int) -> int:
-    """Q panels, the K/V ring, the part-tile bitmaps and the mbarriers of one block."""
+def _ring_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
+    """Q panels (``q_bufs`` buffers), the K/V ring, the part-tile bitmaps and the mbarriers
+    of one block."""
     panels = head_dim // 64
-    q = panels * WS_TILE * consumers * 128
+    q = q_bufs * panels * WS_TILE * consumers * 128
     kv = stages * 2 * panels * WS_TILE * 128
     bitmaps = stages * consumers * (WS_TILE // 8) ** 2 * 8
-    barriers = (4 * stages + 2) * 8
+    barriers = (4 * stages + 2 * q_bufs) * 8
     return q + kv + bitmaps + barriers
 
 
@@ -93,9 +95,9 @@ WS_ROWSUM_MMA = True
 ONES_BYTES = 256
 
 
-def _ones_end(stages: int, head_dim: int, consumers: int) -> int:
+def _ones_end(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
     """The end of the ring and, 128-byte aligned after it, the row-sum operand's ones."""
-    return -(-_ring_bytes(stages, head_dim, consumers) // 128) * 128 + ONES_BYTES
+    return -(-_ring_bytes(stages, head_dim, consumers, q_bufs) // 128) * 128 + ONES_BYTES
 
 
 def ws_stage_bytes(head_dim: int, consumers: int) -> int:
@@ -114,18 +116,47 @@ def ws_stage_o(stages: int, head_dim: int, consumers: int = 2) -> bool:
     return _staged_bytes(stages, head_dim, consumers) + 1024 <= SM90_SMEM_PER_BLOCK
 
 
-def _staged_bytes(stages: int, head_dim: int, consumers: int) -> int:
+def _staged_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
     """The ring, the ones (:func:`_ones_end`), then the staging area (``OFF_O``)."""
-    return _ones_end(stages, head_dim, consumers) + ws_stage_bytes(head_dim, consumers)
+    return _ones_end(stages, head_dim, consumers, q_bufs) + ws_stage_bytes(head_dim, consumers)
 
 
-def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2) -> int:
-    """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack
-    included): the ring (:func:`_ring_bytes`) and, where :func:`ws_stage_o` takes it, the
-    output staging area after it."""
+def _block_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int) -> int:
+    """One block's dynamic shared memory with ``q_bufs`` Q buffers, the alignment slack
+    included (the staging area where :func:`ws_stage_o` takes it)."""
     if ws_stage_o(stages, head_dim, consumers):
-        return _staged_bytes(stages, head_dim, consumers) + 1024
-    return _ones_end(stages, head_dim, consumers) + 1024
+        return _staged_bytes(stages, head_dim, consumers, q_bufs) + 1024
+    return _ones_end(stages, head_dim, consumers, q_bufs) + 1024
+
+
+def ws_q_buffers(stages: int, head_dim: int, consumers: int = 2, kstep: int = 1) -> int:
+    """Q buffers of a block: two where S = Q K^T reads Q from shared memory and a second
+    buffer fits beside the ring and the staging area, else one.
+
+    With one buffer and Q in shared memory, the producer can load the next work's Q (and,
+    behind it, that work's K/V) only once every warpgroup issued its last S of this work;
+    a warpgroup whose own tile row ends the walk early (Longformer's and BigBird's pair
+    rows: a third of the (entry, warpgroup) pairs skipped with four consumers) idles at
+    every work boundary, and the next work's first S waits for a TMA round trip. Held in
+    registers, Q is released as soon as it is read, so one buffer serves. A second buffer
+    never costs a stage or the staging area (the search space decides those).
+
+    Same call on an H100 (``bench/results/ws-variants-qbufs-h100-2026-11-27.jsonl``, four
+    consumers, head_dim 64, H=12 at (1, 8192), (4, 4096), (1, 16384)): without turns,
+    Longformer, BigBird and +-256 windows 0.8-2.7% faster than one buffer; with turns
+    4.6-8.3% faster; dense and causal rows level within the run's noise (+-3%)."""
+    if ws_q_in_regs(head_dim, kstep, consumers):
+        return 1
+    fits = _block_bytes(stages, head_dim, consumers, 2) <= SM90_SMEM_PER_BLOCK
+    return 2 if fits else 1
+
+
+def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2, kstep: int = 1) -> int:
+    """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack
+    included): the ring (:func:`_ring_bytes`, :func:`ws_q_buffers` Q buffers) and, where
+    :func:`ws_stage_o` takes it, the output staging area after it."""
+    q_bufs = ws_q_buffers(stages, head_dim, consumers, kstep)
+    return _block_bytes(stages, head_dim, consumers, q_bufs)
 
 
 def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
@@ -178,7 +209,7 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: the consumers use wgmma"
     if c.period != 1 and c.period not in PERIODS:
         return "ws: a residue split has period 2 or 4 (a TMA box of 64 residue rows spans <= 256)"
-    smem = ws_smem_bytes(c.stages, head_dim, ws_consumers(c))
+    smem = ws_smem_bytes(c.stages, head_dim, ws_consumers(c), c.kstep)
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
     regs, cap = ws_registers(head_dim, c.kstep, ws_consumers(c)), ws_reg_split(ws_consumers(c))[1]
@@ -231,7 +262,7 @@ class AttentionWs(AttentionFamily):
                 f"{f' residues={c.period}' if c.period > 1 else ''}")
 
     def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
-        return ws_smem_bytes(config.stages, head_dim, ws_consumers(config))
+        return ws_smem_bytes(config.stages, head_dim, ws_consumers(config), config.kstep)
 
     def registers(self, config: AttentionConfig, head_dim: int) -> int:
         return ws_registers(head_dim, config.kstep, ws_consumers(config))
@@ -280,7 +311,8 @@ class AttentionWs(AttentionFamily):
                     q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],
                     stage_o=FLAG[ws_stage_o(c.stages, spec.head_dim, ws_consumers(c))],
                     rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ONES_BYTES,
-                    smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c)))
+                    q_bufs=ws_q_buffers(c.stages, spec.head_dim, ws_consumers(c), c.kstep),
+                    smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c), c.kstep))
 
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,

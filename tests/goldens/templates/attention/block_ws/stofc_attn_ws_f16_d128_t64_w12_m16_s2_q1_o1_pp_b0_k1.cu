@@ -7,7 +7,8 @@
 // K and V of every listed 64-key tile with the Tensor Memory Accelerator into a
 // STAGES-deep ring of 128-byte-swizzled shared-memory panels, each K tile with the
 // part-tile bitmaps of every warpgroup (bulk copies), every copy completing an
-// mbarrier; the consumers release each slot on an "empty" mbarrier. The producer gives
+// mbarrier; the consumers release each slot on an "empty" mbarrier (Q too: where Q is read
+// from smem, two Q buffers let the next work's Q load under this work's last steps). The producer gives
 // its registers to the consumers (setmaxnreg). A consumer warpgroup keeps its 64 rows
 // of Q in registers (head_dim <= 128; above, Q is read from smem), computes S = Q K^T
 // with register-A wgmma (four warpgroups: from smem) while the previous tile's O += P V runs (intra-warpgroup
@@ -54,6 +55,10 @@ constexpr bool ROWSUM_MMA = true;     // P's row sums by wgmma against ones
 // row PERIOD a + r), and the tensor maps step PERIOD rows per loaded row. PERIOD 1: none.
 constexpr int PERIOD = 1;
 constexpr int ITEM_FIELDS = 5;    // (pair row, begin, end, slot, shared)
+// Q buffers: with two (Q read from smem where it fits), the next work's Q loads while this
+// work's last steps run, so neither the producer's K/V loads nor a warpgroup done early
+// waits at a work boundary for every warpgroup's last S = Q K^T (ws.ws_q_buffers)
+constexpr int Q_BUFS = 1;
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -69,14 +74,15 @@ constexpr int Q_WG = TILE * 128;           // bytes of one warpgroup's rows of a
 constexpr int KV_PANEL = TILE * 128;       // bytes of one K (or V) panel
 constexpr int KV_BYTES = PANELS * KV_PANEL;
 constexpr int BM_BYTES = ITN * ITN * 8;    // one part tile's bitmaps
-constexpr int OFF_K = PANELS * Q_PANEL;
+constexpr int Q_BYTES = PANELS * Q_PANEL;   // one Q buffer
+constexpr int OFF_K = Q_BUFS * Q_BYTES;
 constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots of a panel
                                                      // back to back (two tiles = 128 key rows)
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
 constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
 constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
 // B of the row-sum wgmma (ROWSUM_MMA): 16 keys x 8 columns of ones, K-major, no swizzle
-constexpr int OFF_ONES = (OFF_BAR + (4 * STAGES + 2) * 8 + 127) / 128 * 128;
+constexpr int OFF_ONES = (OFF_BAR + (4 * STAGES + 2 * Q_BUFS) * 8 + 127) / 128 * 128;
 constexpr int ONES_BYTES = 256;
 constexpr int OFF_O = OFF_ONES + ONES_BYTES;                                 // staged O
 constexpr int O_WARP = 16 * staged_row_bytes<D>();   // a consumer warp's 16 staged rows
@@ -84,11 +90,13 @@ constexpr int SMEM_END = STAGE_O ? OFF_O + CONSUMERS * 4 * O_WARP : OFF_O;
 static_assert(SMEM_END + 1024 <= 136576, "the launch's dynamic shared memory (ws_smem_bytes) "
               "holds every region and the 1024 bytes of alignment slack");
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
-              BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + 1;
+              BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + Q_BUFS;
 constexpr int SKIP = -2;                   // entry_part: this warpgroup skips the tile
 constexpr int BAR_MERGE = CONSUMERS + 1;   // named barrier of the consumers (1..C: ping-pong)
 static_assert(D % 64 == 0, "head_dim must fill 128-byte swizzle panels");
 static_assert(STAGES >= 2, "the ring needs two stages");
+static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && !Q_IN_REGS),
+              "a second Q buffer only where Q stays in smem (in registers it is freed at once)");
 static_assert(Q_IN_REGS || D >= 128 || CONSUMERS == 4,
               "Q leaves the registers for large head_dims and four consumer warpgroups");
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
@@ -241,8 +249,11 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             mbar_init(bar(BAR_EMPTY_K + s), 4 * CONSUMERS);  // one arrival per consumer warp
             mbar_init(bar(BAR_EMPTY_V + s), 4 * CONSUMERS);  // (bitmap reads; wgmma reads)
         }
-        mbar_init(bar(BAR_Q), 1);
-        mbar_init(bar(BAR_Q_EMPTY), 4 * CONSUMERS);        // one arrival per consumer warp
+#pragma unroll
+        for (int qb = 0; qb < Q_BUFS; ++qb) {
+            mbar_init(bar(BAR_Q + qb), 1);
+            mbar_init(bar(BAR_Q_EMPTY + qb), 4 * CONSUMERS);   // one arrival per consumer warp
+        }
         mbar_fence_init();
     }
     if (ROWSUM_MMA && threadIdx.x < ONES_BYTES / 4) {   // the ones the row-sum wgmma reads
@@ -273,14 +284,16 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             const Work x = work_at(wk);
             if (x.prow < 0 || x.n == 0) continue;     // nothing to load (see the consumers)
             const int hkv = x.h / kv_group;
-            if (q_use > 0) mbar_wait(bar(BAR_Q_EMPTY), (q_use - 1) & 1);
+            // buffer qb's previous Q (load q_use - Q_BUFS) must be released first
+            const int qb = q_use % Q_BUFS;
+            if (q_use >= Q_BUFS) mbar_wait(bar(BAR_Q_EMPTY + qb), ((q_use - Q_BUFS) / Q_BUFS) & 1);
             ++q_use;
-            mbar_arrive_expect_tx(bar(BAR_Q), PANELS * Q_PANEL);
+            mbar_arrive_expect_tx(bar(BAR_Q + qb), Q_BYTES);
 #pragma unroll
             for (int w = 0; w < CONSUMERS; ++w)
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
-                    tma_load_4d(sQ + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q), pn * 64,
+                    tma_load_4d(sQ + qb * Q_BYTES + pn * Q_PANEL + w * Q_WG, &tma_q, bar(BAR_Q + qb), pn * 64,
                                 x.h, PERIOD * (x.prow * ROWS + (x.sh ? x.sh - 1 : w) * TILE) + x.r,
                                 x.b);
             // V of entry begin + i (its key: the K load's, already in a register)
@@ -369,6 +382,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
 
     // the current work's values (set at each work; the step lambdas below read them)
     int q_use = 0;                                 // Q loads consumed so far
+    int qb = 0;                                    // the current work's Q buffer
     Ring cur{0, 0u};                               // the ring position of the next step
     int begin = 0, n = 0, kvl = 0, residue = 0, shared = 0;
     const u64* kbits = key_bits;
@@ -387,14 +401,15 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
     // every warp releases the Q buffer once its lanes are done with it
     auto release_q = [&]() {
         __syncwarp();
-        if (lane == 0) mbar_arrive(bar(BAR_Q_EMPTY));
+        if (lane == 0) mbar_arrive(bar(BAR_Q_EMPTY + qb));
     };
     // slot / phase parity of tile hh of the step at ring position p (no division: STAGES
     // need not be a power of two)
     auto slot_of = [&](Ring p, int hh) { return ring_at(p, hh).slot; };
     const u64 desc_k0 = sw128_desc(base + OFF_K, 16, 1024);          // K slot 0 panel 0, K-major
     const u64 desc_v0 = sw128_desc(base + OFF_V, KV_PANEL, 1024);    // V slot 0, N-major
-    const u64 desc_q = sw128_desc(q_wg, 16, 1024);                   // Q (when read from smem)
+    const u64 desc_q0 = sw128_desc(q_wg, 16, 1024);                  // Q buffer 0 (from smem)
+    u64 desc_q = desc_q0;                                            // the current work's Q
     // ones (ROWSUM_MMA): the two 8 x 16-byte core matrices of a k16 step 128 bytes apart
     const u64 desc_ones = plain_desc(base + OFF_ONES, 128, 128);
     auto parity_of = [&](Ring p, int hh) { return ring_at(p, hh).par; };
@@ -539,13 +554,15 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             br0 = bias_row(rq0);
             br1 = bias_row(rq0 + 8);
         }
-        if (!empty) mbar_wait(bar(BAR_Q), q_use & 1);
+        qb = q_use % Q_BUFS;
+        desc_q = desc_at(desc_q0, qb * Q_BYTES);
+        if (!empty) mbar_wait(bar(BAR_Q + qb), (q_use / Q_BUFS) & 1);
         if (Q_IN_REGS && !empty) {
 #pragma unroll
             for (int kc = 0; kc < (Q_IN_REGS ? KC : 1); ++kc) {
                 const int row = w * TILE + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 const int chunk = (kc & 3) * 2 + (lane >> 4);
-                ldmatrix_x4(qf[kc], sQ + (kc >> 2) * Q_PANEL + sw128_offset(row, chunk));
+                ldmatrix_x4(qf[kc], sQ + qb * Q_BYTES + (kc >> 2) * Q_PANEL + sw128_offset(row, chunk));
             }
             release_q();                           // Q lives in registers now
         }
