@@ -32,7 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from stofc.kernels.attention.ws_cost import COMBINE_US, LAUNCH_US, _entry_flags, dealt_loads
+from stofc.kernels.attention.ws_cost import (
+    COMBINE_US,
+    LAUNCH_US,
+    _entry_flags,
+    dealt_loads,
+    ws_pingpong,
+)
 from stofc.kernels.attention.ws_plan import SKIP, default_split, plan_ws
 from stofc.masks import encode
 
@@ -169,13 +175,17 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
             rows = [json.loads(line) for line in f if line.startswith("{")]
         for r in rows:
             b, h, length, d, _ = r["case"].split(":")
-            v = r.get(column)
-            if (int(d) != head_dim or not isinstance(v, list)
-                    or (exclude and re.search(exclude, f"{r['case']} {r['mask']}"))):
+            if int(d) != head_dim or (exclude and re.search(exclude, f"{r['case']} {r['mask']}")):
                 continue
             fmt = encode(masks[r["mask"]], int(length))
             split = default_split(fmt, batch=int(b), heads=int(h), sm_count=SMS,
                                   consumers=consumers)
+            v = r.get(column)
+            if v is None and column == f"c{consumers}":     # the turns ws_pingpong takes
+                plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
+                v = r.get(f"{column}{'pp' if ws_pingpong(plan) else 'np'}")
+            if not isinstance(v, list):
+                continue
             X.append(d128_features(masks[r["mask"]], int(length), split, int(b) * int(h),
                                    consumers, active, busiest=head_dim <= 64))
             fixed.append(COMBINE_US if plan_ws(fmt, split_tiles=split,
@@ -197,7 +207,9 @@ def main() -> int:
     ap.add_argument("--mha-consumers", type=int, default=2, help="--mha: the consumer count")
     ap.add_argument("--variants", nargs="+",
                     help="fit one consumer count's costs (--head-dim) from ws_variants.py lines")
-    ap.add_argument("--column", default="c3q", help="--variants: the variant fitted")
+    ap.add_argument("--column", default="c3q",
+                    help="--variants: the variant fitted ('cN': cNpp or cNnp, as ws_pingpong "
+                         "takes turns on each walk)")
     ap.add_argument("--consumers", type=int, default=3, help="--variants: its consumer count")
     ap.add_argument("--launch", action="store_true",
                     help="--variants: fit the per-launch constant too (D64_COSTS' launch_us)")

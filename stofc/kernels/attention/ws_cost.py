@@ -22,7 +22,12 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   The selector's pick over the 35 rows: 0.6% slower than the fastest of the three on
   average, 11.5% at worst (H=4 Longformer, four picked where three were faster); the 11-26
   model, with two and three consumers and turns, was 6.2% / 61.5% behind the same runs'
-  fastest.
+  fastest. Four consumers refitted once they read Q from two buffers
+  (``ws-variants-d64-consumers-qbufs-h100-2026-11-27.jsonl``, the same 35 shapes and masks,
+  ``--column c4``): within 0.86-1.07x; the pick there is 0.6% behind the fastest on average,
+  12.8% at worst (the same H=4 Longformer row). Longformer is the family the form misses
+  most (0.86-0.94x with four, 0.94x with three): its global rows' shared chunks merge
+  their partials through scratch slots, which no term charges.
 * **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
   per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
@@ -103,10 +108,13 @@ class EntryCost:
 # fitted over ws-variants-d64-consumers-pingpong-h100-2026-11-27 (4-stage ring, O staged;
 # columns c2pp / c3np / c4pp or c4np as ws_pingpong takes turns) with a per-active-warpgroup
 # term, the wave term and the launch constants held at the 11-26 fit's (its short runs,
-# 128-512 tokens, set them; four take three's), module doc
+# 128-512 tokens, set them; four take three's), module doc. Four: refitted over
+# ws-variants-d64-consumers-qbufs-h100-2026-11-27 (the same 35 runs once four read Q from two
+# buffers, ws.ws_q_buffers; was 511 / 170 / 390); that call refits two and three within
+# 4% / 11 ns of these (648 / 57 / 235, 500 / 162 / 237), so they stay.
 D64_COSTS = {2: EntryCost(624.0, 68.0, 248.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
              3: EntryCost(512.0, 156.0, 236.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
-             4: EntryCost(511.0, 170.0, 390.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
+             4: EntryCost(488.0, 180.0, 341.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
 # 2: bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
 # 3: bench/ws_calibrate.py --variants over ws-variants-d128-c3-h100-2026-11-26 (2-stage ring;
 #    part tiles fixed at 71 ns)
