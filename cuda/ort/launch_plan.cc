@@ -105,7 +105,7 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
     for (int32_t part : w.entry_part)
         if (part < -2 || part >= n_bitmaps) rd.fail("entry part out of range");
     // work items: (pair row, begin, end, slot, shared), a pair row -1 = padding; shared 0 or
-    // 1 + w0 + consumers * t (every warpgroup on tile row w0; scratch slots from t)
+    // 1 + w0 (every warpgroup on tile row w0; their partials in the chunk's own slot)
     if (static_cast<int64_t>(w.items.size()) != heads * w.n_items * kWsItemFields)
         rd.fail("items has the wrong length");
     for (size_t i = 0; i < w.items.size(); i += kWsItemFields) {
@@ -115,8 +115,8 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
         if (prow < 0 || prow >= w.pairs) rd.fail("item pair row out of range");
         if (begin < 0 || end < begin || end > entries) rd.fail("item range outside the walk");
         if (slot < -1 || slot >= w.slots) rd.fail("item slot out of range");
-        // shared = 1 + w0 + consumers * t: scratch slots t .. t + consumers - 2 (ws_plan.py)
-        if (shared < 0 || (shared && (slot < 0 || (shared - 1) / w.consumers + w.consumers - 1 > w.slots)))
+        // shared = 1 + w0: a chunk of tile row w0 every warpgroup works on (ws_plan.py)
+        if (shared < 0 || shared > w.consumers || (shared && slot < 0))
             rd.fail("item shared out of range");
     }
     // the orders of every run length: offsets, counts, item indices

@@ -103,23 +103,22 @@ def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
 @pytest.mark.parametrize("L,split", [(2048, 8), (8192, 16)])
 def test_global_rows_past_their_band_are_shared_chunks(L, split, consumers):
     """Longformer's global tile row walks every key tile alone past its band: those chunks are
-    shared (every warpgroup on tile row 0, every C-th entry each, C - 1 scratch slots after
-    the chunk slots), the band chunk is not, each is one chunk of the combine, and the walk
-    still covers every allowed element once (decode)."""
+    shared (every warpgroup on tile row 0, every C-th entry each, the other warpgroups'
+    partials in the chunk's own slot: no slot beyond the combine's chunks), the band chunk
+    is not, each is one chunk of the combine, and the walk still covers every allowed
+    element once (decode)."""
     fmt = encode("longformer:window=256,global=16", L)
     plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
     items = plan.items[0]
     row0 = items[items[:, 0] == 0]
     chunks = -(-L // 64 // split)
     assert len(row0) == chunks and row0[0, 4] == 0                        # the band chunk
-    shared = row0[1:, 4]
-    assert ((shared - 1) % consumers == 0).all()                          # tile row 0 alone
+    assert (row0[1:, 4] == 1).all()                                       # 1 + w0: tile row 0
+    assert row0[:, 3].tolist() == list(range(chunks))                     # a slot each
     comb = plan.combine[0][plan.combine[0][:, 0] >= 0]
     chunk_slots = int(comb[:, 2].sum())                                   # every split row's
-    scratch = (shared - 1) // consumers                                   # after the chunks
-    assert scratch.tolist() == [chunk_slots + i * (consumers - 1) for i in range(chunks - 1)]
     assert comb[0].tolist() == [0, 0, chunks]
-    assert plan.slots == chunk_slots + (consumers - 1) * (chunks - 1)
+    assert plan.slots == chunk_slots
     assert (items[items[:, 0] > 0][:, 4] == 0).all()
     assert np.array_equal(decode(plan, fmt), dense_from_format(fmt))
     # the longest-first order counts a shared chunk's block steps: its entries / C

@@ -263,7 +263,7 @@ def test_cpp_reader_rejects_every_bad_index(driver, tmp_path):
         "item range outside the walk": edit("items", 5 * real_item + 2, d.entry_key.size),
         "item pair row out of range": edit("items", 5 * real_item, d.pairs),
         "item slot out of range": edit("items", 5 * real_item + 3, d.slots),
-        "item shared out of range": edit("items", 5 * real_item + 4, 1 + d.consumers * d.slots),
+        "item shared out of range": edit("items", 5 * real_item + 4, 1 + d.consumers),
         "item shared out of range ": edit("items", 5 * shared_item + 3, -1),      # not a chunk
         "order entry out of range": edit("orders", 0, d.n_items),
         "combine row out of range": edit("combine", 3 * split_row + 2, 65),    # > 64 chunks

@@ -24,8 +24,11 @@ warpgroup's step is bound by its own latency (S, softmax, P V), so the block ran
 third of its rate for a fifth of a Longformer launch. A chunk whose entries only one
 warpgroup ``w0`` computes is instead *shared*: every warpgroup loads that tile row's Q and
 takes every C-th entry (the warpgroups do not take turns there), the others leave their
-partials in scratch slots and warpgroup 0 merges them in the block, so the chunk is still
-one of the combine's (its rows of the pair row's other tile rows are written empty).
+partials in the chunk's own slot, in the rows of the pair row's other tile rows (which
+the chunk does not compute), and warpgroup 0 merges them in the block, writes tile row
+``w0``'s rows and marks the others empty, so the chunk is one of the combine's and needs
+no slot more than an ordinary chunk (the earlier C - 1 scratch slots per shared chunk
+made a Longformer launch at 32K rows with four consumers take 61 slots, not 16).
 
 Only contiguous 64-key tiles are walked (the producer loads them with the Tensor
 Memory Accelerator); gathered walks stay with the block-wise kernels. A dilated mask is
@@ -56,10 +59,10 @@ class WsPlan:
     ``pair_ptr[f]`` indexes ``entry_key`` / ``entry_part`` (global offsets);
     ``items[f, i]`` = (pair row, begin, end, slot, shared) with ``begin..end`` inside the
     pair row's span (padding items have pair row -1); ``shared`` 0 for an ordinary item, else
-    ``1 + w0 + C t``: every warpgroup works on tile row ``C p + w0``, warpgroup ``w`` on the
+    ``1 + w0``: every warpgroup works on tile row ``C p + w0``, warpgroup ``w`` on the
     entries ``begin + w, begin + w + C, ...``; warpgroups ``w > 0`` leave their partials in
-    scratch slots ``t + w - 1`` and warpgroup 0 merges them into slot ``slot``
-    (module doc: shared chunks); ``orders[f, order_ptr[P-1]:order_ptr[P]]``
+    slot ``slot``'s rows of tile row ``(w0 + w) % C`` and warpgroup 0 merges them into
+    tile row ``w0``'s (module doc: shared chunks); ``orders[f, order_ptr[P-1]:order_ptr[P]]``
     lists the ``items_upto[P]`` items a run covering ``P`` pair rows launches, longest
     first (a head with fewer live items is padded with items the kernel skips: pair
     row -1 or at least P);
@@ -192,14 +195,9 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
                     head_items.append((p, total + a, total + b, slot, w0))
                     slot += 1
             total += n
-        # a shared chunk's C - 1 scratch slots (its other warpgroups' partials) follow the
-        # head's chunk slots: shared = 1 + w0 + C * (first scratch slot)
-        for i, (p, a, b, sl, w0) in enumerate(head_items):
-            shared = 0
-            if w0 >= 0:
-                shared = 1 + w0 + consumers * slot
-                slot += consumers - 1
-            head_items[i] = (p, a, b, sl, shared)
+        # shared = 1 + w0 (the other warpgroups' partials go to the chunk's own slot)
+        head_items = [(p, a, b, sl, 1 + w0 if w0 >= 0 else 0)
+                      for p, a, b, sl, w0 in head_items]
         ptr[h, pairs] = total
         slots_per_head[h] = slot
         items.append(head_items)

@@ -20,7 +20,8 @@
 // (a dilated mask split by residue) each residue's rows are a sequence of their own.
 // A shared chunk of a split row (a global row walking alone past its band) gives every
 // warpgroup that tile row's Q and every CONSUMERS-th entry, without turns; warpgroup 0
-// merges the others' partials (through scratch slots) before writing the chunk's.
+// merges the others' partials (left in the chunk's slot, in the rows of the tile rows the
+// chunk does not compute) before writing the chunk's and marking those rows empty.
 // A whole pair row writes O normalised (staged in shared memory for 16-byte stores where
 // the area fits: STAGE_O); a chunk of a split row writes its unnormalised
 // O, row max and row sum to its workspace slot, merged by stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0_combine.
@@ -211,9 +212,9 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     };
     // sh: 0, or 1 + w0 for a shared chunk (ws_plan.py): every warpgroup computes tile row
     // C prow + w0 and takes every CONSUMERS-th entry; warpgroups w > 0 leave their partials
-    // in scratch slots temp + w - 1, which warpgroup 0 merges into slot
+    // in the slot's rows of tile row (w0 + w) % CONSUMERS, which warpgroup 0 merges
     struct Work {
-        int h, b, r, vb, lr, prow, begin, n, slot, kvl, sh, temp;
+        int h, b, r, vb, lr, prow, begin, n, slot, kvl, sh;
     };
     // work w: head w % H, then (batch, residue) as one index vb = batch * PERIOD + residue,
     // then the item; lr: the residue's rows, kvl: its keys (PERIOD 1: L and the key length)
@@ -231,8 +232,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         x.begin = it[1];
         int end = it[2];
         x.slot = it[3];
-        x.sh = it[4] > 0 ? 1 + (it[4] - 1) % CONSUMERS : 0;     // it[4] = 1 + w0 + C temp
-        x.temp = it[4] > 0 ? (it[4] - 1) / CONSUMERS : 0;
+        x.sh = it[4];                                            // 0, or 1 + w0
         const int kvl = min(kv_len[x.b], L);
         x.kvl = kvl > x.r ? (kvl - x.r + PERIOD - 1) / PERIOD : 0;
         if (x.prow < 0 || x.prow * ROWS >= x.lr) x.prow = -1;   // padding, or rows past this run
@@ -671,33 +671,36 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         const long long head_ws = (static_cast<long long>(x.vb) * H + x.h) * slots;
         const int lr0 = qrow * TILE + warp * 16 + g;   // rows inside the block
         float l0 = quad_sum(row_l[0]), l1 = quad_sum(row_l[1]);
+        // a shared chunk's slot: tile row qrow's rows take the merged result, those of
+        // tile row (qrow + k) % CONSUMERS (k > 0) warpgroup k's partial until the merge
+        auto scratch_row = [&](int k) { return ((qrow + k) % CONSUMERS) * TILE + warp * 16 + g; };
         if (x.sh) {
-            // a shared chunk: warpgroups w > 0 leave (O, m, l) in scratch slot temp + w - 1 (in
-            // the slot's row layout); after the barrier (global writes of this block are then
-            // visible to its threads) warpgroup 0 merges them into its own by log-sum-exp
+            // a shared chunk: warpgroups w > 0 leave (O, m, l) in the slot's rows of another
+            // tile row; after the barrier (global writes of this block are then visible to
+            // its threads) warpgroup 0 merges them into its own by log-sum-exp
             if (w > 0) {
-                const long long t = head_ws + x.temp + w - 1;
-                float* po = part_o + t * ROWS * D;
+                const int sr = scratch_row(w);
+                float* po = part_o + (head_ws + x.slot) * ROWS * D;
     #pragma unroll
                 for (int nn = 0; nn < ND; ++nn) {
                     const int col = nn * 8 + 2 * t4;
-                    *reinterpret_cast<float2*>(po + lr0 * D + col) = make_float2(acc[nn][0], acc[nn][1]);
-                    *reinterpret_cast<float2*>(po + (lr0 + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
+                    *reinterpret_cast<float2*>(po + sr * D + col) = make_float2(acc[nn][0], acc[nn][1]);
+                    *reinterpret_cast<float2*>(po + (sr + 8) * D + col) = make_float2(acc[nn][2], acc[nn][3]);
                 }
                 if (t4 == 0) {
-                    float* pml = part_ml + t * ROWS * 2;
-                    *reinterpret_cast<float2*>(pml + 2 * lr0) = make_float2(row_m[0], l0);
-                    *reinterpret_cast<float2*>(pml + 2 * (lr0 + 8)) = make_float2(row_m[1], l1);
+                    float* pml = part_ml + (head_ws + x.slot) * ROWS * 2;
+                    *reinterpret_cast<float2*>(pml + 2 * sr) = make_float2(row_m[0], l0);
+                    *reinterpret_cast<float2*>(pml + 2 * (sr + 8)) = make_float2(row_m[1], l1);
                 }
             }
             named_bar_sync(BAR_MERGE, 128 * CONSUMERS);
             if (w == 0) {
+                const float* po = part_o + (head_ws + x.slot) * ROWS * D;
+                float* pml = part_ml + (head_ws + x.slot) * ROWS * 2;
                 for (int k = 1; k < CONSUMERS; ++k) {
-                    const long long t = head_ws + x.temp + k - 1;
-                    const float* po = part_o + t * ROWS * D;
-                    const float* pml = part_ml + t * ROWS * 2;
-                    const float2 a = *reinterpret_cast<const float2*>(pml + 2 * lr0);
-                    const float2 b = *reinterpret_cast<const float2*>(pml + 2 * (lr0 + 8));
+                    const int sr = scratch_row(k);
+                    const float2 a = *reinterpret_cast<const float2*>(pml + 2 * sr);
+                    const float2 b = *reinterpret_cast<const float2*>(pml + 2 * (sr + 8));
                     const float n0 = fmaxf(row_m[0], a.x), n1 = fmaxf(row_m[1], b.x);
                     // a row without keys on one side keeps the other's (no -inf - -inf)
                     const float c0 = row_m[0] == STOFC_NEG_INF ? 0.0f : exp2f(row_m[0] - n0);
@@ -707,8 +710,8 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     #pragma unroll
                     for (int nn = 0; nn < ND; ++nn) {
                         const int col = nn * 8 + 2 * t4;
-                        const float2 u = *reinterpret_cast<const float2*>(po + lr0 * D + col);
-                        const float2 v = *reinterpret_cast<const float2*>(po + (lr0 + 8) * D + col);
+                        const float2 u = *reinterpret_cast<const float2*>(po + sr * D + col);
+                        const float2 v = *reinterpret_cast<const float2*>(po + (sr + 8) * D + col);
                         acc[nn][0] = fmaf(acc[nn][0], c0, u.x * d0);
                         acc[nn][1] = fmaf(acc[nn][1], c0, u.y * d0);
                         acc[nn][2] = fmaf(acc[nn][2], c1, v.x * d1);
@@ -719,6 +722,15 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
                     row_m[0] = n0;
                     row_m[1] = n1;
                 }
+                // the other tile rows' rows are empty now (the combine skips them): each quad
+                // clears the rows it read, once all its lanes have read them
+                __syncwarp();
+                if (t4 == 0)
+                    for (int k = 1; k < CONSUMERS; ++k) {
+                        const int sr = scratch_row(k);
+                        *reinterpret_cast<float2*>(pml + 2 * sr) = make_float2(STOFC_NEG_INF, 0.0f);
+                        *reinterpret_cast<float2*>(pml + 2 * (sr + 8)) = make_float2(STOFC_NEG_INF, 0.0f);
+                    }
             }
         }
         if (x.sh == 0 || w == 0) {
@@ -736,11 +748,6 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             float* pml = part_ml + ws * ROWS * 2;
             *reinterpret_cast<float2*>(pml + 2 * lr0) = make_float2(row_m[0], l0);
             *reinterpret_cast<float2*>(pml + 2 * (lr0 + 8)) = make_float2(row_m[1], l1);
-        }
-        if (x.sh) {             // the chunk's slot holds tile row w0 only: the other rows are empty
-            float* pml = part_ml + ws * ROWS * 2;
-            for (int r = tid; r < ROWS; r += 128)
-                if (r / TILE != qrow) *reinterpret_cast<float2*>(pml + 2 * r) = make_float2(STOFC_NEG_INF, 0.0f);
         }
         }
         }
