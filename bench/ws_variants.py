@@ -80,8 +80,8 @@ VARIANTS = {                       # name: (config overrides, template overrides
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
     # one Q buffer where the product takes two (ws.ws_q_buffers): the A/B of the second
     "q1": ({}, {"q_bufs": 1}),
-    **{f"c4{tag}_q1": ({"warps": 20, "pingpong": pp}, {"q_bufs": 1})
-       for tag, pp in (("pp", True), ("np", False))},
+    **{f"c{c}{tag}_q1": ({"warps": 4 * (c + 1), "pingpong": pp}, {"q_bufs": 1})
+       for c in (3, 4) for tag, pp in (("pp", True), ("np", False))},
 }
 
 

@@ -144,7 +144,11 @@ def ws_q_buffers(stages: int, head_dim: int, consumers: int = 2, kstep: int = 1)
     Same call on an H100 (``bench/results/ws-variants-qbufs-h100-2026-11-27.jsonl``, four
     consumers, head_dim 64, H=12 at (1, 8192), (4, 4096), (1, 16384)): without turns,
     Longformer, BigBird and +-256 windows 0.8-2.7% faster than one buffer; with turns
-    4.6-8.3% faster; dense and causal rows level within the run's noise (+-3%)."""
+    4.6-8.3% faster; dense and causal rows level within the run's noise (+-3%). Three
+    consumers at head_dim 128 with two stages (``ws-variants-qbufs-d128-h100-2026-11-27.jsonl``,
+    B=1 H=16 bf16 at 8K and 16K, dense, causal and causal window 4095): level within that
+    run's noise (pairs from -5.4% to +2.4%, one causal outlier; the same config timed twice
+    differed by 5%)."""
     if ws_q_in_regs(head_dim, kstep, consumers):
         return 1
     fits = _block_bytes(stages, head_dim, consumers, 2) <= SM90_SMEM_PER_BLOCK
