@@ -26,8 +26,9 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   (``ws-variants-d64-consumers-qbufs-h100-2026-11-27.jsonl``, the same 35 shapes and masks,
   ``--column c4``): within 0.86-1.07x; the pick there is 0.6% behind the fastest on average,
   12.8% at worst (the same H=4 Longformer row). Longformer is the family the form misses
-  most (0.86-0.94x with four, 0.94x with three): its global rows' shared chunks merge
-  their partials through scratch slots, which no term charges.
+  most (0.86-1.02x with four, 0.89-1.08x with three, in both directions at H=4): its global
+  rows' shared chunks merge their warpgroups' partials in the block, which no term charges;
+  five Longformer rows per count do not determine such a term.
 * **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
   per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
