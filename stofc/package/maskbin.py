@@ -170,7 +170,7 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #
 #    offset size field
 #         0    8 magic b"STOFAPLN"
-#         8    4 uint32 layout version (PLAN_BIN_VERSION = 5)
+#         8    4 uint32 layout version (PLAN_BIN_VERSION = 6)
 #        12    4 uint32 header size (PLAN_HEADER_BYTES = 256)
 #        16    4 int32  kind (0 block-wise, 1 row-wise, 2 warp-specialised)
 #        20    4 int32  tile T
@@ -196,7 +196,8 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #                  order_ptr int32 [pairs + 1], items_upto int32 [pairs + 1]
 
 PLAN_BIN_MAGIC = b"STOFAPLN"
-PLAN_BIN_VERSION = 5
+# 6: a ws item's ``shared`` is 1 + w0 (5: 1 + w0 + consumers x the first scratch slot)
+PLAN_BIN_VERSION = 6
 PLAN_HEADER_BYTES = 256
 _PLAN_HEADER = struct.Struct("<8sIIiiiiii8i32s")
 _PLAN_COUNTS = struct.Struct("<16q")
