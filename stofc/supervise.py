@@ -12,7 +12,10 @@ How (Linux): each command runs under a reaper, a few lines of Python run with
    (``prctl(PR_SET_PDEATHSIG)``), then checks that stofc is still its parent
    (closing the race with a death before the ``prctl``);
 2. it starts the command in a new process group, which the compiler's own
-   children inherit;
+   children inherit, with those three signals blocked until the command is recorded
+   (a stop that arrived between the fork and ``Popen``'s return found no command to
+   kill and left it running: a compiler outlived a ``kill -9``ed stofc in CI under
+   load); the command itself starts with them unblocked;
 3. on ``SIGTERM``, ``SIGINT`` or ``SIGHUP`` it kills that whole group with
    ``SIGKILL`` and exits.
 
@@ -34,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REAPER = r"""
-import ctypes, os, signal, subprocess, sys
+import ctypes, os, signal, subprocess, sys, time
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 child = None
 def stop(signum, frame):
     if child is not None:
@@ -43,20 +47,29 @@ def stop(signum, frame):
         except (ProcessLookupError, PermissionError):
             pass
     os._exit(128 + signum)
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+for s in STOPS:
     signal.signal(s, stop)
+signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # a stop waits until the child is known
 if sys.platform.startswith("linux"):
     ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
     if os.getppid() != int(os.environ["STOFC_REAPER_PARENT"]):
         os._exit(143)  # stofc died before the prctl
+def start():
+    os.setpgrp()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 try:
-    child = subprocess.Popen(sys.argv[1:], preexec_fn=os.setpgrp)
+    started = subprocess.Popen(sys.argv[1:], preexec_fn=start)
 except OSError as err:
     print(f"cannot run {sys.argv[1]}: {err.strerror}", file=sys.stderr)
     os._exit(127)
+time.sleep(float(os.environ.get("STOFC_REAPER_HOLD_S", "0")))  # tests: widen the window
+child = started
+signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # a stop that came meanwhile runs now
 code = child.wait()
 os._exit(code if code >= 0 else 128 - code)
 """
+# STOFC_REAPER_HOLD_S (tests only): seconds the reaper waits between starting the command
+# and recording it, the window in which a stop used to leave the command running
 POLL_S = 0.02
 
 

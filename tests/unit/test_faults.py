@@ -523,6 +523,26 @@ def test_a_stopped_library_build_leaves_no_compiler_and_no_build_dir(example, fa
 
 
 @pytest.mark.slow
+def test_a_stop_while_the_reaper_starts_its_command_still_kills_it(fake_cxx, tmp_path):
+    """Defect (CI, 2026-11-27): a stop that reached a reaper between its fork and Popen's
+    return found no command to kill, and a compiler outlived a kill -9ed stofc. The reaper
+    now holds its stop signals until the command is recorded; STOFC_REAPER_HOLD_S widens
+    that window so the stop lands inside it every time."""
+    from stofc.supervise import REAPER
+
+    cxx, env = fake_cxx
+    marker = env["STOFC_TEST_MARKER"]
+    env = dict(env, STOFC_REAPER_PARENT=str(os.getpid()), STOFC_REAPER_HOLD_S="2")
+    reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(cxx), "-c", "x.cc"], env=env)
+    _wait_for_compilers(tmp_path / "cxx.log", 1, reaper)   # running, not yet recorded
+    reaper.send_signal(signal.SIGTERM)
+    assert reaper.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _our_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _our_processes(marker) == []                   # the command died with it
+
+
 def test_concurrent_compiles_into_one_directory_and_one_cache(example, private_cache, tmp_path):
     """Two compiles at once, same output, same (cold) kernel cache: both succeed, the result
     is one complete package, every cache entry is whole, nothing temporary is left."""
