@@ -180,16 +180,15 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
             fmt = encode(masks[r["mask"]], int(length))
             split = default_split(fmt, batch=int(b), heads=int(h), sm_count=SMS,
                                   consumers=consumers)
+            plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
             v = r.get(column)
             if v is None and column == f"c{consumers}":     # the turns ws_pingpong takes
-                plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
                 v = r.get(f"{column}{'pp' if ws_pingpong(plan) else 'np'}")
             if not isinstance(v, list):
                 continue
             X.append(d128_features(masks[r["mask"]], int(length), split, int(b) * int(h),
                                    consumers, active, busiest=head_dim <= 64))
-            fixed.append(COMBINE_US if plan_ws(fmt, split_tiles=split,
-                                               consumers=consumers).splits else 0.0)
+            fixed.append(COMBINE_US if plan.splits else 0.0)
             y.append(v[2])
             labels.append(f"{r['case']} {r['mask']}")
     return _fit_costs(X, y, labels, f"head_dim {head_dim}, {consumers} consumers ({column})",
