@@ -22,6 +22,7 @@ import unittest.mock
 from dataclasses import replace
 
 import cupy as cp
+import numpy as np
 import torch
 import torch.nn.functional as F
 from attention_timing import check_and_time
@@ -30,7 +31,7 @@ from triton.testing import do_bench
 import stofc.runtime.attention as attention_rt
 from stofc.codegen import render
 from stofc.compile import compile_source
-from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_launch
+from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_launch, ws_plan
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
@@ -85,6 +86,11 @@ VARIANTS = {                       # name: (config overrides, template overrides
 }
 
 
+def format_order(words) -> np.ndarray:
+    """The part bitmaps as the format stores them (ws_plan.fragment_bitmaps skipped)."""
+    return np.asarray(words, np.uint64).reshape(-1, 64)
+
+
 def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionConfig:
     """The selector's ws starting config for the shape with ``over`` applied; the row split
     is recomputed for the consumer count the overrides give unless they set it."""
@@ -107,12 +113,16 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--old-template", default="",
                     help="a copy of block_ws.cu.j2 (under templates/) timed as variant 'old'")
+    ap.add_argument("--old-format-bitmaps", action="store_true",
+                    help="variant 'old' gets the part bitmaps in the format's order (templates "
+                         "from before the fragment order of plan layout 7)")
     ap.add_argument("--exp-template", default="",
                     help="a template copy (under templates/) for the variants marked __exp__; "
                          "their configs skip the register-estimate pruning")
     args = ap.parse_args()
     if args.old_template:
-        VARIANTS["old"] = ({}, {"__template__": args.old_template})
+        VARIANTS["old"] = ({}, {"__template__": args.old_template,
+                                "__format_bitmaps__": args.old_format_bitmaps})
     profile = detect()
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     names = args.variants.split(",")
@@ -140,7 +150,10 @@ def main() -> int:
                 try:
                     cfg = base_config(fmt, profile, B, H, D, cfg_over)
                     tpl_over = dict(tpl_over)
-                    if tpl_over.pop("__noshare__", False):
+                    if tpl_over.pop("__format_bitmaps__", False):
+                        with unittest.mock.patch.object(ws_plan, "fragment_bitmaps", format_order):
+                            op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    elif tpl_over.pop("__noshare__", False):
                         with unittest.mock.patch.object(
                                 ws_launch, "plan_ws", functools.partial(plan_ws, share=False)):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)

@@ -14,7 +14,7 @@ namespace stofc_ort {
 namespace {
 
 constexpr char kPlanMagic[8] = {'S', 'T', 'O', 'F', 'A', 'P', 'L', 'N'};
-constexpr uint32_t kPlanVersion = 6;  // maskbin.PLAN_BIN_VERSION
+constexpr uint32_t kPlanVersion = 7;  // maskbin.PLAN_BIN_VERSION
 constexpr size_t kPlanHeaderBytes = 256;
 constexpr size_t kCountsAt = 128;
 constexpr int kBlockRowArrays = 7, kWsArrays = 8;

@@ -141,6 +141,45 @@ __device__ __forceinline__ void mask_step(float (&s_all)[M][4], const u32* bm32,
     }
 }
 
+/// The key mask of a contiguous step (`word`: step_key_word, bit i = key kbase + i) in
+/// mask_step_frag's fragment order: bits 4 n + e set where key 8 n + 2 t4 + e % 2 may be seen.
+template <int NB>
+__device__ __forceinline__ u32 frag_key_mask(u64 word, int t4) {
+    const u64 mine = word >> (2 * t4);
+    u32 m = 0u;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) m |= (static_cast<u32>(mine >> (8 * n)) & 3u) * 5u << (4 * n);
+    return m;
+}
+
+/// mask_step for the warp-specialised kernel, whose part tiles come in fragment order: `frag`
+/// holds this thread's 32 bits of a 64-key tile, bit 4 n + e for score s[OFF + n][e] (rows g /
+/// g+8 and keys 8 n + 2 t4 + e % 2: stofc/kernels/attention/ws_plan.py fragment_bitmaps), ~0u
+/// for a full tile. One shared-memory load per tile replaces two per n8 block, the key test
+/// (`need_keys`: a contiguous step whose key word is not all-ones; no gathered keys) is folded
+/// into `frag` once, and every score's test reads one constant bit.
+template <typename T, int NB, bool HAS_BIAS, bool HAS_KEY_BITS, int M = NB, int OFF = 0, int KS = 1>
+__device__ __forceinline__ void mask_step_frag(float (&s)[M][4], u32 frag, bool need_keys,
+                                               const StepKeys& keys, const T* br0, const T* br1,
+                                               float inv_scale, int t4) {
+    static_assert(OFF + NB <= M, "the step's keys must lie inside the score array");
+    static_assert(NB <= 8, "32 bits: at most 64 keys per call");
+    typedef DTypeTraits<T> DT;
+    if (need_keys) frag &= frag_key_mask<NB>(keys.word, t4);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool keep = (frag >> (4 * n + e)) & 1u;
+            if (HAS_BIAS && keep) {
+                const T* br = e < 2 ? br0 : br1;
+                s[OFF + n][e] += DT::to_float(br[KS * (keys.kbase + 8 * n + 2 * t4 + (e & 1))]) * inv_scale;
+            }
+            s[OFF + n][e] = keep ? s[OFF + n][e] : STOFC_NEG_INF;
+        }
+    }
+}
+
 /// The probabilities of one online-softmax step, in place: update the running max
 /// `m` and sum `l` (per row of the pair, this thread's partial sum), overwrite s
 /// with P = exp2(s * sl - max), and return in `alpha` the factor the output

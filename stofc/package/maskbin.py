@@ -170,7 +170,7 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #
 #    offset size field
 #         0    8 magic b"STOFAPLN"
-#         8    4 uint32 layout version (PLAN_BIN_VERSION = 6)
+#         8    4 uint32 layout version (PLAN_BIN_VERSION = 7)
 #        12    4 uint32 header size (PLAN_HEADER_BYTES = 256)
 #        16    4 int32  kind (0 block-wise, 1 row-wise, 2 warp-specialised)
 #        20    4 int32  tile T
@@ -191,13 +191,15 @@ def read_mask_binary(path: str | Path) -> MaskFormat:
 #                  q_perm int32 [R*T + 4] (-1 = none), row_orders int32 (rows = 1..R
 #                  concatenated: rows r starts at r*(r-1)/2)
 #                  ws: entry_key int32 (+1 sentinel 0), entry_part int32 (consumers per
-#                  entry, + consumers sentinels -2), bitmaps uint64 (>= 2 words), items int32 [heads, n_items, 5],
+#                  entry, + consumers sentinels -2), bitmaps uint64 (>= 2 words; fragment order,
+#                  ws_plan.fragment_bitmaps), items int32 [heads, n_items, 5],
 #                  orders int32 [heads, orders_per_head], combine int32 [heads, n_split, 3],
 #                  order_ptr int32 [pairs + 1], items_upto int32 [pairs + 1]
 
 PLAN_BIN_MAGIC = b"STOFAPLN"
+# 7: a ws plan's bitmaps are in fragment order (ws_plan.fragment_bitmaps; 6: the format's);
 # 6: a ws item's ``shared`` is 1 + w0 (5: 1 + w0 + consumers x the first scratch slot)
-PLAN_BIN_VERSION = 6
+PLAN_BIN_VERSION = 7
 PLAN_HEADER_BYTES = 256
 _PLAN_HEADER = struct.Struct("<8sIIiiiiii8i32s")
 _PLAN_COUNTS = struct.Struct("<16q")

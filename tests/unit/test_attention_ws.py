@@ -35,7 +35,15 @@ from stofc.kernels.attention.ws import (
     ws_stage_bytes,
     ws_stage_o,
 )
-from stofc.kernels.attention.ws_plan import FULL, SKIP, default_split, item_lengths, plan_ws
+from stofc.kernels.attention.ws_plan import (
+    FULL,
+    SKIP,
+    default_split,
+    format_bitmaps,
+    fragment_bitmaps,
+    item_lengths,
+    plan_ws,
+)
 from stofc.masks import encode
 from stofc.runtime import tensor_map
 from stofc.targets import get_profile
@@ -58,7 +66,7 @@ def decode(plan, fmt) -> np.ndarray:
     n = plan.pairs * rows_
     out = np.zeros((heads, n, n), bool)
     seen = np.zeros_like(out)
-    bits = unpack_bits(plan.bitmaps, 64) if plan.bitmaps.size else None
+    bits = unpack_bits(format_bitmaps(plan.bitmaps), 64) if plan.bitmaps.size else None
     for h in range(heads):
         for p, b, e, _, shared in plan.items[h]:
             if p < 0:
@@ -140,6 +148,28 @@ def test_plan_per_head_masks(consumers):
 def test_plan_refuses_other_consumer_counts():
     with pytest.raises(ValueError, match="2 to 4 consumer"):
         plan_ws(encode("causal", 256), consumers=5)
+
+
+def test_plan_bitmaps_are_in_fragment_order():
+    """Word 32 warp + lane of a part tile holds thread (warp, lane)'s scores: bit 4 n + e is
+    row 16 warp + g + 8 (e // 2), key 8 n + 2 t4 + e % 2 (wgmma's accumulator layout),
+    checked bit by bit against the dense tile; format_bitmaps undoes the order."""
+    rng = np.random.default_rng(3)
+    dense = rng.random((2, 256, 256)) < 0.4
+    fmt = format_from_dense(dense, 64)
+    plan = plan_ws(fmt, consumers=2)
+    n_part = len(fmt.part_bitmaps)
+    assert n_part > 0 and plan.bitmaps.shape == (n_part, 64)
+    assert np.array_equal(format_bitmaps(plan.bitmaps), fmt.part_bitmaps)
+    assert np.array_equal(fragment_bitmaps(fmt.part_bitmaps), plan.bitmaps)
+    tiles = unpack_bits(fmt.part_bitmaps, 64)                 # [n, row, key]
+    words = plan.bitmaps.view(np.uint32).reshape(n_part, 128)
+    warp, lane, n, e = np.meshgrid(np.arange(4), np.arange(32), np.arange(8), np.arange(4),
+                                   indexing="ij")
+    g, t4 = lane // 4, lane % 4
+    rows, keys = 16 * warp + g + 8 * (e // 2), 8 * n + 2 * t4 + e % 2
+    got = (words[:, 32 * warp + lane] >> (4 * n + e).astype(np.uint32)) & 1
+    assert np.array_equal(got.astype(bool), tiles[:, rows, keys])
 
 
 @pytest.mark.parametrize("consumers", [2, 3, 4])

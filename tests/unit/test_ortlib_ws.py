@@ -206,7 +206,7 @@ def test_per_head_plan_and_its_strides(ws_runtime, tmp_path):
 def test_plan_header_and_names():
     fmt = encode("causal", 256)
     blob = encode_attention_plan(launch_data(fmt, ws()))
-    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 6
+    assert blob[:8] == b"STOFAPLN" and int.from_bytes(blob[8:12], "little") == PLAN_BIN_VERSION == 7
     assert int.from_bytes(blob[12:16], "little") == PLAN_HEADER_BYTES == 256
     assert int.from_bytes(blob[16:20], "little") == 2                      # kind ws
     assert int.from_bytes(blob[36:40], "little") == 8                      # arrays
@@ -289,7 +289,7 @@ def test_cpp_reader_refuses_an_old_layout(driver, tmp_path):
     blob[8:12] = (1).to_bytes(4, "little")
     (tmp_path / "old.plan.bin").write_bytes(bytes(blob))
     (line,) = ask(driver, ("plan", {"path": str(tmp_path / "old.plan.bin")}))
-    assert "has layout version 1, this library reads 6" in line, line
+    assert "has layout version 1, this library reads 7" in line, line
 
 
 # ---------------------------------------------------------------- launch scalars = bind

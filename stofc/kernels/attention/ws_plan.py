@@ -76,7 +76,7 @@ class WsPlan:
     pair_ptr: np.ndarray      # int32 [num_heads, pairs + 1]
     entry_key: np.ndarray     # int32 [n + 1]: first key of the entry's tile (+ sentinel 0)
     entry_part: np.ndarray    # int32 [C * (n + 1)]: per entry, warpgroup 0, 1 (, 2)
-    bitmaps: np.ndarray       # uint64 [n_part, 64]: the format's part bitmaps
+    bitmaps: np.ndarray       # uint64 [n_part, 64]: the format's part bitmaps, fragment order
     items: np.ndarray         # int32 [num_heads, n_items, 4]
     order_ptr: np.ndarray     # int32 [pairs + 1]: offsets of each P's order (same per head)
     orders: np.ndarray        # int32 [num_heads, order_ptr[-1]]
@@ -232,7 +232,7 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
     entry_key = np.concatenate([*keys, [0]]).astype(np.int32)
     entry_part = np.concatenate([*(x.reshape(-1) for x in parts),
                                  [SKIP] * consumers]).astype(np.int32)
-    words = np.asarray(fmt.part_bitmaps, dtype=np.uint64).reshape(-1, (WS_TILE // 8) ** 2)
+    words = fragment_bitmaps(np.asarray(fmt.part_bitmaps, dtype=np.uint64))
 
     def ro(a: np.ndarray) -> np.ndarray:
         a = np.ascontiguousarray(a)
@@ -246,6 +246,38 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
         items_upto=ro(upto), combine=ro(comb_arr),
         slots=max(1, *slots_per_head),
         tiles_per_pair=ro(tiles), consumers=consumers)
+
+
+def fragment_bitmaps(words: np.ndarray) -> np.ndarray:
+    """The 64x64 part tiles' bitmaps (``[n, 64]`` uint64 in the format's order: word
+    ``ic * 8 + ir`` is 8x8 block (row ``ir``, key column ``ic``), bit ``8 r + c``) in the ws
+    kernel's fragment order: the same 512 bytes per tile read as 128 uint32 words, word
+    ``32 warp + lane`` holding what consumer thread ``(warp, lane)`` of a warpgroup tests.
+    With ``g = lane // 4``, ``t4 = lane % 4``, its bit ``4 n + e`` is score ``s[n][e]`` of
+    wgmma's accumulator layout: row ``16 warp + g + 8 (e // 2)``, key ``8 n + 2 t4 + e % 2``.
+    One shared-memory load per tile and thread then replaces two per n8 block, and every
+    test reads a bit at a constant position (block_tile.cuh ``mask_step_frag``). Inverse:
+    :func:`format_bitmaps`."""
+    words = np.ascontiguousarray(words, dtype="<u8").reshape(-1, 64)
+    n = words.shape[0]
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    # [tile, ic, warp, e//2, g, t4, e%2]: ir = 2 warp + e//2, r = g, c = 2 t4 + e%2
+    bits = bits.reshape(n, 8, 4, 2, 8, 4, 2)
+    frag = bits.transpose(0, 2, 4, 5, 1, 3, 6)          # [tile, warp, g, t4 | n, e//2, e%2]
+    packed = np.packbits(np.ascontiguousarray(frag).reshape(n, 128, 32), axis=-1,
+                         bitorder="little")
+    return np.ascontiguousarray(packed).reshape(n, 512).view("<u8").astype(np.uint64)
+
+
+def format_bitmaps(frag: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`fragment_bitmaps`: ``[n, 64]`` uint64 in the format's order."""
+    frag = np.ascontiguousarray(frag, dtype="<u8").reshape(-1, 64)
+    n = frag.shape[0]
+    bits = np.unpackbits(frag.view(np.uint8), bitorder="little")
+    bits = bits.reshape(n, 4, 8, 4, 8, 2, 2).transpose(0, 4, 1, 5, 2, 3, 6)
+    packed = np.packbits(np.ascontiguousarray(bits).reshape(n, 64, 64), axis=-1,
+                         bitorder="little")
+    return np.ascontiguousarray(packed).reshape(n, 512).view("<u8").astype(np.uint64)
 
 
 def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,

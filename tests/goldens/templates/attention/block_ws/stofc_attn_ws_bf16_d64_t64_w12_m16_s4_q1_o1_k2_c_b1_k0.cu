@@ -14,9 +14,10 @@
 // with register-A wgmma (four warpgroups: from smem) while the previous tile's O += P V runs (intra-warpgroup
 // overlap; with ROWSUM_MMA the same group sums P's rows by a wgmma against ones), and
 // with PINGPONG the warpgroups take turns (round robin) issuing their
-// GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the tiles its own tile row does not
-// hold; full tiles evaluate no mask; part tiles test the 8x8 bitmaps at fragment
-// granularity; key padding, bias and soft-capping are block_tile.cuh's. With PERIOD > 1
+// GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the
+// tiles its own tile row does not hold; full tiles evaluate no mask; part tiles test their
+// bitmaps, which the ws plan stores in fragment order (one 32-bit word per thread and tile:
+// ws_plan.fragment_bitmaps); key padding, bias and soft-capping are block_tile.cuh's. With PERIOD > 1
 // (a dilated mask split by residue) each residue's rows are a sequence of their own.
 // A shared chunk of a split row (a global row walking alone past its band) gives every
 // warpgroup that tile row's Q and every CONSUMERS-th entry, without turns; warpgroup 0
@@ -74,7 +75,7 @@ constexpr int Q_PANEL = ROWS * 128;        // bytes of one Q panel (every warpgr
 constexpr int Q_WG = TILE * 128;           // bytes of one warpgroup's rows of a Q panel
 constexpr int KV_PANEL = TILE * 128;       // bytes of one K (or V) panel
 constexpr int KV_BYTES = PANELS * KV_PANEL;
-constexpr int BM_BYTES = ITN * ITN * 8;    // one part tile's bitmaps
+constexpr int BM_BYTES = ITN * ITN * 8;    // one part tile's bitmaps (128 threads x 32 bits)
 constexpr int Q_BYTES = PANELS * Q_PANEL;   // one Q buffer
 constexpr int OFF_K = Q_BUFS * Q_BYTES;
 constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots of a panel
@@ -133,14 +134,15 @@ __device__ __forceinline__ void s_tile(float (&sc)[NS][4], const u32 (&qf)[QF][4
     }
 }
 
-/// Mask tile HH of a step (n8 blocks HH*NB..): part tile bitmaps at bm32 (or nullptr),
-/// the runtime key word and the bias; see block_tile.cuh mask_step.
+/// Mask tile HH of a step (n8 blocks HH*NB..): this thread's 32 bits of the part tile in
+/// fragment order (~0u: a full tile), the runtime key word and the bias; see block_tile.cuh
+/// mask_step_frag.
 template <int HH>
-__device__ __forceinline__ void mask_tile(float (&sc)[NS][4], const u32* bm32, int ir,
-                                          bool need_keys, const StepKeys& keys, const T* br0,
-                                          const T* br1, float inv_scale, int g, int t4) {
-    mask_step<T, NB, ITN, HAS_BIAS, HAS_KEY_BITS, NS, HH * NB, PERIOD>(
-        sc, bm32, 0, ir, need_keys, keys, br0, br1, inv_scale, g, t4);
+__device__ __forceinline__ void mask_tile(float (&sc)[NS][4], u32 frag, bool need_keys,
+                                          const StepKeys& keys, const T* br0, const T* br1,
+                                          float inv_scale, int t4) {
+    mask_step_frag<T, NB, HAS_BIAS, HAS_KEY_BITS, NS, HH * NB, PERIOD>(
+        sc, frag, need_keys, keys, br0, br1, inv_scale, t4);
 }
 
 /// S of both tiles of a two-tile step as ONE m64n128 GEMM per k-step: their K panels lie
@@ -413,7 +415,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
     // ones (ROWSUM_MMA): the two 8 x 16-byte core matrices of a k16 step 128 bytes apart
     const u64 desc_ones = plain_desc(base + OFF_ONES, 128, 128);
     auto parity_of = [&](Ring p, int hh) { return ring_at(p, hh).par; };
-    // A K slot also holds the step's bitmaps, read by every thread in mask_step: each warp
+    // A K slot also holds the step's bitmaps, read by every thread in mask_tile: each warp
     // releases it once all its lanes are past their reads.
     auto release_k = [&](Ring i0) {
         __syncwarp();
@@ -493,15 +495,16 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
                                                                      key_words, residue);
             const bool need_keys = kword != ~0ull;
             if (part[hh] >= 0 || need_keys || HAS_BIAS) {
-                const u32* bm32 = part[hh] >= 0
+                // a part tile's bitmaps are in fragment order: word tid is this thread's
+                const u32 frag = part[hh] >= 0
                     ? reinterpret_cast<const u32*>(base_ptr + OFF_BM +
-                                                   (slot_of(i0, hh) * CONSUMERS + w) * BM_BYTES) + (g >> 2)
-                    : nullptr;
+                                                   (slot_of(i0, hh) * CONSUMERS + w) * BM_BYTES)[tid]
+                    : ~0u;
                 const StepKeys keys{key[hh], nullptr, kvl, kbits, kword};
                 if (hh == 0)
-                    mask_tile<0>(sc, bm32, 2 * warp, need_keys, keys, br0, br1, inv_scale, g, t4);
+                    mask_tile<0>(sc, frag, need_keys, keys, br0, br1, inv_scale, t4);
                 else
-                    mask_tile<H1>(sc, bm32, 2 * warp, need_keys, keys, br0, br1, inv_scale, g, t4);
+                    mask_tile<H1>(sc, frag, need_keys, keys, br0, br1, inv_scale, t4);
             }
         }
         if (ROWSUM_MMA) {
