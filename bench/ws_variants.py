@@ -53,6 +53,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "s2": ({"stages": 2}, {}),
     "s3": ({"stages": 3}, {}),
     "s4": ({"stages": 4}, {}),
+    # rings deeper than the search space's 2..4 (ws.WS_STAGES), pruning skipped
+    "s5": ({"stages": 5}, {"__noprune__": True}),
+    "s6": ({"stages": 6}, {"__noprune__": True}),
     "q_smem": ({}, {"q_in_regs": "false"}),
     # P's row sums by FADD trees in the softmax instead of the ones wgmma (ws.WS_ROWSUM_MMA)
     "rowsum_off": ({}, {"rowsum_mma": "false"}),
@@ -152,6 +155,9 @@ def main() -> int:
                     tpl_over = dict(tpl_over)
                     if tpl_over.pop("__format_bitmaps__", False):
                         with unittest.mock.patch.object(ws_plan, "fragment_bitmaps", format_order):
+                            op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    elif tpl_over.pop("__noprune__", False):
+                        with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     elif tpl_over.pop("__noshare__", False):
                         with unittest.mock.patch.object(

@@ -288,6 +288,7 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                               (4, "float16", 128, False, False, False))] + [
     KernelSpec(ws(stages=s, consumers=4, pingpong=pp), "float16", 64, b, k, has_softcap=c)
     for s, pp, b, k, c in ((4, True, False, True, False),          # four consumers: head_dim 64
+                           (6, False, True, True, True),           # (their six-stage ring)
                            (3, False, True, True, True))] + [
     KernelSpec(ws(stages=s, consumers=c, period=p), dt, d, b, k)     # residue splits
     for s, c, p, dt, d, b, k in ((4, 2, 2, "float16", 64, True, True),

@@ -46,7 +46,9 @@ WS_CC = (9, 0)                 # setmaxnreg, wgmma and the TMA path: sm_90a only
 WS_HEAD_DIMS = (64, 128, 256)  # whole 128-byte swizzle panels
 WS_TILE = 64
 WS_WARPS = (12, 16, 20)        # producer + two, three or four consumer warpgroups
-WS_STAGES = (2, 3, 4)
+# ring depths: 5 ran level with 6 where both fit (four consumers at head_dim 64,
+# ws-variants-stages-c4-h100-2026-11-27.jsonl), so the search space keeps one of them
+WS_STAGES = (2, 3, 4, 6)
 # consumers -> (producer, consumer) registers; the sum never exceeds the block's registers at
 # entry (ptxas: 65536 / threads, rounded down to 8: 168, 128, 96), which setmaxnreg only moves
 # (four: 24 x 128 + 4 x 112 x 128 <= 96 x 640; 120 each hung the block in setmaxnreg)
@@ -202,7 +204,7 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
     if c.gather or c.permute:
         return "ws: the TMA producer loads contiguous 64-key tiles (no gathered or permuted walk)"
     if c.stages not in WS_STAGES:
-        return "ws: stages must be 2..4 (the ring of K/V tiles)"
+        return "ws: stages must be 2, 3, 4 or 6 (the ring of K/V tiles)"
     if c.kstep not in KSTEPS:
         return "ws: a softmax step covers 1 or 2 tiles of 64 keys"
     if c.stages < 2 * c.kstep:

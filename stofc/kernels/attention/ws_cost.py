@@ -124,7 +124,8 @@ D128_COSTS = {2: EntryCost(1059.0, 0.0, 71.0, 4.53), 3: EntryCost(1444.0, 0.0, 7
 # (ws_pingpong); at 8K they skip 0 (dense), 1-5% (causal), 25% (bands), 35% (Longformer), 57%
 # (BigBird)
 PINGPONG_MAX_SKIPPED = 0.10
-D64_STAGES = 4          # head_dim 64: see ws_stages
+D64_STAGES = 4          # head_dim 64, two or three consumers: see ws_stages
+D64_C4_STAGES = 6       # head_dim 64, four consumers: see ws_stages
 D128_STAGES = 3         # head_dim 128, two consumers: see ws_stages
 STAGES = 2              # head_dim 256 (three stages do not fit), and 128 with three consumers
 
@@ -135,6 +136,11 @@ def ws_stages(head_dim: int, consumers: int) -> int:
     * head_dim 64: four. Three ran 1-10% faster than two (ws-diag); four against three is
       level on dense and causal rows (+-0.5%) and 1-6% faster on windows, Longformer,
       BigBird and dilated bands (ws-variants-stages, ws-variants-consumers-stages-d64);
+    * head_dim 64 with four consumers: six (214.5 KB with two Q buffers). Their tile rows'
+      walks are offset by up to three entries (a band's union walk), so four slots left the
+      producer nothing to load ahead for the leading warpgroup: at (1, 12, 8192) six ran
+      Longformer 3.5%, +-256 4%, +-64 5.5% and BigBird 1% faster than four, dense and causal
+      level (ws-variants-stages-c4-h100-2026-11-27.jsonl, both orders; five level with six);
     * head_dim 128, two consumer warpgroups (the selector's pick there for windows and
       sparse masks): three, 1-10% faster than two on every such mask
       (mha-hopper-h100-2026-11-26-d128c3, +-64 windows the most; ws-variants-stages);
@@ -142,7 +148,7 @@ def ws_stages(head_dim: int, consumers: int) -> int:
       (ws-variants-d128-c3); head_dim 256: two (three do not fit in shared memory).
     """
     if head_dim <= 64:
-        return D64_STAGES
+        return D64_C4_STAGES if consumers == 4 else D64_STAGES
     if head_dim <= 128 and consumers == 2:
         return D128_STAGES
     return STAGES
