@@ -63,6 +63,12 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "no_pingpong": ({"pingpong": False}, {}),
     "pingpong": ({"pingpong": True}, {}),
     "c4": ({"warps": 20}, {}),                          # four (head_dim 64; Q from smem)
+    # each count at head_dim 64 with its own ring depth (ws_cost.ws_stages) and the turns
+    # ws_pingpong gives it on sparse masks (two: always; three: never; four: not past 10%
+    # skipped pairs, so not on bands, Longformer or BigBird)
+    "c2s4": ({"warps": 12, "stages": 4, "pingpong": True}, {}),
+    "c3s4": ({"warps": 16, "stages": 4, "pingpong": False}, {}),
+    "c4s6": ({"warps": 20, "stages": 6, "pingpong": False}, {}),
     # each consumer count with and without ping-pong turns (a calibration of D64_COSTS)
     **{f"c{c}{tag}": ({"warps": 4 * (c + 1), "pingpong": pp}, {})
        for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},
