@@ -182,7 +182,7 @@ def fit_variants(paths: list[str], column: str, consumers: int, head_dim: int = 
                                   consumers=consumers)
             plan = plan_ws(fmt, split_tiles=split, consumers=consumers)
             v = r.get(column)
-            if v is None and column == f"c{consumers}":     # the turns ws_pingpong takes
+            if v is None and column.startswith(f"c{consumers}"):   # the turns ws_pingpong takes
                 v = r.get(f"{column}{'pp' if ws_pingpong(plan) else 'np'}")
             if not isinstance(v, list):
                 continue

@@ -35,7 +35,7 @@ from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
-from stofc.kernels.attention.ws_cost import ws_config
+from stofc.kernels.attention.ws_cost import ws_config, ws_stages
 from stofc.kernels.attention.ws_plan import consumers_of, default_split, plan_ws
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
@@ -63,6 +63,10 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "no_pingpong": ({"pingpong": False}, {}),
     "pingpong": ({"pingpong": True}, {}),
     "c4": ({"warps": 20}, {}),                          # four (head_dim 64; Q from smem)
+    # each count at head_dim 64 with its own ring depth (ws_cost.ws_stages), with and without
+    # turns (a calibration of D64_COSTS: bench/ws_calibrate.py --column cNd)
+    **{f"c{c}d{tag}": ({"warps": 4 * (c + 1), "pingpong": pp, "stages": ws_stages(64, c)}, {})
+       for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},
     # each count at head_dim 64 with its own ring depth (ws_cost.ws_stages) and the turns
     # ws_pingpong gives it on sparse masks (two: always; three: never; four: not past 10%
     # skipped pairs, so not on bands, Longformer or BigBird)

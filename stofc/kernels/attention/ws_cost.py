@@ -28,7 +28,12 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   12.8% at worst (the same H=4 Longformer row). Longformer is the family the form misses
   most (0.86-1.02x with four, 0.89-1.08x with three, in both directions at H=4): its global
   rows' shared chunks merge their warpgroups' partials in the block, which no term charges;
-  five Longformer rows per count do not determine such a term.
+  five Longformer rows per count do not determine such a term. All three counts refitted
+  on the kernel with part tiles in fragment order and four consumers on six stages
+  (``ws-variants-d64-consumers-fragbits-h100-2026-11-27.jsonl``, ``--column c2d|c3d|c4d``):
+  within 0.92-1.06x (two), 0.92-1.11x (three), 0.87-1.06x (four); the picks over the 35 rows
+  are the old constants' (0.8% behind the fastest on average, 10.1% at worst: the H=4
+  Longformer row; +-64 windows at (2, 16384) take three where four are 4.6% faster).
 * **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
   per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
@@ -113,9 +118,13 @@ class EntryCost:
 # ws-variants-d64-consumers-qbufs-h100-2026-11-27 (the same 35 runs once four read Q from two
 # buffers, ws.ws_q_buffers; was 511 / 170 / 390); that call refits two and three within
 # 4% / 11 ns of these (648 / 57 / 235, 500 / 162 / 237), so they stay.
-D64_COSTS = {2: EntryCost(624.0, 68.0, 248.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
-             3: EntryCost(512.0, 156.0, 236.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
-             4: EntryCost(488.0, 180.0, 341.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
+# All three refitted once part tiles came in fragment order (ws_plan.fragment_bitmaps) and four
+# got six stages: ws-variants-d64-consumers-fragbits-h100-2026-11-27 (the same 35 runs, each
+# count at its ws_stages ring, columns c2dpp / c3dnp / c4dpp or c4dnp); the entry and
+# per-warpgroup terms moved by <= 22 ns, the part-tile terms fell from 248 / 236 / 341 ns.
+D64_COSTS = {2: EntryCost(619.0, 75.0, 136.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
+             3: EntryCost(515.0, 155.0, 144.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
+             4: EntryCost(466.0, 184.0, 211.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
 # 2: bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
 # 3: bench/ws_calibrate.py --variants over ws-variants-d128-c3-h100-2026-11-26 (2-stage ring;
 #    part tiles fixed at 71 ns)
