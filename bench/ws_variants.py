@@ -54,9 +54,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "s2": ({"stages": 2}, {}),
     "s3": ({"stages": 3}, {}),
     "s4": ({"stages": 4}, {}),
-    # rings deeper than the search space's 2..4 (ws.WS_STAGES), pruning skipped
+    # five stages are outside the search space (ws.WS_STAGES): pruning skipped
     "s5": ({"stages": 5}, {"__noprune__": True}),
-    "s6": ({"stages": 6}, {"__noprune__": True}),
+    "s6": ({"stages": 6}, {}),
     "q_smem": ({}, {"q_in_regs": "false"}),
     # P's row sums by FADD trees in the softmax instead of the ones wgmma (ws.WS_ROWSUM_MMA)
     "rowsum_off": ({}, {"rowsum_mma": "false"}),
@@ -68,9 +68,8 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # turns (a calibration of D64_COSTS: bench/ws_calibrate.py --column cNd)
     **{f"c{c}d{tag}": ({"warps": 4 * (c + 1), "pingpong": pp, "stages": ws_stages(64, c)}, {})
        for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},
-    # each count at head_dim 64 with its own ring depth (ws_cost.ws_stages) and the turns
-    # ws_pingpong gives it on sparse masks (two: always; three: never; four: not past 10%
-    # skipped pairs, so not on bands, Longformer or BigBird)
+    # the same, only with the turns ws_pingpong gives each count on sparse masks (two: always;
+    # three: never; four: not past 10% skipped pairs, so not on bands, Longformer or BigBird)
     "c2s4": ({"warps": 12, "stages": 4, "pingpong": True}, {}),
     "c3s4": ({"warps": 16, "stages": 4, "pingpong": False}, {}),
     "c4s6": ({"warps": 20, "stages": 6, "pingpong": False}, {}),
