@@ -68,11 +68,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # turns (a calibration of D64_COSTS: bench/ws_calibrate.py --column cNd)
     **{f"c{c}d{tag}": ({"warps": 4 * (c + 1), "pingpong": pp, "stages": ws_stages(64, c)}, {})
        for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},
-    # the same, only with the turns ws_pingpong gives each count on sparse masks (two: always;
-    # three: never; four: not past 10% skipped pairs, so not on bands, Longformer or BigBird)
-    "c2s4": ({"warps": 12, "stages": 4, "pingpong": True}, {}),
-    "c3s4": ({"warps": 16, "stages": 4, "pingpong": False}, {}),
-    "c4s6": ({"warps": 20, "stages": 6, "pingpong": False}, {}),
+    # (ws-variants-consumers-c4s6-h200 and ws-variants-32k-stages-h200, 2026-11-27, name
+    # c2dpp / c3dnp / c4dnp c2s4 / c3s4 / c4s6: each count with the turns ws_pingpong gives it
+    # on sparse masks)
     # each consumer count with and without ping-pong turns (a calibration of D64_COSTS)
     **{f"c{c}{tag}": ({"warps": 4 * (c + 1), "pingpong": pp}, {})
        for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},

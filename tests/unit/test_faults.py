@@ -519,9 +519,6 @@ def test_a_stopped_library_build_leaves_no_compiler_and_no_build_dir(example, fa
     assert "/.build-" not in lines[-1] and "(source: " + str(ROOT / "cuda" / "ort") in lines[-1]
 
 
-# ---------------------------------------------------------------- concurrency
-
-
 @pytest.mark.slow
 def test_a_stop_while_the_reaper_starts_its_command_still_kills_it(fake_cxx, tmp_path):
     """Defect (CI, 2026-11-27): a stop that reached a reaper between its fork and Popen's
@@ -543,6 +540,10 @@ def test_a_stop_while_the_reaper_starts_its_command_still_kills_it(fake_cxx, tmp
     assert _our_processes(marker) == []                   # the command died with it
 
 
+# ---------------------------------------------------------------- concurrency
+
+
+@pytest.mark.slow
 def test_concurrent_compiles_into_one_directory_and_one_cache(example, private_cache, tmp_path):
     """Two compiles at once, same output, same (cold) kernel cache: both succeed, the result
     is one complete package, every cache entry is whole, nothing temporary is left."""
