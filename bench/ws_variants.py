@@ -35,7 +35,7 @@ from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
-from stofc.kernels.attention.ws_cost import ws_config, ws_stages
+from stofc.kernels.attention.ws_cost import ws_config, ws_split, ws_stages
 from stofc.kernels.attention.ws_plan import consumers_of, default_split, plan_ws
 from stofc.masks import encode, to_dense
 from stofc.masks.decode import stats
@@ -75,6 +75,7 @@ VARIANTS = {                       # name: (config overrides, template overrides
     **{f"c{c}{tag}": ({"warps": 4 * (c + 1), "pingpong": pp}, {})
        for c in (2, 3, 4) for tag, pp in (("pp", True), ("np", False))},
     "kstep2": ({"kstep": 2, "stages": 4}, {}),
+    "c2k2": ({"warps": 12, "kstep": 2, "stages": 4}, {}),   # FA4's head_dim-128 shape: 128 x 128
     # (three consumers at head_dim 128 read Q from shared memory: ws_q_in_regs; the
     # committed ws-variants-d128-c3 file names that variant "c3q", run before the product did)
     "c3_s3": ({"warps": 16, "stages": 3}, {}),
@@ -92,6 +93,10 @@ VARIANTS = {                       # name: (config overrides, template overrides
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
     # one Q buffer where the product takes two (ws.ws_q_buffers): the A/B of the second
     "q1": ({}, {"q_bufs": 1}),
+    # the outliers' split only, no tail split (ws_cost.tail_split) of a partial last wave
+    "notail": ({"__notail__": True}, {}),
+    "notail_b": ({"__notail__": True}, {}),             # a second pass of each, same call
+    "base_b": ({}, {}),
     **{f"c{c}{tag}_q1": ({"warps": 4 * (c + 1), "pingpong": pp}, {"q_bufs": 1})
        for c in (3, 4) for tag, pp in (("pp", True), ("np", False))},
 }
@@ -108,13 +113,21 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionCo
     cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D)
     if cfg is None:
         raise ValueError("no ws config for this shape")
+    over = dict(over)                       # VARIANTS' own dicts stay as they are
+    notail = over.pop("__notail__", False)
     cfg = replace(cfg, **over)
     if "split" in over:
-        return cfg
+        return replace(cfg, split_rows=over.get("split_rows", 0))
     walked = split_format(fmt, cfg.period)
-    return replace(cfg, split=default_split(walked, batch=B * cfg.period, heads=H,
-                                            sm_count=profile.sm_count,
-                                            consumers=consumers_of(cfg.warps)))
+    if notail:
+        return replace(cfg, split=default_split(walked, batch=B * cfg.period, heads=H,
+                                                sm_count=profile.sm_count,
+                                                consumers=consumers_of(cfg.warps)),
+                       split_rows=0)
+    split, rows = ws_split(walked, profile, consumers=consumers_of(cfg.warps),
+                           batch=B * cfg.period, heads=H, seq_len=-(-fmt.seq_len // cfg.period),
+                           head_dim=D)
+    return replace(cfg, split=split, split_rows=rows)
 
 
 def main() -> int:

@@ -335,3 +335,30 @@ def test_shared_chunks_of_global_rows(head_dim, consumers, dtype):
         res = run_case(fmt, dense, cfg, batch=2, heads=4, seq=seq, head_dim=head_dim,
                        dtype=dtype, seed=_seed("wsshared2", head_dim, consumers, seq), **kw)
         _check(res, dtype, f"seq={seq} {sorted(kw)}")
+
+
+# ---------------------------------------------------------------- tail split (split_rows)
+@pytest.mark.parametrize("spec", ["dense", "causal", "sliding:window=600,causal=true"])
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 4, "float16"), (128, 2, "bfloat16"),
+                                                      (128, 3, "bfloat16")])
+def test_tail_split_rows(spec, head_dim, consumers, dtype):
+    """``split_rows``: only the longest rows (the earlier first among equals) go through the
+    combine, the others write O directly, in one launch; checked at L_max, with lengths,
+    padding bits and bias, and on a run shorter than L_max that launches some split rows."""
+    from dataclasses import replace
+
+    from stofc.kernels.attention.ws_plan import consumers_of, plan_ws
+    fmt, dense = encoded(spec, 1500)
+    cfg = replace(ws(split=8, consumers=consumers), split_rows=2)
+    plan = plan_ws(fmt, split_tiles=8, consumers=consumers_of(cfg.warps), split_rows=2)
+    split_rows = plan.combine[0][:, 0]
+    assert (split_rows >= 0).sum() == 2 and plan.pairs > 2       # two split, the rest whole
+    assert ((plan.items[0][:, 3] < 0) & (plan.items[0][:, 0] >= 0)).any()
+    rng = np.random.default_rng(_seed("wstail", spec, head_dim, consumers))
+    key_mask = (rng.random((2, 1500)) < 0.85).astype(np.int32)
+    for seq, kw in ((1500, dict(key_mask=key_mask, bias_shape=(2, 1, 1500, 1500))),
+                    (1500, dict(seq_lens=[1500, 901], kv_heads=1)),
+                    (700, {})):
+        res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=seq, head_dim=head_dim,
+                       dtype=dtype, seed=_seed("wstail2", spec, head_dim, consumers, seq), **kw)
+        _check(res, dtype, f"{spec} seq={seq} {sorted(kw)}")

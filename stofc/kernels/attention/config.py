@@ -24,7 +24,9 @@ Warp-specialised (``kind="ws"``, Hopper, :mod:`.ws`): a producer warpgroup strea
 K/V with the Tensor Memory Accelerator into a ``stages``-deep ring, two consumer
 warpgroups own 64 query rows each (two tile rows of T=64); ``pingpong`` makes the
 consumers alternate their GEMMs; ``split`` cuts walks longer than that many tiles
-into chunks merged by a combine kernel (0: no split); ``period`` > 1 walks a dilated
+into chunks merged by a combine kernel (0: no split), ``split_rows`` > 0 only the longest
+``split_rows`` of them per head (a tail split that fills the last wave of a launch of
+equal rows); ``period`` > 1 walks a dilated
 mask's residues apart (:mod:`.residue`).
 """
 
@@ -64,6 +66,7 @@ class AttentionConfig:
     permute: bool = False  # block-wise: residue permutation of queries and keys (runtime data)
     mma: str = "sync"      # block-wise: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
     split: int = 0         # ws: walks longer than this many tiles are split (0: never)
+    split_rows: int = 0    # ws: at most this many pair rows per head are split (0: all)
     pingpong: bool = True  # ws: the two consumer warpgroups alternate their GEMMs
     kstep: int = 1         # ws: 64-key tiles per softmax step (1 or 2)
     period: int = 1        # ws: residue split of a dilated mask (1: none; .residue)

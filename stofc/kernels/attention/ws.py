@@ -34,8 +34,8 @@ from stofc.kernels.attention.config import DTYPES, AttentionConfig, KernelSpec, 
 from stofc.kernels.attention.family import AttentionFamily, AttentionProblem
 from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
-from stofc.kernels.attention.residue import PERIODS, choose_period
-from stofc.kernels.attention.ws_cost import ws_config, ws_estimate
+from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
+from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
 from stofc.kernels.attention.ws_plan import ITEM_FIELDS, consumers_of
 from stofc.kernels.registry import register
@@ -211,6 +211,8 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: the ring must hold two steps (stages >= 2 x tiles per step) to load ahead"
     if c.split < 0 or (c.split and c.split < 8):
         return "ws: split is 0 (never) or at least 8 tiles per chunk"
+    if c.split_rows < 0 or (c.split_rows and not c.split):
+        return "ws: split_rows is 0 (every row longer than split) or limits a split's rows"
     if c.mma != "wgmma":
         return "ws: the consumers use wgmma"
     if c.period != 1 and c.period not in PERIODS:
@@ -265,6 +267,7 @@ class AttentionWs(AttentionFamily):
                 f"stages={c.stages}"
                 f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
                 f"{f' split={c.split}' if c.split else ''}"
+                f"{f' split_rows={c.split_rows}' if c.split_rows else ''}"
                 f"{f' residues={c.period}' if c.period > 1 else ''}")
 
     def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
@@ -298,7 +301,30 @@ class AttentionWs(AttentionFamily):
         chosen = choose_period(problem.fmt)
         if chosen is not None:
             configs = configs + [replace(c, period=chosen[0]) for c in configs]
-        return configs, extra
+        return configs + self._tail_splits(configs, problem, profile), extra
+
+    @staticmethod
+    def _tail_splits(configs: list[AttentionConfig], problem: AttentionProblem,
+                     profile: GpuProfile) -> list[AttentionConfig]:
+        """The unsplit configs again with the tail split the cost model gives their consumer
+        count and residue split on this shape (:func:`~.ws_cost.ws_split`), where it gives
+        one: which rows to cut depends on the shape, so the space's fixed splits miss it."""
+        tails: dict[tuple[int, int], tuple[int, int]] = {}
+        out = []
+        for c in configs:
+            if c.split:
+                continue
+            key = (ws_consumers(c), c.period)
+            if key not in tails:
+                walked = split_format(problem.fmt, c.period)
+                tails[key] = ws_split(walked, profile, consumers=key[0],
+                                      batch=problem.batch * c.period, heads=problem.heads,
+                                      seq_len=-(-problem.seq_len // c.period),
+                                      head_dim=problem.head_dim)
+            split, rows = tails[key]
+            if rows:
+                out.append(replace(c, split=split, split_rows=rows))
+        return out
 
     def entry_points(self, spec: KernelSpec) -> tuple[str, ...]:
         return (spec.name, f"{spec.name}_combine")
@@ -359,4 +385,5 @@ class AttentionWs(AttentionFamily):
         walk uses."""
         rows = "" if ws_consumers(config) == 2 else f"-c{ws_consumers(config)}"
         return (f"ws{rows}{f'-split{config.split}' if config.split else ''}"
+                f"{f'x{config.split_rows}' if config.split_rows else ''}"
                 f"{f'-p{config.period}' if config.period > 1 else ''}")

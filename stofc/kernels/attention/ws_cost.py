@@ -16,7 +16,7 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   9.72 / 10.37 us for two / three, and three's for four), which its runs of 128 to 512 tokens
   set (these long runs trade the two against each other: a free fit put the wave term
   negative), and a launch that splits rows COMBINE_US; the
-  walk time is the busiest block's under the kernel's deal (:func:`dealt_loads`), not the
+  walk time is the busiest block's under the kernel's deal (:func:`~.ws_balance.dealt_loads`), not the
   mean, which put three consumers at B=1 H=4 L=8192 (172 works on 132 SMs) 1.4x short.
   Within 0.89-1.06x (two), 0.89-1.10x (three) and 0.88-1.07x (four) of those 35 runs each.
   The selector's pick over the 35 rows: 0.6% slower than the fastest of the three on
@@ -55,7 +55,9 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
 All are per-SM times on the calibration H100; another Hopper GPU scales them by its
 per-SM tensor rate. The grid runs one block per SM; the longest item bounds the time
 from below, which the row split (:func:`~stofc.kernels.attention.ws_plan.default_split`)
-keeps short.
+keeps short. Where no row is an outlier but the works leave a partial last wave (dense
+rows at (1, 16, 8192) head_dim 128: 688 works on 132 SMs), :func:`ws_split` cuts a few
+rows instead (:func:`~.ws_balance.tail_split`, ``AttentionConfig.split_rows``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ import numpy as np
 
 from stofc.kernels.attention.config import AttentionConfig, prune
 from stofc.kernels.attention.residue import choose_period, split_format
+from stofc.kernels.attention.ws_balance import COMBINE_US, dealt_loads, tail_split
 from stofc.kernels.attention.ws_plan import (
     CONSUMERS,
     SKIP,
@@ -88,10 +91,6 @@ WS_BLOCK_US = 6.0
 # estimate is 3-4 us short too (bench/results/ws-diag-short-h100-2026-11-26.jsonl). So
 # the two compare as measured there: ws ahead at (2, 512), level at (1, 128).
 LAUNCH_US = 4.0
-# The combine kernel of a launch that splits rows: CUPTI put it at 5.4 / 6.1 us per launch in
-# BERT-base's (1, 8192) Longformer / BigBird packages (e2e-long-h100-2026-11-26-combine), and
-# one stream launch after the main kernel adds about a microsecond.
-COMBINE_US = 6.0
 # How far the block-wise model's estimate falls short of short runs (3-4 us at (1, 128) to
 # (8, 512), ws-diag-short-h100-2026-11-26): a fitted ws launch constant is charged net of it,
 # as LAUNCH_US is, so the two kernels compare as measured there.
@@ -192,33 +191,6 @@ def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: fl
     return np.where(ok, ns, 0.0)
 
 
-def dealt_loads(plan: WsPlan, per_item: list[np.ndarray], seq_len: int, *, heads: int,
-                batch: int, sm_count: int) -> np.ndarray:
-    """Each block's total of a per-item quantity under the kernel's deal of a run of
-    ``seq_len``: work ``w`` is head ``w % H``, then batch, then the item in launch order
-    (longest first), dealt in snaking waves of ``min(works, SMs)`` blocks
-    (``ws_work_index``, ws.cuh). ``per_item[h]``: head ``h``'s value of each of its items
-    (one array for a walk every head shares). A launch lasts as long as its busiest
-    block: the mean where works are many and alike, up to 1.5x the mean where a partial
-    last wave gives some blocks one work more (B=1 H=4 L=8192: 172 works of three tile rows
-    on 132 SMs), and the longest work where works are fewer than SMs."""
-    off, n = plan.launch_items(seq_len)
-    ordered = [v[plan.orders[h, off:off + n]] for h, v in enumerate(per_item)]
-    if len(ordered) == 1:               # one walk for every head and batch
-        work = np.repeat(ordered[0], heads * batch)
-    else:                               # per-head walks: [item, batch, head]
-        work = np.repeat(np.stack(ordered, axis=1)[:, None, :], batch, axis=1).reshape(-1)
-    if work.size == 0:
-        return np.zeros(1)
-    grid = min(sm_count, work.size)
-    waves = -(-work.size // grid)
-    flat = np.zeros(waves * grid)
-    flat[:work.size] = work
-    dealt = flat.reshape(waves, grid)
-    dealt[1::2] = dealt[1::2, ::-1]     # odd waves run backwards over the blocks
-    return np.asarray(dealt.sum(axis=0))
-
-
 def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, batch: int,
                 heads: int, seq_len: int, head_dim: int) -> float:
     """Estimated microseconds of the ws kernel (and its combine) for one launch. A residue
@@ -228,7 +200,7 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     if cfg.period > 1:
         fmt = split_format(fmt, cfg.period)
         batch, seq_len = batch * cfg.period, -(-seq_len // cfg.period)
-    plan = plan_ws(fmt, split_tiles=cfg.split, consumers=consumers)
+    plan = plan_ws(fmt, split_tiles=cfg.split, consumers=consumers, split_rows=cfg.split_rows)
     per_fmt_head = heads if fmt.num_heads == 1 else 1
     sm_tflops = profile.fp16_tflops / profile.sm_count
     costs = [_item_ns(plan, h, seq_len, head_dim, sm_tflops) for h in range(plan.num_heads)]
@@ -246,6 +218,33 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     launch_us = costs_k[consumers].launch_us if costs_k else LAUNCH_US
     combine = COMBINE_US if plan.splits else 0.0
     return walk * 1e-3 + waves * wave_us + launch_us + combine
+
+
+def _launch_costs(plan: WsPlan, profile: GpuProfile, *, seq_len: int, head_dim: int
+                  ) -> tuple[list[np.ndarray], float]:
+    """Per format head, the per-SM ns of each item of ``plan`` a run of ``seq_len`` does, and
+    the per-item ns a block pays besides its walk (start, Q load, epilogue: the model's
+    wave term, which every block pays once per item it takes)."""
+    sm_tflops = profile.fp16_tflops / profile.sm_count
+    costs = [_item_ns(plan, h, seq_len, head_dim, sm_tflops) for h in range(plan.num_heads)]
+    table = D64_COSTS if head_dim <= 64 else D128_COSTS if head_dim <= 128 else None
+    wave_us = table[plan.consumers].wave_us if table else WS_BLOCK_US
+    return costs, wave_us * 1e3
+
+
+def ws_split(fmt: MaskFormat, profile: GpuProfile, *, consumers: int, batch: int, heads: int,
+             seq_len: int, head_dim: int) -> tuple[int, int]:
+    """``(split, split_rows)`` of a ws launch walking ``fmt`` (a residue split's mask, with
+    ``batch`` counting its residues): :func:`~.ws_plan.default_split` where some row is an
+    outlier, else :func:`~.ws_balance.tail_split` (0, 0 where neither pays)."""
+    split = default_split(fmt, batch=batch, heads=heads, sm_count=profile.sm_count,
+                          consumers=consumers)
+    if split:
+        return split, 0
+    plan = plan_ws(fmt, consumers=consumers)
+    costs, item_ns = _launch_costs(plan, profile, seq_len=seq_len, head_dim=head_dim)
+    return tail_split(plan, costs, item_ns, profile, batch=batch, heads=heads,
+                      head_dim=head_dim)
 
 
 def skipped_share(plan: WsPlan) -> float:
@@ -305,9 +304,11 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
                                 period=period)
         if prune(probe, head_dim, profile) is not None:     # before the split's plan_ws
             continue
-        cfg = replace(probe, split=default_split(walked, batch=batch * period, heads=heads,
-                                                 sm_count=profile.sm_count,
-                                                 consumers=consumers))
+        split, split_rows = ws_split(walked, profile, consumers=consumers,
+                                     batch=batch * period, heads=heads,
+                                     seq_len=-(-(seq_len or fmt.seq_len) // period),
+                                     head_dim=head_dim)
+        cfg = replace(probe, split=split, split_rows=split_rows)
         us = ws_estimate(fmt, profile, cfg, batch=batch, heads=heads,
                          seq_len=seq_len or fmt.seq_len, head_dim=head_dim)
         if best is None or us < best[0]:
@@ -315,5 +316,6 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     if best is None:
         return None
     _, cfg, walked = best
-    plan = plan_ws(walked, split_tiles=cfg.split, consumers=consumers_of(cfg.warps))
+    plan = plan_ws(walked, split_tiles=cfg.split, consumers=consumers_of(cfg.warps),
+                   split_rows=cfg.split_rows)
     return replace(cfg, pingpong=ws_pingpong(plan))

@@ -115,7 +115,8 @@ def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
     become two zero words, empty orders one zero), for the CuPy runtime and the CUDA twin
     alike."""
     walked = split_format(fmt, config.period)
-    plan = plan_ws(walked, split_tiles=config.split, consumers=consumers_of(config.warps))
+    plan = plan_ws(walked, split_tiles=config.split, consumers=consumers_of(config.warps),
+                   split_rows=config.split_rows)
 
     def flat(a, dtype) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=dtype).ravel()

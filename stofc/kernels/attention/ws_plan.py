@@ -155,10 +155,27 @@ def consumers_of(warps: int) -> int:
     return warps // 4 - 1
 
 
+def split_pairs(lengths: np.ndarray, split_tiles: int, split_rows: int) -> np.ndarray:
+    """Which pair rows of one head (entries per pair row: ``lengths``) :func:`plan_ws`
+    splits: those longer than ``split_tiles`` (none if 0), and with ``split_rows`` > 0 only
+    the ``split_rows`` longest of them, the earlier row first among equal lengths (a run
+    shorter than L_max launches the first pair rows, so a tail split of equal rows stays in
+    it). A boolean mask over the pair rows."""
+    lengths = np.asarray(lengths, np.int64)
+    out = (lengths > split_tiles) if split_tiles > 0 else np.zeros(lengths.size, bool)
+    if split_rows > 0 and int(out.sum()) > split_rows:
+        ranked = np.lexsort((np.arange(lengths.size), -lengths))    # longest, then first
+        keep = ranked[out[ranked]][:split_rows]
+        out = np.zeros(lengths.size, bool)
+        out[keep] = True
+    return out
+
+
 def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
-            share: bool = True) -> WsPlan:
+            share: bool = True, split_rows: int = 0) -> WsPlan:
     """The ws kernel's walk of ``fmt`` (tile 64) for blocks of ``consumers`` warpgroups,
-    with rows longer than ``split_tiles`` entries split into chunks (0: never split), the
+    with rows longer than ``split_tiles`` entries split into chunks (0: never split; with
+    ``split_rows`` > 0 only that many of them per head, :func:`split_pairs`), the
     chunks one warpgroup computes alone shared (module doc; ``share=False``: none).
     Raises ValueError for another tile or consumer count."""
     if fmt.tile != WS_TILE:
@@ -178,14 +195,16 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
         head_items: list[tuple[int, int, int, int, int]] = []
         head_combine: list[tuple[int, int, int]] = []
         slot = 0
-        for p in range(pairs):
-            k, pt = _pair_lists(fmt, h, p, consumers)
+        lists = [_pair_lists(fmt, h, p, consumers) for p in range(pairs)]
+        cut = split_pairs(np.array([k.size for k, _ in lists], np.int64), split_tiles,
+                          split_rows)
+        for p, (k, pt) in enumerate(lists):
             ptr[h, p] = total
             keys.append(k)
             parts.append(pt)
             n = k.size
             tiles[h, p] = n
-            chunks = _chunks(n, split_tiles)
+            chunks = _chunks(n, split_tiles if cut[p] else 0)
             if len(chunks) == 1:
                 head_items.append((p, total, total + n, -1, -1))     # w0 -1: not shared
             else:
