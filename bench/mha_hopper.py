@@ -42,7 +42,7 @@ from triton.testing import do_bench
 
 from stofc.kernels.attention import AttentionConfig, prune, select_kernel
 from stofc.kernels.attention.residue import choose_period
-from stofc.kernels.attention.ws_plan import default_split
+from stofc.kernels.attention.ws_cost import ws_split
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
@@ -120,15 +120,46 @@ def ws_configs(fmt, B, H, profile, quick, sweep=False):
     chosen = choose_period(fmt)                  # a dilated mask: also walked by residue
     periods = [(1, fmt)] + ([chosen] if chosen is not None else [])
     for (period, walked), (consumers, stages, pp, ks) in itertools.product(periods, grid):
-        split = default_split(walked, batch=B * period, heads=H, sm_count=profile.sm_count,
-                              consumers=consumers)
+        probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
+                                pingpong=pp, kstep=ks, period=period)
+        if prune(probe, D_OF[0], profile) is not None:     # before the split's cost model
+            continue
+        split, rows = ws_split(walked, profile, consumers=consumers, batch=B * period, heads=H,
+                               seq_len=walked.seq_len, head_dim=D_OF[0])
         cfgs.append(AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                                    split=split, pingpong=pp, kstep=ks, period=period))
+                                    split=split, split_rows=rows, pingpong=pp, kstep=ks,
+                                    period=period))
     return [c for c in cfgs if prune(c, D_OF[0], profile) is None]
 
 
+def time_paired(rounds, fa4_call, configs, fmt, qkv, sdtype, D, profile, stream, q,
+                dtype) -> dict:
+    """FA4 and stofc's ``configs`` (the selector's pick, the fastest candidate) timed in
+    turn, ``rounds`` times: the GPU's clock follows its power draw and temperature, so a
+    kernel timed right after an idle spell (the reference, a compile) can run faster than
+    one timed after a minute of tensor work. Each one's times, medians, and FA4's median
+    over the faster stofc config's."""
+    calls = {"fa4": fa4_call}
+    for cfg in configs:
+        if cfg.describe() in calls:
+            continue
+        op = AttentionOp(fmt, cfg, sdtype, D, profile)
+        out = torch.empty_like(q)
+        oc = cp.asarray(out) if dtype == torch.float16 else cp.asarray(out.view(torch.int16)).view(cp.uint16)
+        bound = op.bind(*qkv, oc, layout="bshd")
+        calls[cfg.describe()] = lambda b=bound: b.launch(stream)
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for key, fn in calls.items():
+            times[key].append(bench(fn))
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    stofc_best = min(v for k, v in med.items() if k != "fa4")
+    return {"rounds": rounds, "ms": times, "median_ms": med,
+            "vs_fa4": round(med["fa4"] / stofc_best, 3)}
+
+
 def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = False,
-             flex: bool = False) -> list[dict]:
+             flex: bool = False, paired: int = 0) -> list[dict]:
     B, H, L, D, dt = case.split(":")
     B, H, L, D = int(B), int(H), int(L), int(D)
     D_OF[0] = D
@@ -215,6 +246,12 @@ def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = Fa
             rec["stofc_ms"], rec["stofc_config"], rec["stofc_tflops"] = best["ms"], best["config"], best["tflops"]
             for key, ms in anchors.items():
                 rec[f"vs_{key}"] = round(ms / best["ms"], 3)
+            if paired and "fa4" in anchors:
+                best_cfg = next(c for _, c in cands if c.describe() == best["config"])
+                rec["paired"] = time_paired(
+                    paired, lambda c=fa_mask: fa4(q, k, v, causal=c[0], window_size=c[1]),
+                    [choice.config, best_cfg], fmt, (qc, kc, vc), sdtype, D, profile, stream,
+                    q, dtype)
         print(json.dumps(rec), flush=True)
         out_rows.append(rec)
         del ref, dense
@@ -228,6 +265,9 @@ def main() -> int:
     ap.add_argument("--masks", default=",".join(MASKS))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="every ring depth x ping-pong")
+    ap.add_argument("--paired", type=int, default=0, metavar="N",
+                    help="then time FA4, the selector's pick and the fastest candidate in "
+                         "turn, N rounds (medians in each row's 'paired')")
     ap.add_argument("--flex", action="store_true",
                     help="also FlexAttention (compiled) on the masks FA4 cannot express")
     args = ap.parse_args()
@@ -237,7 +277,8 @@ def main() -> int:
     t0 = time.time()
     rows = []
     for case in args.cases.split():
-        rows += run_case(case, args.masks.split(","), profile, args.quick, args.sweep, args.flex)
+        rows += run_case(case, args.masks.split(","), profile, args.quick, args.sweep, args.flex,
+                         args.paired)
     gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
     stem = f"mha-hopper-{gpu}-{datetime.date.today().isoformat()}"
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fa4": FA4_ERROR or "ok",

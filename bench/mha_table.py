@@ -38,6 +38,18 @@ def table(rows: list[dict]) -> str:
             f"{'-' if sel is None else sel} | "
             f"{r.get('stofc_config', '-')} | {r.get('vs_fa4', '-')} | {r.get('vs_cudnn', '-')} | "
             f"{r.get('vs_sdpa_bool', '-')} | {r.get('vs_flex', '-')} |")
+    paired = [r for r in rows if "paired" in r]
+    if paired:
+        lines += ["", "Paired (`--paired`): FA4, the selector's pick and the fastest candidate "
+                  "timed in turn; medians in ms.", "",
+                  "| case | mask | rounds | FA4 ms | stofc ms (fastest of the two) | vs FA4 |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in paired:
+            p = r["paired"]
+            med = p["median_ms"]
+            ours = min(v for k, v in med.items() if k != "fa4")
+            lines.append(f"| {r['case']} | {r['mask']} | {p['rounds']} | {med['fa4']:.4f} | "
+                         f"{ours:.4f} | {p['vs_fa4']} |")
     return "\n".join(lines)
 
 
