@@ -229,6 +229,8 @@ WS = [  # mask, L_max, config: split rows + combine, two tiles per step, no ping
     # dilated masks walked by residue: maps stepping 2 / 4 rows, P times the works
     ("dilated:window=256,dilation=2", 1024, ws_config(stages=4, split=8, period=2)),
     ("dilated:window=200,dilation=4", 1024, ws_config(warps=16, stages=3, period=4)),
+    # the tail split: only the first pair row cut, the others written directly
+    ("dense", 1024, ws_config(warps=16, split=8, split_rows=1)),
 ]
 
 
@@ -476,9 +478,11 @@ LONGFORMER = "longformer:window=64,global=16"
     ("fp16", ws_config(warps=16, stages=3), LONGFORMER, 2),
     ("fp16", ws_config(stages=4, split=8, period=2), "dilated:window=128,dilation=2", 2),
     ("fp16", ws_config(warps=20, stages=4, split=8), LONGFORMER, 4),
-    ("bf16", ws_config(warps=20, stages=4, pingpong=False), "causal", 4)],
+    ("bf16", ws_config(warps=20, stages=4, pingpong=False), "causal", 4),
+    ("bf16", ws_config(warps=16, split=8, split_rows=2), "causal", 2)],
     ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers",
-         "fp16-residue-split", "fp16-4consumers-split-d64", "bf16-4consumers-causal-d64"])
+         "fp16-residue-split", "fp16-4consumers-split-d64", "bf16-4consumers-causal-d64",
+         "bf16-3consumers-tail-split"])
 def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
                                                  config, mask, heads):
     """A package whose attention is the warp-specialised kernel (head_dim 128 with two heads,

@@ -220,6 +220,9 @@ CASES = [  # id, format, config, H, Hkv, kpm, bias, packed, SMs
      132),
     ("gqa-packed", lambda: encode("causal", 512), ws(split=4 * 2), 4, 1, False, False, True, 3),
     ("per-head-split", lambda: per_head_format(700), ws(split=8), 2, 2, True, False, False, 16),
+    # the tail split: one pair row cut, the others written directly
+    ("tail-split", lambda: encode("dense", 1024), replace(ws(split=8), split_rows=1),
+     2, 2, True, False, False, 132),
 ]
 
 
