@@ -267,7 +267,7 @@ class AttentionWs(AttentionFamily):
                 f"stages={c.stages}"
                 f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
                 f"{f' split={c.split}' if c.split else ''}"
-                f"{f' split_rows={c.split_rows}' if c.split_rows else ''}"
+                f"{f' (the {c.split_rows} longest rows per head: a tail split)' if c.split_rows else ''}"
                 f"{f' residues={c.period}' if c.period > 1 else ''}")
 
     def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
