@@ -14,8 +14,8 @@ import pytest
 
 from stofc.kernels.attention import AttentionConfig, prune
 from stofc.kernels.attention.ws import AttentionWs
-from stofc.kernels.attention.ws_balance import TAIL_MIN_GAIN, dealt_loads
-from stofc.kernels.attention.ws_cost import _item_ns, ws_config, ws_split
+from stofc.kernels.attention.ws_balance import TAIL_MIN_GAIN, combine_us, dealt_loads
+from stofc.kernels.attention.ws_cost import _item_ns, _item_overhead_ns, ws_config, ws_split
 from stofc.kernels.attention.ws_launch import ws_launch_data
 from stofc.kernels.attention.ws_plan import plan_ws, split_pairs
 from stofc.masks import encode
@@ -56,10 +56,36 @@ def test_plan_cuts_only_split_rows(consumers):
     assert (items[order][-8:, 3] >= 0).all() and (items[order][:-8, 3] < 0).all()
 
 
-def _busiest(plan, B, H, L, D):
-    costs = [_item_ns(plan, h, L, D, H100.fp16_tflops / H100.sm_count)
-             for h in range(plan.num_heads)]
+def _busiest(plan, B, H, L, D, overhead=0.0):
+    """The busiest block's ns under the kernel's deal of the real plan (each launched item
+    paying ``overhead`` besides its walk)."""
+    costs = []
+    for h in range(plan.num_heads):
+        items = plan.items[h]
+        launched = (items[:, 0] >= 0) & (items[:, 0] * plan.rows < L)
+        costs.append(_item_ns(plan, h, L, D, H100.fp16_tflops / H100.sm_count)
+                     + overhead * launched)
     return float(dealt_loads(plan, costs, L, heads=H, batch=B, sm_count=H100.sm_count).max())
+
+
+@pytest.mark.parametrize("spec,L,run", [("dense", 8192, 8192), ("dense", 8192, 5000),
+                                        ("dense", 16384, 8192)])
+def test_the_estimate_is_the_plans_own(spec, L, run):
+    """What tail_split estimates for its pick is what the plan plan_ws builds from it gives
+    under the kernel's deal, also where a package for L_max runs shorter: the rows cut are
+    chosen by their full length, as plan_ws chooses them, and chunks past the run are empty
+    items that still cost a block their overhead."""
+    fmt = encode(spec, L, tile=64)
+    split, rows = ws_split(fmt, H100, consumers=3, batch=1, heads=16, seq_len=run, head_dim=128)
+    assert rows > 0
+    unsplit, tailed = (plan_ws(fmt, consumers=3),
+                       plan_ws(fmt, split_tiles=split, consumers=3, split_rows=rows))
+    over = _item_overhead_ns(unsplit, 128)
+    before = _busiest(unsplit, 1, 16, run, 128, over)
+    after = _busiest(tailed, 1, 16, run, 128, over)
+    items = tailed.items[0]
+    chunks = int(((items[:, 3] >= 0) & (items[:, 0] * 192 < run)).sum()) * 16
+    assert after * 1e-3 + combine_us(chunks, 192, 128, H100) < before * 1e-3 * (1 - TAIL_MIN_GAIN)
 
 
 def test_tail_split_fills_the_partial_last_wave():
@@ -86,6 +112,9 @@ def test_tail_split_fills_the_partial_last_wave():
     ("dense", 2, 12, 16384, 16384, 64),
     ("dense", 1, 12, 128, 128, 64),       # fewer works than SMs: nothing to fill
     ("dense", 1, 16, 8192, 1000, 128),    # a package for 8192 run at 1000 rows: 96 works
+    # a package for 32K run at 8K: each row's run is its first 128 of 512 entries, and a cut
+    # row's chunks past the run are items that cost a block its overhead and do nothing
+    ("dense", 1, 16, 32768, 8192, 128),
 ])
 def test_no_tail_split_where_the_waves_are_balanced(spec, B, H, L, run, D):
     fmt = encode(spec, L, tile=64)

@@ -10,6 +10,8 @@ last wave (``AttentionConfig.split_rows``, :func:`~.ws_plan.split_pairs`), and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from stofc.kernels.attention.ws_plan import WsPlan, split_pairs
@@ -65,56 +67,95 @@ def deal(ordered: list[np.ndarray], *, heads: int, batch: int, sm_count: int) ->
     return np.asarray(dealt.sum(axis=0))
 
 
-def tail_split(plan: WsPlan, costs: list[np.ndarray], item_ns: float, profile: GpuProfile, *,
-               batch: int, heads: int, head_dim: int) -> tuple[int, int]:
+def chunk_costs(cum: np.ndarray, starts: np.ndarray, lengths: np.ndarray, split: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair row of one head cut as :func:`~.ws_plan.plan_ws` cuts a row longer than
+    ``split`` entries (``_chunks``: near-equal, edges rounded alike): each chunk's row, its
+    index in the row, its entries and its cost ``cum[end] - cum[begin]`` (``cum``: the
+    entries' cumulative cost; ``starts`` / ``lengths``: each row's first entry and count)."""
+    k = np.where(lengths > split, -(-lengths // split), 1)
+    row = np.repeat(np.arange(lengths.size), k)
+    i = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    n, kk = lengths[row], k[row]
+    a = np.round(i * n / kk).astype(np.int64)
+    b = np.round((i + 1) * n / kk).astype(np.int64)
+    return row, i, b - a, cum[starts[row] + b] - cum[starts[row] + a]
+
+
+def launch_order(rows: np.ndarray, index: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """The order the kernel launches items in, given each item's pair row, index in its row
+    (0 for a whole row) and entries: ``plan_ws``'s, most entries of the full walk first
+    (not the run's), ties in plan order (row, then chunk)."""
+    pos = np.lexsort((index, rows))
+    return pos[np.argsort(-entries[pos], kind="stable")]
+
+
+def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfile, *,
+               batch: int, heads: int, seq_len: int, head_dim: int) -> tuple[int, int]:
     """``(split, split_rows)`` that fill a launch's last wave, or ``(0, 0)``.
 
-    ``plan`` is the unsplit walk, ``costs`` per format head the per-SM ns of each of its items
-    in the run (0: not launched), ``item_ns`` what a block pays per item besides its walk
-    (the cost model's, :mod:`.ws_cost`). Where its works are alike (dense, or any mask whose
-    longest-first deal leaves a partial last wave), the busiest block takes one work more
-    than the mean: at (1, 16, 8192) head_dim 128 with three consumers, 688 works of 128
-    entries on 132 SMs give 28 blocks six works where the mean is 5.2, 15% above it.
-    Cutting a few of the longest pair rows into chunks (:func:`~.ws_plan.split_pairs`) puts
-    small works at the end of the longest-first order, which the deal spreads over the
-    blocks that took one work fewer. Candidates: chunks of ``ceil(longest / c)`` entries for
-    ``c`` in TAIL_CHUNKS (at least 8 entries, ``ws_prune``), the first 1 to TAIL_MAX_ROWS
-    longest rows per head; each is estimated as the busiest block under the kernel's deal
-    (:func:`deal`; per item its walk plus the wave term) plus the combine
-    (:func:`combine_us`). Taken only where it is estimated TAIL_MIN_GAIN faster than no split (the
-    combine, the partial O's fp32 traffic and the estimate's error are what it must beat);
-    launches whose busiest block is within that of the mean are not searched."""
-    live = [c > 0 for c in costs]
-    lengths = [np.where(ok, t, 0) for ok, t in zip(live, plan.tiles_per_pair, strict=True)]
+    ``plan`` is the unsplit walk, ``cum`` its entries' cumulative per-SM ns in the run of
+    ``seq_len`` (keys past it cost nothing), ``item_ns`` what a block pays per item besides
+    its walk (the cost model's, :mod:`.ws_cost`). Where the works are alike (dense, or any
+    mask whose longest-first deal leaves a partial last wave), the busiest block takes one
+    work more than the mean: at (1, 16, 8192) head_dim 128 with three consumers, 688 works
+    of 128 entries on 132 SMs give 28 blocks six works where the mean is 5.2, 15% above it.
+    Cutting a few of the longest pair rows into chunks (:func:`~.ws_plan.split_pairs`: the
+    rows ``plan_ws`` cuts, by their full length, not the run's) puts small works at the end
+    of the longest-first order, which the deal spreads over the blocks that took one work
+    fewer. Candidates: chunks of ``ceil(longest / c)`` entries for ``c`` in TAIL_CHUNKS (at
+    least MIN_SPLIT entries, ``ws_prune``), the 1 to TAIL_MAX_ROWS longest rows per head;
+    each is estimated as the busiest block under the kernel's deal (:func:`deal`; per item
+    its entries in the run plus ``item_ns``, a chunk whose keys all lie past the run too)
+    plus the combine (:func:`combine_us`). A chunk one warpgroup computes alone would be
+    shared and cheaper; the estimate does not count that. Taken only where it is estimated
+    TAIL_MIN_GAIN faster than no split (the combine, the fp32 partials and the estimate's
+    error are what it must beat); launches whose busiest block is within that of the mean
+    are not searched."""
     per_fmt_head = heads if plan.num_heads == 1 else 1
+    rows_of = np.arange(plan.pairs)
+    launched = rows_of * plan.rows < seq_len
+    ptr = np.asarray(plan.pair_ptr, np.int64)
+    starts = [ptr[h, :-1] for h in range(plan.num_heads)]
+    lengths = [ptr[h, 1:] - ptr[h, :-1] for h in range(plan.num_heads)]
+    whole = [cum[ptr[h, 1:]] - cum[ptr[h, :-1]] for h in range(plan.num_heads)]
 
-    def busiest(split: int, rows: int) -> tuple[float, int]:
-        """(busiest block ns, live chunks over the launch) with rows cut at ``split``."""
+    def busiest(split: int, rows: int,
+                cuts: Sequence[tuple[np.ndarray, ...]] | None) -> tuple[float, int]:
+        """(busiest block ns, launched chunks over the launch) with ``rows`` rows cut."""
         ordered, chunks = [], 0
-        for cost, ok, n in zip(costs, live, lengths, strict=True):
-            cut = split_pairs(n, split, rows) & ok if split else np.zeros(n.size, bool)
-            k = np.where(cut, -(-n // max(split, 1)), 1)
-            per = np.repeat(cost / k, k)[np.repeat(ok, k)] + item_ns
-            chunks += int(k[cut].sum())
-            ordered.append(np.sort(per)[::-1])
+        for h in range(plan.num_heads):
+            cut = (split_pairs(lengths[h], split, rows) if split and cuts is not None
+                   else np.zeros(plan.pairs, bool)) & launched
+            kept = np.nonzero(launched & ~cut)[0]            # whole rows, one item each
+            parts = [(kept, np.zeros(kept.size, np.int64), lengths[h][kept], whole[h][kept])]
+            if cut.any():
+                assert cuts is not None                      # a cut needs the chunks
+                crow, cidx, cent, ccost = cuts[h]
+                sel = cut[crow]
+                parts.append((crow[sel], cidx[sel], cent[sel], ccost[sel]))
+                chunks += int(sel.sum())
+            row, idx, ent, cost = (np.concatenate(x) for x in zip(*parts, strict=True))
+            ordered.append(cost[launch_order(row, idx, ent)] + item_ns)
         total = deal(ordered, heads=heads, batch=batch, sm_count=profile.sm_count)
         return float(total.max()), chunks * per_fmt_head * batch
 
-    base, _ = busiest(0, 0)
-    works = sum(int(ok.sum()) for ok in live) * per_fmt_head * batch
-    mean = sum(float(c.sum()) for c in costs) * per_fmt_head * batch / profile.sm_count
-    mean += item_ns * works / profile.sm_count
+    base, _ = busiest(0, 0, None)
+    works = int(launched.sum()) * plan.num_heads * per_fmt_head * batch
+    walk = sum(float(w[launched].sum()) for w in whole) * per_fmt_head * batch
+    mean = (walk + item_ns * works) / profile.sm_count
     if works == 0 or base <= mean * (1.0 + TAIL_MIN_GAIN):
         return 0, 0
-    longest = max(int(n.max()) for n in lengths)
+    longest = max(int(n[launched].max()) for n in lengths)
     best = (base * 1e-3 * (1.0 - TAIL_MIN_GAIN), 0, 0)
     for c in TAIL_CHUNKS:
         split = -(-longest // c)
         if split < MIN_SPLIT:
             continue
-        cuttable = max(int((n > split).sum()) for n in lengths)
+        cuts = [chunk_costs(cum, starts[h], lengths[h], split) for h in range(plan.num_heads)]
+        cuttable = max(int(((n > split) & launched).sum()) for n in lengths)
         for rows in range(1, min(cuttable, TAIL_MAX_ROWS) + 1):
-            ns, chunks = busiest(split, rows)
+            ns, chunks = busiest(split, rows, cuts)
             us = ns * 1e-3 + combine_us(chunks, plan.rows, head_dim, profile)
             if us < best[0]:
                 best = (us, split, rows)

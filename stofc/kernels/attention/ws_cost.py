@@ -172,8 +172,9 @@ def _entry_flags(plan: WsPlan, seq_len: int) -> tuple[np.ndarray, np.ndarray, np
     return live.astype(np.float64), active, masked
 
 
-def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: float) -> np.ndarray:
-    """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does."""
+def _entry_cum_ns(plan: WsPlan, seq_len: int, head_dim: int, sm_tflops: float) -> np.ndarray:
+    """Cumulative per-SM nanoseconds of the walk's entries in a run of ``seq_len`` (``[n + 1]``,
+    from 0): an item ``begin..end`` costs ``cum[end] - cum[begin]``."""
     live, active, masked = _entry_flags(plan, seq_len)
     if head_dim <= 128:
         k = (D64_COSTS if head_dim <= 64 else D128_COSTS)[plan.consumers]
@@ -183,7 +184,12 @@ def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: fl
         tile_flops = 4.0 * 64 * 64 * head_dim
         work = active + (MASKED_TILE_COST - 1.0) * masked
         per_entry = work * tile_flops / (WS_EFFICIENCY_D128 * sm_tflops * 1e12) * 1e9
-    cum = np.concatenate([[0.0], np.cumsum(per_entry)])
+    return np.concatenate([[0.0], np.cumsum(per_entry)])
+
+
+def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: float) -> np.ndarray:
+    """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does."""
+    cum = _entry_cum_ns(plan, seq_len, head_dim, sm_tflops)
     items = plan.items[head]
     ok = (items[:, 0] >= 0) & (items[:, 0] * plan.rows < seq_len)
     ns = cum[items[:, 2]] - cum[items[:, 1]]
@@ -220,16 +226,11 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     return walk * 1e-3 + waves * wave_us + launch_us + combine
 
 
-def _launch_costs(plan: WsPlan, profile: GpuProfile, *, seq_len: int, head_dim: int
-                  ) -> tuple[list[np.ndarray], float]:
-    """Per format head, the per-SM ns of each item of ``plan`` a run of ``seq_len`` does, and
-    the per-item ns a block pays besides its walk (start, Q load, epilogue: the model's
-    wave term, which every block pays once per item it takes)."""
-    sm_tflops = profile.fp16_tflops / profile.sm_count
-    costs = [_item_ns(plan, h, seq_len, head_dim, sm_tflops) for h in range(plan.num_heads)]
+def _item_overhead_ns(plan: WsPlan, head_dim: int) -> float:
+    """What a block pays per item besides its walk (start, Q load, epilogue): the model's wave
+    term, which every block pays once per item it takes."""
     table = D64_COSTS if head_dim <= 64 else D128_COSTS if head_dim <= 128 else None
-    wave_us = table[plan.consumers].wave_us if table else WS_BLOCK_US
-    return costs, wave_us * 1e3
+    return (table[plan.consumers].wave_us if table else WS_BLOCK_US) * 1e3
 
 
 def ws_split(fmt: MaskFormat, profile: GpuProfile, *, consumers: int, batch: int, heads: int,
@@ -242,9 +243,9 @@ def ws_split(fmt: MaskFormat, profile: GpuProfile, *, consumers: int, batch: int
     if split:
         return split, 0
     plan = plan_ws(fmt, consumers=consumers)
-    costs, item_ns = _launch_costs(plan, profile, seq_len=seq_len, head_dim=head_dim)
-    return tail_split(plan, costs, item_ns, profile, batch=batch, heads=heads,
-                      head_dim=head_dim)
+    cum = _entry_cum_ns(plan, seq_len, head_dim, profile.fp16_tflops / profile.sm_count)
+    return tail_split(plan, cum, _item_overhead_ns(plan, head_dim), profile, batch=batch,
+                      heads=heads, seq_len=seq_len, head_dim=head_dim)
 
 
 def skipped_share(plan: WsPlan) -> float:
