@@ -521,16 +521,36 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         alpha_prev[1] = alpha[1];
         rescale_prev = __any_sync(0xffffffffu, moved);
     };
-    // the entries of step t (key, this warpgroup's part; SKIP past the walk), prefetched
+    // entry i of the work's walk: its key and this warpgroup's part (SKIP past the walk)
+    auto entry_at = [&](int i, int& key, int& part) {
+        const int j = begin + min(i, max(n - 1, 0));
+        key = entry_key[j];
+        const bool mine = i < n && (shared == 0 || i % CONSUMERS == w);
+        part = mine ? entry_part[CONSUMERS * j + (shared ? shared - 1 : w)] : SKIP;
+    };
+    // The entries of step t, fetched one step ahead; the steps of a work ask for t = 0, 1, ...
+    // in order. One tile per step: lane l holds entry t0 + l of a batch of 32 steps, so a
+    // step takes its entry by two shuffles (uniform values) instead of two dependent loads
+    // and their address arithmetic; the next batch loads a step before it is needed.
+    int batch_key = 0, batch_part = SKIP, next_key = 0, next_part = SKIP;
     auto fetch = [&](int t, int (&key)[KSTEP], int (&part)[KSTEP]) {
+        if constexpr (KSTEP == 1) {
+            if (t == 0) {
+                entry_at(lane, batch_key, batch_part);
+            } else if ((t & 31) == 0) {
+                batch_key = next_key;
+                batch_part = next_part;
+            }
+            key[0] = __shfl_sync(0xffffffffu, batch_key, t & 31);
+            part[0] = __shfl_sync(0xffffffffu, batch_part, t & 31);
+            if ((t & 31) == 31) entry_at(t + 1 + lane, next_key, next_part);
+        } else {
 #pragma unroll
-        for (int hh = 0; hh < KSTEP; ++hh) {
-            const int i = t * KSTEP + hh;
-            const int j = begin + min(i, max(n - 1, 0));
-            key[hh] = entry_key[j];
-            const bool mine = i < n && (shared == 0 || i % CONSUMERS == w);
-            const int row = shared ? shared - 1 : w;
-            part[hh] = mine ? __shfl_sync(0xffffffffu, entry_part[CONSUMERS * j + row], 0) : SKIP;
+            for (int hh = 0; hh < KSTEP; ++hh) {
+                int p = SKIP;
+                entry_at(t * KSTEP + hh, key[hh], p);
+                part[hh] = __shfl_sync(0xffffffffu, p, 0);   // uniform in the compiler's eyes
+            }
         }
     };
 
