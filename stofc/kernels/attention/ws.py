@@ -37,7 +37,7 @@ from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
-from stofc.kernels.attention.ws_plan import ITEM_FIELDS, consumers_of
+from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MIN_SPLIT, consumers_of
 from stofc.kernels.registry import register
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
@@ -209,8 +209,8 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: a softmax step covers 1 or 2 tiles of 64 keys"
     if c.stages < 2 * c.kstep:
         return "ws: the ring must hold two steps (stages >= 2 x tiles per step) to load ahead"
-    if c.split < 0 or (c.split and c.split < 8):
-        return "ws: split is 0 (never) or at least 8 tiles per chunk"
+    if c.split < 0 or (c.split and c.split < MIN_SPLIT):
+        return f"ws: split is 0 (never) or at least {MIN_SPLIT} tiles per chunk"
     if c.split_rows < 0 or (c.split_rows and not c.split):
         return "ws: split_rows is 0 (every row longer than split) or limits a split's rows"
     if c.mma != "wgmma":

@@ -14,23 +14,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stofc.kernels.attention.ws_plan import WsPlan, split_pairs
+from stofc.kernels.attention.ws_plan import MIN_SPLIT, WsPlan, split_pairs
 from stofc.targets import GpuProfile
 
 # The combine kernel of a launch that splits rows: CUPTI put it at 5.4 / 6.1 us per launch in
 # BERT-base's (1, 8192) Longformer / BigBird packages (e2e-long-h100-2026-11-26-combine), and
 # one stream launch after the main kernel adds about a microsecond.
 COMBINE_US = 6.0
-# tail_split: chunk counts tried, the most pair rows per head it cuts, the smallest chunk
-# (ws_prune's least split) and the estimated gain it must promise. The gain measured is about
-# half the estimate (a last wave of few blocks runs faster than the model's per-SM rate: the
-# H100 averaged 1936 MHz at 150-400 W and 1738 MHz above 600 W,
-# mha-hopper-h100-2026-11-28-paired-clocks.csv): head_dim 128 dense at (1, 16, 8192), 12% estimated,
-# ran 5.5-7% faster; at (1, 16, 16384), 4.4% estimated, level to 3%
-# (ws-variants-tail-h100-2026-11-28.jsonl). So it must promise 5%.
+# tail_split: chunk counts tried, the most pair rows per head it cuts and the estimated gain
+# it must promise. The gain measured is about half the estimate (a last wave of few blocks
+# runs faster than the model's per-SM rate: the H100 averaged 1936 MHz at 150-400 W and
+# 1738 MHz above 600 W, mha-hopper-h100-2026-11-28-paired-clocks.csv): head_dim 128 dense at
+# (1, 16, 8192), 12% estimated, ran 5.5-7% faster; at (1, 16, 16384), 4.4% estimated, level
+# to 3% (ws-variants-tail-h100-2026-11-28.jsonl). So it must promise 5%.
 TAIL_CHUNKS = (2, 3, 4, 6, 8)
 TAIL_MAX_ROWS = 64
-MIN_SPLIT = 8
 TAIL_MIN_GAIN = 0.05
 
 
@@ -104,7 +102,8 @@ def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfil
     rows ``plan_ws`` cuts, by their full length, not the run's) puts small works at the end
     of the longest-first order, which the deal spreads over the blocks that took one work
     fewer. Candidates: chunks of ``ceil(longest / c)`` entries for ``c`` in TAIL_CHUNKS (at
-    least MIN_SPLIT entries, ``ws_prune``), the 1 to TAIL_MAX_ROWS longest rows per head;
+    least ``ws_plan.MIN_SPLIT`` entries, as ``ws_prune`` asks), the 1 to TAIL_MAX_ROWS
+    longest rows per head;
     each is estimated as the busiest block under the kernel's deal (:func:`deal`; per item
     its entries in the run plus ``item_ns``, a chunk whose keys all lie past the run too)
     plus the combine (:func:`combine_us`). A chunk one warpgroup computes alone would be

@@ -238,11 +238,11 @@ def ws_split(fmt: MaskFormat, profile: GpuProfile, *, consumers: int, batch: int
     """``(split, split_rows)`` of a ws launch walking ``fmt`` (a residue split's mask, with
     ``batch`` counting its residues): :func:`~.ws_plan.default_split` where some row is an
     outlier, else :func:`~.ws_balance.tail_split` (0, 0 where neither pays)."""
+    plan = plan_ws(fmt, consumers=consumers)           # the unsplit walk, planned once
     split = default_split(fmt, batch=batch, heads=heads, sm_count=profile.sm_count,
-                          consumers=consumers)
+                          consumers=consumers, plan=plan)
     if split:
         return split, 0
-    plan = plan_ws(fmt, consumers=consumers)
     cum = _entry_cum_ns(plan, seq_len, head_dim, profile.fp16_tflops / profile.sm_count)
     return tail_split(plan, cum, _item_overhead_ns(plan, head_dim), profile, batch=batch,
                       heads=heads, seq_len=seq_len, head_dim=head_dim)

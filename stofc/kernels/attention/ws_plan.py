@@ -49,6 +49,7 @@ WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows,
 CONSUMERS = (2, 3, 4)    # consumer warpgroups per block (64 query rows each)
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
+MIN_SPLIT = 8         # the fewest entries a chunk of a split row has (its combine traffic)
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +78,7 @@ class WsPlan:
     entry_key: np.ndarray     # int32 [n + 1]: first key of the entry's tile (+ sentinel 0)
     entry_part: np.ndarray    # int32 [C * (n + 1)]: per entry, warpgroup 0, 1 (, 2)
     bitmaps: np.ndarray       # uint64 [n_part, 64]: the format's part bitmaps, fragment order
-    items: np.ndarray         # int32 [num_heads, n_items, 4]
+    items: np.ndarray         # int32 [num_heads, n_items, ITEM_FIELDS]
     order_ptr: np.ndarray     # int32 [pairs + 1]: offsets of each P's order (same per head)
     orders: np.ndarray        # int32 [num_heads, order_ptr[-1]]
     items_upto: np.ndarray    # int32 [pairs + 1]: max over heads of the items with pair < P
@@ -300,7 +301,7 @@ def format_bitmaps(frag: np.ndarray) -> np.ndarray:
 
 
 def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
-                  consumers: int = 2) -> int:
+                  consumers: int = 2, plan: WsPlan | None = None) -> int:
     """``split_tiles`` for the rows that would be the launch's critical path: 0 unless the
     longest pair row is both longer than a quarter of one SM's share of the work (``W``
     entries over every pair row, ``batch`` and ``heads``: ``W / sm_count``) and more than
@@ -311,15 +312,16 @@ def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
     traffic stays small, and no fewer than the longest ordinary row (at most twice the
     mean), so only the outliers are split: with three consumers at B=1 8K a Longformer
     chunk of 8 split nearly every 13-entry pair row in two and the launch ran 121 us
-    against 91 with two consumers (ws-variants-d64-consumers-h100-2026-11-26)."""
-    plan = plan_ws(fmt, consumers=consumers)
+    against 91 with two consumers (ws-variants-d64-consumers-h100-2026-11-26).
+    ``plan``: ``fmt``'s unsplit walk for ``consumers``, where the caller has it already."""
+    plan = plan if plan is not None else plan_ws(fmt, consumers=consumers)
     per_head = heads if fmt.num_heads == 1 else 1
     work = plan.work() * per_head * batch
     share = work / max(1, sm_count)
     tiles = plan.tiles_per_pair
     longest = int(tiles.max()) if tiles.size else 0
     mean = float(tiles.mean()) if tiles.size else 0.0
-    limit = max(8, int(share // 4))
+    limit = max(MIN_SPLIT, int(share // 4))
     if longest <= limit or longest <= 2 * mean:
         return 0
     split = 1 << (limit.bit_length() - 1)           # a power of two <= limit
