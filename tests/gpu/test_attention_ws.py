@@ -362,3 +362,45 @@ def test_tail_split_rows(spec, head_dim, consumers, dtype):
         res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=seq, head_dim=head_dim,
                        dtype=dtype, seed=_seed("wstail2", spec, head_dim, consumers, seq), **kw)
         _check(res, dtype, f"{spec} seq={seq} {sorted(kw)}")
+
+
+def _mixed_tile_mask(L: int, seed: int) -> np.ndarray:
+    """A mask whose tile rows mix empty, full and part tiles at random over more than 32
+    steps, so a walk's lean steps (full tiles after a step that computed) start, stop and
+    cross the 32-step batches of walk entries."""
+    rng = np.random.default_rng(seed)
+    t = L // 64
+    kind = rng.choice(3, size=(t, t), p=[0.15, 0.6, 0.25])       # empty, full, part
+    tiles = np.ones((64, 64), bool)
+    full = np.kron(kind == 1, tiles)
+    part = np.kron(kind == 2, tiles) & (rng.random((L, L)) < 0.5)
+    return full | part
+
+
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 2, "float16"), (64, 3, "float16"),
+                                                      (64, 4, "float16"), (128, 2, "bfloat16"),
+                                                      (128, 3, "bfloat16")])
+def test_lean_full_steps(head_dim, consumers, dtype):
+    """Full tiles take the lean path (no entry, no mask decision) only where every key of
+    the tile is in the run: a length ending inside a full tile, 0/1 key bits and a bias
+    keep the masked path; soft-capping applies on both. Walks of 40 tiles, split rows."""
+    from stofc.kernels.attention.ws_plan import FULL, plan_ws
+    L = 2560
+    dense = _mixed_tile_mask(L, _seed("wslean", "mask"))
+    fmt = format_from_dense(dense, 64)
+    plan = plan_ws(fmt, split_tiles=0, consumers=consumers)
+    walk = plan.entry_part.reshape(-1, consumers)
+    assert (walk == FULL).sum() > 0.5 * walk.size and (walk >= 0).any()
+    rng = np.random.default_rng(_seed("wslean", head_dim, consumers))
+    key_mask = (rng.random((2, L)) < 0.97).astype(np.int32)
+    cases = [dict(),
+             dict(seq_lens=[L, 2500]),                  # 2500 ends inside tile 39
+             dict(key_mask=key_mask),
+             dict(softcap=20.0, score_scale=8.0),
+             dict(bias_shape=(1, 2, L, L), seq_lens=[2300, L])]
+    for i, kw in enumerate(cases):
+        for split in (0, 8):
+            res = run_case(fmt, dense, ws(split=split, consumers=consumers), batch=2, heads=2,
+                           seq=L, head_dim=head_dim, dtype=dtype,
+                           seed=_seed("wslean", head_dim, consumers, i, split), **kw)
+            _check(res, dtype, f"{kw} split={split}")

@@ -15,7 +15,9 @@
 // overlap; with ROWSUM_MMA the same group sums P's rows by a wgmma against ones), and
 // with PINGPONG the warpgroups take turns (round robin) issuing their
 // GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the
-// tiles its own tile row does not hold; full tiles evaluate no mask; part tiles test their
+// tiles its own tile row does not hold; full tiles evaluate no mask (a full tile with every
+// key in the run, after a step that computed, takes the lean step: no walk entry, no mask
+// decision, no bitmap address; ws-variants-lean-h100-2026-11-28); part tiles test their
 // bitmaps, which the ws plan stores in fragment order (one 32-bit word per thread and tile:
 // ws_plan.fragment_bitmaps); key padding, bias and soft-capping are block_tile.cuh's. With PERIOD > 1
 // (a dilated mask split by residue) each residue's rows are a sequence of their own.
@@ -94,6 +96,7 @@ static_assert(SMEM_END + 1024 <= 105984, "the launch's dynamic shared memory (ws
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
               BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + Q_BUFS;
 constexpr int SKIP = -2;                   // entry_part: this warpgroup skips the tile
+constexpr int FULL = -1;                   // entry_part: a full tile of this warpgroup
 constexpr int BAR_MERGE = CONSUMERS + 1;   // named barrier of the consumers (1..C: ping-pong)
 static_assert(D % 64 == 0, "head_dim must fill 128-byte swizzle panels");
 static_assert(STAGES >= 2, "the ring needs two stages");
@@ -117,8 +120,13 @@ constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never u
 /// The descriptor of smem operand bytes `off` past the one `desc` describes: the start
 /// address field counts 16-byte units and shared memory is below 256 KB, so adding to the
 /// descriptor never carries out of the field (the uniform datapath does one add, not the
-/// masks and shifts of sw128_desc per k-step).
-__device__ __forceinline__ u64 desc_at(u64 desc, u32 off) { return desc + (off >> 4); }
+/// masks and shifts of sw128_desc per k-step). The add is on the low word only: the high
+/// word (stride byte offset, layout) stays the same register across a GEMM's k-steps
+/// instead of being rebuilt by a carry add for each descriptor.
+__device__ __forceinline__ u64 desc_at(u64 desc, u32 off) {
+    const u32 lo = static_cast<u32>(desc) + (off >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 
 template <int HH>
 __device__ __forceinline__ void s_tile(float (&sc)[NS][4], const u32 (&qf)[QF][4], u64 dk,
@@ -171,6 +179,7 @@ struct Ring {
 
 /// The position k <= STAGES tiles after r (compare and subtract: no division by STAGES).
 __device__ __forceinline__ Ring ring_at(Ring r, int k) {
+    if (k == 0) return r;                  // slot < STAGES always: nothing to wrap
     r.slot += k;
     if (r.slot >= STAGES) {
         r.slot -= STAGES;
@@ -477,8 +486,21 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         }
         wgmma_commit();
     };
+    // the online-softmax step on masked (or full) scores: P in place, as floats, and the
+    // rescale alpha; true where a row's max moved
+    auto exp_step = [&](float (&sc)[NS][4], float (&alpha)[2]) -> bool {
+        if (ROWSUM_MMA) {
+            float unused_l[2] = {0.0f, 0.0f};      // the sums come from the row-sum wgmma
+            return softmax_exp_lazy<NS>(sc, row_m, unused_l, sl, alpha);
+        }
+        return softmax_exp_lazy<NS>(sc, row_m, row_l, sl, alpha);
+    };
+    // a lean step's scores: a full tile, every key in the run, no bias: soft-capping only
+    auto softmax_full = [&](float (&sc)[NS][4], float (&alpha)[2]) -> bool {
+        if (HAS_SOFTCAP) soft_cap_step<NS>(sc, cap, inv_cap);
+        return exp_step(sc, alpha);
+    };
     // masks (a tile this warpgroup skips: every score -inf), then the online-softmax step
-    // (P in place, as floats) and the rescale alpha
     auto softmax = [&](float (&sc)[NS][4], Ring i0, const int (&key)[KSTEP],
                        const int (&part)[KSTEP], float (&alpha)[2]) -> bool {
         if (HAS_SOFTCAP) soft_cap_step<NS>(sc, cap, inv_cap);
@@ -507,11 +529,7 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
                     mask_tile<H1>(sc, frag, need_keys, keys, br0, br1, inv_scale, t4);
             }
         }
-        if (ROWSUM_MMA) {
-            float unused_l[2] = {0.0f, 0.0f};      // the sums come from the row-sum wgmma
-            return softmax_exp_lazy<NS>(sc, row_m, unused_l, sl, alpha);
-        }
-        return softmax_exp_lazy<NS>(sc, row_m, row_l, sl, alpha);
+        return exp_step(sc, alpha);
     };
     // P becomes the next P V's A fragments only once the last P V retired (FA3's order:
     // defining a wgmma's input registers while another is in flight serialises them)
@@ -528,30 +546,57 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         const bool mine = i < n && (shared == 0 || i % CONSUMERS == w);
         part = mine ? entry_part[CONSUMERS * j + (shared ? shared - 1 : w)] : SKIP;
     };
-    // The entries of step t, fetched one step ahead; the steps of a work ask for t = 0, 1, ...
-    // in order. One tile per step: lane l holds entry t0 + l of a batch of 32 steps, so a
-    // step takes its entry by two shuffles (uniform values) instead of two dependent loads
-    // and their address arithmetic; the next batch loads a step before it is needed.
+    // KSTEP 1: the entries come in batches of 32 steps. Lane l holds entry t0 + l of the
+    // current batch, so a step takes its entry by two shuffles (uniform values) instead of
+    // two dependent loads and their address arithmetic; the next batch loads half a batch
+    // before it is needed. `lean` has bit l set where step t0 + l is a full tile of this
+    // warpgroup whose keys all lie in the run, with no bias: after a step that computed,
+    // such a step takes the lean path (no entry, no mask decision, no bitmap address).
     int batch_key = 0, batch_part = SKIP, next_key = 0, next_part = SKIP;
-    auto fetch = [&](int t, int (&key)[KSTEP], int (&part)[KSTEP]) {
-        if constexpr (KSTEP == 1) {
+    u32 lean = 0u;
+    // step t's batch (the steps of a work come as t = 0, 1, ... in order)
+    auto advance_batch = [&](int t) {
+        if ((t & 31) == 0) {
             if (t == 0) {
                 entry_at(lane, batch_key, batch_part);
-            } else if ((t & 31) == 0) {
+            } else {
                 batch_key = next_key;
                 batch_part = next_part;
             }
-            key[0] = __shfl_sync(0xffffffffu, batch_key, t & 31);
-            part[0] = __shfl_sync(0xffffffffu, batch_part, t & 31);
-            if ((t & 31) == 31) entry_at(t + 1 + lane, next_key, next_part);
-        } else {
-#pragma unroll
-            for (int hh = 0; hh < KSTEP; ++hh) {
-                int p = SKIP;
-                entry_at(t * KSTEP + hh, key[hh], p);
-                part[hh] = __shfl_sync(0xffffffffu, p, 0);   // uniform in the compiler's eyes
-            }
+            const bool full = !HAS_BIAS && batch_part == FULL &&
+                residue_key_word<HAS_KEY_BITS, PERIOD>(batch_key, kvl, kbits, key_words,
+                                                       residue) == ~0ull;
+            lean = __ballot_sync(0xffffffffu, full);
         }
+        if ((t & 31) == 16) entry_at(t + 16 + lane, next_key, next_part);
+    };
+    // KSTEP 2: the entries of step t, read directly (a step ahead: see the walk)
+    auto fetch2 = [&](int t, int (&key)[KSTEP], int (&part)[KSTEP]) {
+#pragma unroll
+        for (int hh = 0; hh < KSTEP; ++hh) {
+            int p = SKIP;
+            entry_at(t * KSTEP + hh, key[hh], p);
+            part[hh] = __shfl_sync(0xffffffffu, p, 0);   // uniform in the compiler's eyes
+        }
+    };
+    // S of step i0 and P V of the last one in flight, the softmax under the P V GEMM;
+    // `scores(sc, alpha)` masks and exponentiates S and says whether a row's max moved
+    auto overlapped = [&](Ring i0, bool pp, auto&& scores) {
+        float sc[NS][4];
+        issue_s(sc, i0);
+        issue_pv(prev_i0);
+        if (pp) named_bar_arrive(bar_other, 256);
+        wgmma_wait<1>();
+        wgmma_pin(sc);
+        float alpha[2];
+        const bool moved = scores(sc, alpha);      // reads the bitmaps: then
+        release_k(i0);                             // release the K slots
+        wgmma_wait<0>();                           // P V done: its P may be overwritten now
+        wgmma_pin(acc);
+        if (ROWSUM_MMA) wgmma_pin(lacc);
+        wgmma_keep(pf_prev);
+        release_v(prev_i0);
+        keep_probs(sc, alpha, moved);
     };
 
     if (PINGPONG && w == 0) named_bar_arrive(bar_mine, 256);   // warpgroup 0 issues first
@@ -605,12 +650,26 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
         // a shared chunk's warpgroups do not take turns: each computes every C-th entry, and
         // turns would wait each one's GEMMs on the previous one's softmax
         const bool pp = PINGPONG && x.sh == 0;
-        int key[KSTEP], part[KSTEP];
-        if (steps > 0) fetch(0, key, part);
+        int key[KSTEP], part[KSTEP];                // KSTEP 2: fetched a step ahead
+        if (KSTEP == 2 && steps > 0) fetch2(0, key, part);
         for (int t = 0; t < steps; ++t) {
             const Ring i0 = cur;
+            if (KSTEP == 1) advance_batch(t);
+            if (KSTEP == 1 && prev_any && ((lean >> (t & 31)) & 1u)) {
+                mbar_wait(bar(BAR_FULL_K + i0.slot), i0.par);
+                if (pp) named_bar_sync(bar_mine, 256);
+                overlapped(i0, pp, softmax_full);
+                prev_i0 = i0;
+                cur = ring_at(cur, KSTEP);
+                continue;
+            }
             int nkey[KSTEP], npart[KSTEP];
-            if (t + 1 < steps) fetch(t + 1, nkey, npart);            // latency hidden by this step
+            if (KSTEP == 1) {
+                key[0] = __shfl_sync(0xffffffffu, batch_key, t & 31);
+                part[0] = __shfl_sync(0xffffffffu, batch_part, t & 31);
+            } else if (t + 1 < steps) {
+                fetch2(t + 1, nkey, npart);                         // latency hidden by this step
+            }
             bool any = false;
     #pragma unroll
             for (int hh = 0; hh < KSTEP; ++hh) {
@@ -618,24 +677,12 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
                 any = any || part[hh] != SKIP;
             }
             if (pp) named_bar_sync(bar_mine, 256);
-            float sc[NS][4];
             if (any && prev_any) {
-                // S of this step and P V of the last one in flight; softmax under the P V GEMM
-                issue_s(sc, i0);
-                issue_pv(prev_i0);
-                if (pp) named_bar_arrive(bar_other, 256);
-                wgmma_wait<1>();
-                wgmma_pin(sc);
-                float alpha[2];
-                const bool moved = softmax(sc, i0, key, part, alpha);   // reads the bitmaps: then
-                release_k(i0);                                            // release the K slots
-                wgmma_wait<0>();                       // P V done: its P may be overwritten now
-                wgmma_pin(acc);
-                if (ROWSUM_MMA) wgmma_pin(lacc);
-                wgmma_keep(pf_prev);
-                release_v(prev_i0);
-                keep_probs(sc, alpha, moved);
+                overlapped(i0, pp, [&](float (&sc)[NS][4], float (&alpha)[2]) {
+                    return softmax(sc, i0, key, part, alpha);
+                });
             } else if (any) {
+                float sc[NS][4];
                 issue_s(sc, i0);
                 if (pp) named_bar_arrive(bar_other, 256);
                 wgmma_wait<0>();
@@ -662,10 +709,12 @@ stofc_attn_ws_bf16_d64_t64_w12_m16_s4_q1_o1_k2_c_b1_k0(const __grid_constant__ T
             prev_any = any;
             prev_i0 = i0;
             cur = ring_at(cur, KSTEP);
+            if (KSTEP == 2) {
     #pragma unroll
-            for (int hh = 0; hh < KSTEP; ++hh) {
-                key[hh] = nkey[hh];
-                part[hh] = npart[hh];
+                for (int hh = 0; hh < KSTEP; ++hh) {
+                    key[hh] = nkey[hh];
+                    part[hh] = npart[hh];
+                }
             }
         }
         if (steps > 0) {                               // the last step's O += P V
