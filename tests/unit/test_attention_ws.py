@@ -297,13 +297,32 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
                                  (2, 3, 2, "bfloat16", 128, True, False))]
 
 
+# Spills this test missed while it accepted any function's "0 bytes spill stores" (the
+# combine kernel's line); checked per function since 2026-11-28. Each is in
+# stofc/kernels/attention/NOTES.md; strict: a variant that stops spilling fails here.
+KNOWN_SPILLS = {
+    "stofc_attn_ws_bf16_d128_t64_w12_m16_s4_q1_o1_pp_k2_b0_k1":
+        "two-tile steps at head_dim 128 (~70 bytes); timed 5-14% slower than the pick",
+    "stofc_attn_ws_f16_d64_t64_w20_m16_s6_q1_o1_c_b1_k1":
+        "the bias path of four consumer warpgroups (120 registers each): ~100 bytes",
+    "stofc_attn_ws_f16_d64_t64_w20_m16_s3_q1_o1_c_b1_k1":
+        "the bias path of four consumer warpgroups (120 registers each): ~100 bytes",
+}
+WS_PARAMS = [pytest.param(s, id=s.name, marks=[pytest.mark.xfail(strict=True,
+                                                                reason=KNOWN_SPILLS[s.name])]
+                          if s.name in KNOWN_SPILLS else []) for s in WS_SPECS]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", WS_SPECS, ids=[s.name for s in WS_SPECS])
+@pytest.mark.parametrize("spec", WS_PARAMS)
 def test_every_variant_compiles_without_spills_or_serialised_wgmma(spec):
     """NVRTC compiles each for sm_90a; ptxas reports no spill, no stack and none of its
     'wgmma serialised' performance warnings (C7510-C7520)."""
     report = _ptxas_report(spec)
-    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                        report)
+    assert len(frames) == 2, report                # the main kernel and the combine, each
+    assert all(f == ("0", "0", "0") for f in frames), report
     assert not re.search(r"C75(0[89]|1\d|20)", report), report
 
 

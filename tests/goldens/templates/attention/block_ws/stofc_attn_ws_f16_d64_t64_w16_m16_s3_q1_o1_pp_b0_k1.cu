@@ -546,18 +546,20 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         const bool mine = i < n && (shared == 0 || i % CONSUMERS == w);
         part = mine ? entry_part[CONSUMERS * j + (shared ? shared - 1 : w)] : SKIP;
     };
-    // KSTEP 1: the entries come in batches of 32 steps. Lane l holds entry t0 + l of the
-    // current batch, so a step takes its entry by two shuffles (uniform values) instead of
-    // two dependent loads and their address arithmetic; the next batch loads half a batch
-    // before it is needed. `lean` has bit l set where step t0 + l is a full tile of this
-    // warpgroup whose keys all lie in the run, with no bias: after a step that computed,
-    // such a step takes the lean path (no entry, no mask decision, no bitmap address).
+    // The entries come in batches of 32. Lane l holds entry e0 + l of the current batch,
+    // so a step takes its KSTEP entries by shuffles (uniform values) instead of dependent
+    // loads and their address arithmetic; the next batch loads half a batch before it is
+    // needed. `lean` has bit l set where entry e0 + l is a full tile of this warpgroup whose
+    // keys all lie in the run, with no bias (two-tile steps: bit l where entries l and l + 1
+    // both are): after a step that computed, such a step takes the lean path (no entries,
+    // no mask decision, no bitmap address).
     int batch_key = 0, batch_part = SKIP, next_key = 0, next_part = SKIP;
     u32 lean = 0u;
-    // step t's batch (the steps of a work come as t = 0, 1, ... in order)
+    // the batch of step t's entries KSTEP t, ... (the steps of a work come as t = 0, 1, ...)
     auto advance_batch = [&](int t) {
-        if ((t & 31) == 0) {
-            if (t == 0) {
+        const int e = t * KSTEP;
+        if ((e & 31) == 0) {
+            if (e == 0) {
                 entry_at(lane, batch_key, batch_part);
             } else {
                 batch_key = next_key;
@@ -567,17 +569,9 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 residue_key_word<HAS_KEY_BITS, PERIOD>(batch_key, kvl, kbits, key_words,
                                                        residue) == ~0ull;
             lean = __ballot_sync(0xffffffffu, full);
+            if (KSTEP == 2) lean &= lean >> 1;
         }
-        if ((t & 31) == 16) entry_at(t + 16 + lane, next_key, next_part);
-    };
-    // KSTEP 2: the entries of step t, read directly (a step ahead: see the walk)
-    auto fetch2 = [&](int t, int (&key)[KSTEP], int (&part)[KSTEP]) {
-#pragma unroll
-        for (int hh = 0; hh < KSTEP; ++hh) {
-            int p = SKIP;
-            entry_at(t * KSTEP + hh, key[hh], p);
-            part[hh] = __shfl_sync(0xffffffffu, p, 0);   // uniform in the compiler's eyes
-        }
+        if ((e & 31) == 16) entry_at(e + 16 + lane, next_key, next_part);
     };
     // S of step i0 and P V of the last one in flight, the softmax under the P V GEMM;
     // `scores(sc, alpha)` masks and exponentiates S and says whether a row's max moved
@@ -650,25 +644,25 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         // a shared chunk's warpgroups do not take turns: each computes every C-th entry, and
         // turns would wait each one's GEMMs on the previous one's softmax
         const bool pp = PINGPONG && x.sh == 0;
-        int key[KSTEP], part[KSTEP];                // KSTEP 2: fetched a step ahead
-        if (KSTEP == 2 && steps > 0) fetch2(0, key, part);
         for (int t = 0; t < steps; ++t) {
             const Ring i0 = cur;
-            if (KSTEP == 1) advance_batch(t);
-            if (KSTEP == 1 && prev_any && ((lean >> (t & 31)) & 1u)) {
-                mbar_wait(bar(BAR_FULL_K + i0.slot), i0.par);
+            advance_batch(t);
+            const int e = (t * KSTEP) & 31;        // step t's first entry in the batch
+            if (prev_any && ((lean >> e) & 1u)) {
+    #pragma unroll
+                for (int hh = 0; hh < KSTEP; ++hh)
+                    mbar_wait(bar(BAR_FULL_K + slot_of(i0, hh)), parity_of(i0, hh));
                 if (pp) named_bar_sync(bar_mine, 256);
                 overlapped(i0, pp, softmax_full);
                 prev_i0 = i0;
                 cur = ring_at(cur, KSTEP);
                 continue;
             }
-            int nkey[KSTEP], npart[KSTEP];
-            if (KSTEP == 1) {
-                key[0] = __shfl_sync(0xffffffffu, batch_key, t & 31);
-                part[0] = __shfl_sync(0xffffffffu, batch_part, t & 31);
-            } else if (t + 1 < steps) {
-                fetch2(t + 1, nkey, npart);                         // latency hidden by this step
+            int key[KSTEP], part[KSTEP];
+    #pragma unroll
+            for (int hh = 0; hh < KSTEP; ++hh) {
+                key[hh] = __shfl_sync(0xffffffffu, batch_key, e + hh);
+                part[hh] = __shfl_sync(0xffffffffu, batch_part, e + hh);
             }
             bool any = false;
     #pragma unroll
@@ -709,13 +703,6 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
             prev_any = any;
             prev_i0 = i0;
             cur = ring_at(cur, KSTEP);
-            if (KSTEP == 2) {
-    #pragma unroll
-                for (int hh = 0; hh < KSTEP; ++hh) {
-                    key[hh] = nkey[hh];
-                    part[hh] = npart[hh];
-                }
-            }
         }
         if (steps > 0) {                               // the last step's O += P V
             if (prev_any) {
