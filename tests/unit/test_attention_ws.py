@@ -304,9 +304,9 @@ KNOWN_SPILLS = {
     "stofc_attn_ws_bf16_d128_t64_w12_m16_s4_q1_o1_pp_k2_b0_k1":
         "two-tile steps at head_dim 128 (~70 bytes); timed 5-15% slower than the pick",
     "stofc_attn_ws_f16_d64_t64_w20_m16_s6_q1_o1_c_b1_k1":
-        "the bias path of four consumer warpgroups (120 registers each): ~100 bytes",
+        "four consumer warpgroups (112 registers each) with a bias: 84 bytes",
     "stofc_attn_ws_f16_d64_t64_w20_m16_s3_q1_o1_c_b1_k1":
-        "the bias path of four consumer warpgroups (120 registers each): ~100 bytes",
+        "four consumer warpgroups (112 registers each) with a bias: 84 bytes",
 }
 WS_PARAMS = [pytest.param(s, id=s.name, marks=[pytest.mark.xfail(strict=True,
                                                                 reason=KNOWN_SPILLS[s.name])]
