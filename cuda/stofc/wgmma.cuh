@@ -312,6 +312,33 @@ STOFC_RS_N8(__half, "f16")
 STOFC_RS_N8(__nv_bfloat16, "bf16")
 #undef STOFC_RS_N8
 
+/// d (64 x 64) += A (64 x 16, registers) * B (16 x 64, smem, N-major: transposed) and, in the
+/// same m64n72k16 wgmma, s (64 x 8) += A * B's ninth n8 block: the 64 columns after B's
+/// first panel, `lbo` bytes past it (desc_b's leading byte offset). With ones there, every
+/// column of s is A's row sum: the ws kernel's P V and its softmax row sums in one GEMM
+/// (head_dim 64).
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_tb_sum(float (&d)[8][4], float (&s)[1][4],
+                                                const u32 (&a)[4], u64 desc_b);
+
+#define STOFC_RS_TB_SUM(TYPE, KIND)                                                             \
+    template <>                                                                                 \
+    __device__ __forceinline__ void wgmma_rs_tb_sum<TYPE>(float (&d)[8][4], float (&s)[1][4],   \
+                                                          const u32 (&a)[4], u64 desc_b) {      \
+        asm volatile("wgmma.mma_async.sync.aligned.m64n72k16.f32." KIND "." KIND " "            \
+                     STOFC_D32_PLUS4 ", {%36, %37, %38, %39}, %40, 1, 1, 1, 1;\n"                 \
+                     : STOFC_ACC8(d), STOFC_ACC1(s, 0)                                          \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                \
+    }
+#define STOFC_D32_PLUS4 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35}"
+STOFC_RS_TB_SUM(__half, "f16")
+STOFC_RS_TB_SUM(__nv_bfloat16, "bf16")
+#undef STOFC_RS_TB_SUM
+#undef STOFC_D32_PLUS4
+
 // STOFC_ACC1, STOFC_ACC8_AT, STOFC_D64 and STOFC_D128 stay defined: gemm_ws.cuh's wgmma
 // forms take the same operand lists.
 #undef STOFC_ACC8

@@ -105,7 +105,7 @@ def test_many_works_per_block(spec, head_dim, consumers, stages, pingpong, dtype
     phases wrap, with split rows and shared chunks among the works."""
     from dataclasses import replace
 
-    from stofc.kernels.attention.ws import ws_q_buffers
+    from stofc.kernels.attention.ws_smem import ws_q_buffers
 
     profile = replace(detect(), sm_count=3)
     fmt, dense = encoded(spec, 1000)
@@ -200,7 +200,7 @@ def test_output_rows_staged_or_direct(head_dim, consumers, stages, staged):
     and leave the view's neighbouring columns and the rows past the run untouched."""
     import cupy as cp
 
-    from stofc.kernels.attention.ws import ws_stage_o
+    from stofc.kernels.attention.ws_smem import ws_stage_o
     from stofc.runtime.attention import AttentionOp
 
     dtype, B, H, L, run = "bfloat16", 2, 3, 700, 650      # 650: the last pair row is partial

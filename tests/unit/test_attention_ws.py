@@ -24,17 +24,7 @@ from stofc.kernels.attention import AttentionConfig, KernelSpec, prune, search_s
 from stofc.kernels.attention.gather import unpack_bits
 from stofc.kernels.attention.reference import dense_from_format, format_from_dense
 from stofc.kernels.attention.render import compile_kernel, render_kernel
-from stofc.kernels.attention.ws import (
-    ONES_BYTES,
-    SM90_SMEM_PER_BLOCK,
-    ws_q_buffers,
-    ws_q_in_regs,
-    ws_reg_split,
-    ws_registers,
-    ws_smem_bytes,
-    ws_stage_bytes,
-    ws_stage_o,
-)
+from stofc.kernels.attention.ws import ws_reg_split, ws_registers
 from stofc.kernels.attention.ws_plan import (
     FULL,
     SKIP,
@@ -43,6 +33,15 @@ from stofc.kernels.attention.ws_plan import (
     fragment_bitmaps,
     item_lengths,
     plan_ws,
+)
+from stofc.kernels.attention.ws_smem import (
+    ONES_BYTES,
+    SM90_SMEM_PER_BLOCK,
+    ws_q_buffers,
+    ws_q_in_regs,
+    ws_smem_bytes,
+    ws_stage_bytes,
+    ws_stage_o,
 )
 from stofc.masks import encode
 from stofc.runtime import tensor_map
@@ -431,35 +430,73 @@ def _main_ptx(ptx: str) -> str:
 
 
 @pytest.mark.parametrize(("dtype", "head_dim", "consumers"),
-                         [("float16", 64, 3), ("bfloat16", 128, 2), ("float16", 256, 2)])
-def test_row_sums_come_from_the_ones_wgmma(dtype, head_dim, consumers):
-    """The softmax denominators are a wgmma of P against a 16 x 8 tile of ones (issued with
-    each P V), not FADD trees: the PTX holds the m64n8k16 wgmma and ~30 fewer adds per
-    softmax copy than the same kernel rendered with ``rowsum_mma`` off (the sums the softmax
-    still forms are dead and removed); the ones fit in the launch's shared memory after the
-    mbarriers (bench/results/ws-variants-rowsum-h100-2026-11-27.jsonl: 2-11% faster on dense
-    and causal rows at 8K, within 2% either way at 16K and on Longformer/BigBird)."""
+                         [("float16", 64, 3), ("bfloat16", 64, 4), ("bfloat16", 128, 2),
+                          ("float16", 256, 2)])
+def test_row_sums_come_from_the_tensor_cores(dtype, head_dim, consumers):
+    """The softmax denominators come from the tensor cores, not FADD trees: the PTX has ~30
+    fewer adds per softmax copy than the same kernel rendered with ``rowsum_mma`` off (the
+    sums the softmax still forms are dead and removed;
+    bench/results/ws-variants-rowsum-h100-2026-11-27.jsonl). At head_dim 64 they ride in the
+    P V wgmma (m64n72k16, no m64n8k16 left: ws.ws_rowsum_in_pv), whose ninth n8 block reads
+    a 16-key panel of ones; above, a m64n8k16 against 16 x 8 ones is issued with each P V.
+    The ones fit in the launch's shared memory after the mbarriers."""
     from stofc.codegen import render
     from stofc.compile import compile_source
     from stofc.kernels.attention.render import COMPILE_OPTIONS
     from stofc.kernels.attention.ws import AttentionWs
+    from stofc.kernels.attention.ws_smem import ONES_PANEL_BYTES, ws_ones_bytes
 
+    in_pv = head_dim == 64
     spec = KernelSpec(ws(stages=2, consumers=consumers), dtype, head_dim, False, True)
     values = AttentionWs().template_values(spec)
-    assert values["rowsum_mma"] == "true" and values["ones_bytes"] == ONES_BYTES >= 256
+    assert values["rowsum_mma"] == "true"
+    assert values["rowsum_in_pv"] == ("true" if in_pv else "false")
+    assert values["ones_bytes"] == ws_ones_bytes(head_dim) == (ONES_PANEL_BYTES if in_pv
+                                                               else ONES_BYTES)
     kind = "bf16" if dtype == "bfloat16" else "f16"
     ptx = {}
     for flag in ("true", "false"):
         src = render(spec.template, spec.name, (spec.name, spec.name + "_combine"),
-                     **{**values, "rowsum_mma": flag})
+                     **{**values, "rowsum_mma": flag,
+                        "rowsum_in_pv": values["rowsum_in_pv"] if flag == "true" else "false"})
         ptx[flag] = _main_ptx(compile_source(src, "compute_90a", options=COMPILE_OPTIONS)
                               .binary.decode())
     n8 = f"wgmma.mma_async.sync.aligned.m64n8k16.f32.{kind}.{kind}"
-    assert ptx["true"].count(n8) >= 4 and n8 not in ptx["false"]
+    n72 = f"wgmma.mma_async.sync.aligned.m64n72k16.f32.{kind}.{kind}"
+    if in_pv:
+        assert ptx["true"].count(n72) >= 4 and n8 not in ptx["true"]
+    else:
+        assert ptx["true"].count(n8) >= 4 and n72 not in ptx["true"]
+    assert n8 not in ptx["false"] and n72 not in ptx["false"]
     adds = {flag: len(re.findall(r"\badd(?:\.rn)?\.f32\b", text)) for flag, text in ptx.items()}
     assert adds["true"] <= adds["false"] - 2 * 28, adds
     # the region: 128-byte aligned after the ring, inside the launch's shared memory
-    assert ws_smem_bytes(2, head_dim, consumers) >= 1024 + ONES_BYTES
+    assert ws_smem_bytes(2, head_dim, consumers) >= 1024 + ws_ones_bytes(head_dim)
+
+
+def test_row_sum_descriptors_reach_the_ones_from_every_slot():
+    """desc_at_ones keeps start + leading byte offset fixed: for every slot of the deepest
+    head_dim-64 ring and every k-step of a tile, the V descriptor's start field plus its
+    leading byte offset field is the ones panel, and neither 14-bit field leaves its range
+    (the arithmetic of block_ws.cu.j2, evaluated here on the rendered layout's numbers)."""
+    from stofc.kernels.attention.ws_smem import ONES_PANEL_BYTES, _ring_bytes, ws_stage_o
+
+    stages, consumers = 6, 4
+    q = 2 * 64 * consumers * 128                                     # two Q buffers
+    off_v = q + stages * 64 * 128                                    # OFF_K + STAGES * KV_BYTES
+    off_ones = -(-_ring_bytes(stages, 64, consumers, 2) // 128) * 128
+    assert ws_stage_o(stages, 64, consumers) and off_ones > off_v + stages * 64 * 128
+    base = 1024 * 7                                                  # any 1024-aligned base
+    lo0 = ((base + off_v) >> 4) | (((off_ones - off_v) >> 4) << 16)
+    for slot in range(stages):
+        for kk in range(4):
+            off = slot * 64 * 128 + kk * 16 * 128
+            lo = (lo0 + (off >> 4) - ((off >> 4) << 16)) % 2 ** 32
+            start, lbo = lo & 0x3FFF, (lo >> 16) & 0x3FFF
+            assert start * 16 == base + off_v + off
+            assert (start + lbo) * 16 == base + off_ones
+            assert lo >> 30 == 0 and (lo >> 14) & 3 == 0     # no field spilled over
+    assert ONES_PANEL_BYTES == 16 * 128
 
 
 @pytest.mark.parametrize("consumers", [2, 3, 4])

@@ -38,13 +38,22 @@ from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
 from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MIN_SPLIT, consumers_of
+from stofc.kernels.attention.ws_smem import (
+    WS_ROWSUM_MMA,
+    WS_TILE,
+    ws_ones_bytes,
+    ws_q_buffers,
+    ws_q_in_regs,
+    ws_rowsum_in_pv,
+    ws_smem_bytes,
+    ws_stage_o,
+)
 from stofc.kernels.registry import register
 from stofc.masks.format import MaskFormat
 from stofc.targets import GpuProfile
 
 WS_CC = (9, 0)                 # setmaxnreg, wgmma and the TMA path: sm_90a only
 WS_HEAD_DIMS = (64, 128, 256)  # whole 128-byte swizzle panels
-WS_TILE = 64
 WS_WARPS = (12, 16, 20)        # producer + two, three or four consumer warpgroups
 # ring depths: 5 ran level with 6 where both fit (four consumers at head_dim 64,
 # ws-variants-stages-c4-h100-2026-11-27.jsonl), so the search space keeps one of them
@@ -57,11 +66,9 @@ MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel
 COMBINE_GROUPS = 16            # combine blocks per split pair row (kWsCombineGroups)
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step
-Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
 # addresses, loop state, masks, softmax state: the four-warpgroup head_dim-64 kernel fits
 # its 80 registers of arrays in 112 with no spill (ptxas 13.0), so at most 32
 REG_OVERHEAD = 32
-SM90_SMEM_PER_BLOCK = 227 * 1024   # the opt-in limit of every sm_90 part (H100, H200, H800)
 
 
 def ws_reg_split(consumers: int) -> tuple[int, int]:
@@ -75,110 +82,6 @@ def ws_reg_split(consumers: int) -> tuple[int, int]:
 def ws_consumers(config: AttentionConfig) -> int:
     """Consumer warpgroups of a ws config (``warps`` 12: two, 16: three)."""
     return consumers_of(config.warps)
-
-
-def _ring_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
-    """Q panels (``q_bufs`` buffers), the K/V ring, the part-tile bitmaps and the mbarriers
-    of one block."""
-    panels = head_dim // 64
-    q = q_bufs * panels * WS_TILE * consumers * 128
-    kv = stages * 2 * panels * WS_TILE * 128
-    bitmaps = stages * consumers * (WS_TILE // 8) ** 2 * 8
-    barriers = (4 * stages + 2 * q_bufs) * 8
-    return q + kv + bitmaps + barriers
-
-
-# The row sums of P (the softmax denominators) come from a wgmma of P against a 16 x 8 tile of
-# ones in shared memory (ONES_BYTES after the mbarriers, 128-byte aligned: OFF_ONES in the
-# template), issued with each step's P V, instead of ~2 FADDs per probability in the softmax
-# (~30 of a consumer warp's ~340 instructions per 64-key step at head_dim 64;
-# bench/results/ws-variants-rowsum-h100-2026-11-27.jsonl, NOTES.md).
-WS_ROWSUM_MMA = True
-ONES_BYTES = 256
-
-
-def _ones_end(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
-    """The end of the ring and, 128-byte aligned after it, the row-sum operand's ones."""
-    return -(-_ring_bytes(stages, head_dim, consumers, q_bufs) // 128) * 128 + ONES_BYTES
-
-
-def ws_stage_bytes(head_dim: int, consumers: int) -> int:
-    """The output staging area: 16 rows of ``2 * head_dim + 16`` bytes per consumer warp
-    (``staged_row_bytes`` in ``cuda/stofc/ws.cuh``)."""
-    return consumers * 4 * 16 * (2 * head_dim + 16)
-
-
-def ws_stage_o(stages: int, head_dim: int, consumers: int = 2) -> bool:
-    """Whether O leaves through the staging area (``store_rows_staged``: stmatrix, then
-    16-byte stores of whole sectors) rather than as 4-byte stores straight from the
-    accumulators. ncu of local +-64 at head_dim 128 (``bench/results/ncu-ws-epilogue-*``)
-    put 12-16% of the consumers' stall samples on those stores and the drain behind them.
-    Taken wherever the area fits beside the ring (head_dim 64 and 128 but the four-stage
-    ring of three consumers at 128); head_dim 256's ring leaves no room."""
-    return _staged_bytes(stages, head_dim, consumers) + 1024 <= SM90_SMEM_PER_BLOCK
-
-
-def _staged_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
-    """The ring, the ones (:func:`_ones_end`), then the staging area (``OFF_O``)."""
-    return _ones_end(stages, head_dim, consumers, q_bufs) + ws_stage_bytes(head_dim, consumers)
-
-
-def _block_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int) -> int:
-    """One block's dynamic shared memory with ``q_bufs`` Q buffers, the alignment slack
-    included (the staging area where :func:`ws_stage_o` takes it)."""
-    if ws_stage_o(stages, head_dim, consumers):
-        return _staged_bytes(stages, head_dim, consumers, q_bufs) + 1024
-    return _ones_end(stages, head_dim, consumers, q_bufs) + 1024
-
-
-def ws_q_buffers(stages: int, head_dim: int, consumers: int = 2, kstep: int = 1) -> int:
-    """Q buffers of a block: two where S = Q K^T reads Q from shared memory and a second
-    buffer fits beside the ring and the staging area, else one.
-
-    With one buffer and Q in shared memory, the producer can load the next work's Q (and,
-    behind it, that work's K/V) only once every warpgroup issued its last S of this work;
-    a warpgroup whose own tile row ends the walk early (Longformer's and BigBird's pair
-    rows: a third of the (entry, warpgroup) pairs skipped with four consumers) idles at
-    every work boundary, and the next work's first S waits for a TMA round trip. Held in
-    registers, Q is released as soon as it is read, so one buffer serves. A second buffer
-    never costs a stage or the staging area (the search space decides those).
-
-    Same call on an H100 (``bench/results/ws-variants-qbufs-h100-2026-11-27.jsonl``, four
-    consumers, head_dim 64, H=12 at (1, 8192), (4, 4096), (1, 16384)): without turns,
-    Longformer, BigBird and +-256 windows 0.8-2.7% faster than one buffer; with turns
-    4.6-8.3% faster; dense and causal rows level within the run's noise (+-3%). Three
-    consumers at head_dim 128 with two stages (``ws-variants-qbufs-d128-h100-2026-11-27.jsonl``,
-    B=1 H=16 bf16 at 8K and 16K, dense, causal and causal window 4095): level within that
-    run's noise (pairs from -5.4% to +2.4%, one causal outlier; the same config timed twice
-    differed by 5%)."""
-    if ws_q_in_regs(head_dim, kstep, consumers):
-        return 1
-    fits = _block_bytes(stages, head_dim, consumers, 2) <= SM90_SMEM_PER_BLOCK
-    return 2 if fits else 1
-
-
-def ws_smem_bytes(stages: int, head_dim: int, consumers: int = 2, kstep: int = 1) -> int:
-    """Dynamic shared memory of one block (the 1024 bytes of panel-alignment slack
-    included): the ring (:func:`_ring_bytes`, :func:`ws_q_buffers` Q buffers) and, where
-    :func:`ws_stage_o` takes it, the output staging area after it."""
-    q_bufs = ws_q_buffers(stages, head_dim, consumers, kstep)
-    return _block_bytes(stages, head_dim, consumers, q_bufs)
-
-
-def ws_q_in_regs(head_dim: int, kstep: int = 1, consumers: int = 2) -> bool:
-    """Whether S = Q K^T reads Q's fragments from registers (else from smem panels): up
-    to head_dim 128 with one tile per step and two consumer warpgroups; 64 with two tiles
-    per step (the O, S and P arrays of 128 keys and head_dim 128 leave no room for Q:
-    ptxas spilled 232 bytes) or three warpgroups (their 160 registers hold head_dim 128's
-    O, S and P but not Q: ptxas spilled 100 bytes; with Q in shared memory the three run
-    dense and causal rows 4-11% faster than two, bench/results/ws-variants-d128-c3-*).
-    Four warpgroups' 112 registers never hold Q (head_dim 64 with Q: C7512, wgmma
-    serialised for want of registers)."""
-    if consumers >= 4:
-        return False
-    if kstep == 2 or consumers == 3:
-        return head_dim <= 64
-    return head_dim <= Q_REGS_MAX_HEAD_DIM
 
 
 def ws_registers(head_dim: int, kstep: int = 1, consumers: int = 2) -> int:
@@ -342,7 +245,8 @@ class AttentionWs(AttentionFamily):
                     has_softcap=FLAG[spec.has_softcap], period=c.period, item_fields=ITEM_FIELDS,
                     q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],
                     stage_o=FLAG[ws_stage_o(c.stages, spec.head_dim, ws_consumers(c))],
-                    rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ONES_BYTES,
+                    rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ws_ones_bytes(spec.head_dim),
+                    rowsum_in_pv=FLAG[ws_rowsum_in_pv(spec.head_dim)],
                     q_bufs=ws_q_buffers(c.stages, spec.head_dim, ws_consumers(c), c.kstep),
                     smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c), c.kstep))
 

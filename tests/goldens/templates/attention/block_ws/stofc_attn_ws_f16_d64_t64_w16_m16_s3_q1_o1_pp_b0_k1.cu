@@ -12,7 +12,8 @@
 // its registers to the consumers (setmaxnreg). A consumer warpgroup keeps its 64 rows
 // of Q in registers (head_dim <= 128; above, Q is read from smem), computes S = Q K^T
 // with register-A wgmma (four warpgroups: from smem) while the previous tile's O += P V runs (intra-warpgroup
-// overlap; with ROWSUM_MMA the same group sums P's rows by a wgmma against ones), and
+// overlap; with ROWSUM_MMA the same group sums P's rows by a wgmma against ones: at head_dim
+// 64 inside the P V wgmma itself, ROWSUM_IN_PV), and
 // with PINGPONG the warpgroups take turns (round robin) issuing their
 // GEMMs, so one's softmax runs under the others' tensor-core work. A warpgroup skips the
 // tiles its own tile row does not hold; full tiles evaluate no mask (a full tile with every
@@ -53,6 +54,9 @@ constexpr int KSTEP = 1;                // 64-key tiles per softmax step
 constexpr int CONSUMERS = 3;        // consumer warpgroups: 64 query rows each
 constexpr bool STAGE_O = true;           // O leaves through smem (16-byte stores)
 constexpr bool ROWSUM_MMA = true;     // P's row sums by wgmma against ones
+// ... inside the P V wgmma (m64n72k16: its ninth n8 block reads a panel of ones that each V
+// slot's descriptor reaches by its leading byte offset; head_dim 64), else their own m64n8k16
+constexpr bool ROWSUM_IN_PV = true;
 // Residue split (stofc/kernels/attention/residue.py): rows of one residue r = q % PERIOD
 // meet only keys of that residue, and every residue walks the same mask, so a work is
 // (head, batch, residue, item), the walk's rows and keys count residue positions a (real
@@ -85,13 +89,14 @@ constexpr int K_PANEL_STRIDE = STAGES * KV_PANEL;   // K: panel-major, the slots
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
 constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
 constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
-// B of the row-sum wgmma (ROWSUM_MMA): 16 keys x 8 columns of ones, K-major, no swizzle
+// B of the row-sum wgmma (ROWSUM_MMA): 16 keys x 8 columns of ones, K-major, no swizzle; with
+// ROWSUM_IN_PV 16 keys x 64 columns (every byte a one: whatever chunk the swizzle picks)
 constexpr int OFF_ONES = (OFF_BAR + (4 * STAGES + 2 * Q_BUFS) * 8 + 127) / 128 * 128;
-constexpr int ONES_BYTES = 256;
+constexpr int ONES_BYTES = 2048;
 constexpr int OFF_O = OFF_ONES + ONES_BYTES;                                 // staged O
 constexpr int O_WARP = 16 * staged_row_bytes<D>();   // a consumer warp's 16 staged rows
 constexpr int SMEM_END = STAGE_O ? OFF_O + CONSUMERS * 4 * O_WARP : OFF_O;
-static_assert(SMEM_END + 1024 <= 107392, "the launch's dynamic shared memory (ws_smem_bytes) "
+static_assert(SMEM_END + 1024 <= 109184, "the launch's dynamic shared memory (ws_smem_bytes) "
               "holds every region and the 1024 bytes of alignment slack");
 constexpr int BAR_FULL_K = 0, BAR_EMPTY_K = STAGES, BAR_FULL_V = 2 * STAGES,
               BAR_EMPTY_V = 3 * STAGES, BAR_Q = 4 * STAGES, BAR_Q_EMPTY = 4 * STAGES + Q_BUFS;
@@ -106,6 +111,11 @@ static_assert(Q_IN_REGS || D >= 128 || CONSUMERS == 4,
               "Q leaves the registers for large head_dims and four consumer warpgroups");
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
 static_assert(ONES_BYTES >= 256, "the row-sum operand: 16 keys x 8 columns of T");
+static_assert(!ROWSUM_IN_PV || (ROWSUM_MMA && D == 64 && ONES_BYTES >= 16 * 128),
+              "row sums in P V: head_dim 64 (one V panel), a 16-key panel of ones");
+static_assert(!ROWSUM_IN_PV || (OFF_ONES - OFF_V >= STAGES * KV_BYTES && OFF_ONES - OFF_V < (1 << 18)),
+              "the V descriptors' leading byte offset (14 bits of 16 bytes) reaches the ones "
+              "from every slot and k-step (desc_at_ones)");
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536 / NT / 8 * 8 * NT,
               "setmaxnreg only moves the registers the block got at entry (ptxas: 65536 / NT, "
@@ -126,6 +136,26 @@ constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never u
 __device__ __forceinline__ u64 desc_at(u64 desc, u32 off) {
     const u32 lo = static_cast<u32>(desc) + (off >> 4);
     return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
+/// desc_at for the V descriptors of ROWSUM_IN_PV: the start address moves `off` bytes on and
+/// the leading byte offset `off` bytes back, so the ninth n8 block of every k-step of every
+/// slot reads the same panel of ones (one add to the low word: start in bits 0-13, the
+/// offset in bits 16-29, neither field leaves its range for offsets inside the ring).
+__device__ __forceinline__ u64 desc_at_ones(u64 desc, u32 off) {
+    const u32 lo = static_cast<u32>(desc) + (off >> 4) - ((off >> 4) << 16);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
+/// One k16 step of O += P V from the V operand at `dv`; with ROWSUM_IN_PV the same wgmma
+/// adds P's row sums to `sums` (every column).
+template <int N>
+__device__ __forceinline__ void pv_k16(float (&acc)[N][4], float (&sums)[1][4], const u32 (&a)[4],
+                                       u64 dv) {
+    if constexpr (ROWSUM_IN_PV)
+        wgmma_rs_tb_sum<T>(acc, sums, a, dv);
+    else
+        wgmma_rs_tb<T, D>(acc, a, dv);
 }
 
 template <int HH>
@@ -267,10 +297,11 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         }
         mbar_fence_init();
     }
-    if (ROWSUM_MMA && threadIdx.x < ONES_BYTES / 4) {   // the ones the row-sum wgmma reads
+    if (ROWSUM_MMA) {                                      // the ones the row-sum wgmma reads
         const u32 one2 = DTypeTraits<T>::pack(1.0f, 1.0f);
-        asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(base + OFF_ONES + 4u * threadIdx.x), "r"(one2)
-                     : "memory");
+        for (int i = threadIdx.x; i < ONES_BYTES / 4; i += NT)
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(base + OFF_ONES + 4u * i), "r"(one2)
+                         : "memory");
         fence_proxy_async_smem();                          // visible to wgmma (async proxy)
     }
     __syncthreads();
@@ -418,7 +449,8 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     // need not be a power of two)
     auto slot_of = [&](Ring p, int hh) { return ring_at(p, hh).slot; };
     const u64 desc_k0 = sw128_desc(base + OFF_K, 16, 1024);          // K slot 0 panel 0, K-major
-    const u64 desc_v0 = sw128_desc(base + OFF_V, KV_PANEL, 1024);    // V slot 0, N-major
+    // V slot 0, N-major; with ROWSUM_IN_PV its "next panel" is the ones (desc_at_ones)
+    const u64 desc_v0 = sw128_desc(base + OFF_V, ROWSUM_IN_PV ? OFF_ONES - OFF_V : KV_PANEL, 1024);
     const u64 desc_q0 = sw128_desc(q_wg, 16, 1024);                  // Q buffer 0 (from smem)
     u64 desc_q = desc_q0;                                            // the current work's Q
     // ones (ROWSUM_MMA): the two 8 x 16-byte core matrices of a k16 step 128 bytes apart
@@ -475,12 +507,14 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         wgmma_fence();
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh) {
-            const u64 dv = desc_at(desc_v0, slot_of(i0, hh) * KV_BYTES);
+            const u32 sv = slot_of(i0, hh) * KV_BYTES;
+            const u64 dv = ROWSUM_IN_PV ? desc_at_ones(desc_v0, sv) : desc_at(desc_v0, sv);
 #pragma unroll
             for (int kk = 0; kk < NB / 2; ++kk)
-                wgmma_rs_tb<T, D>(acc, pf_prev[hh * (NB / 2) + kk], desc_at(dv, kk * 16 * 128));
+                pv_k16(acc, lacc, pf_prev[hh * (NB / 2) + kk],
+                       ROWSUM_IN_PV ? desc_at_ones(dv, kk * 16 * 128) : desc_at(dv, kk * 16 * 128));
         }
-        if (ROWSUM_MMA) {
+        if (ROWSUM_MMA && !ROWSUM_IN_PV) {
 #pragma unroll
             for (int kk = 0; kk < NS / 2; ++kk) wgmma_rs_n8<T>(lacc, pf_prev[kk], desc_ones);
         }
