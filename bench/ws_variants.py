@@ -6,17 +6,23 @@ its config overrides (the row split recomputed for the consumer count), re-rende
 ``q_in_regs=false``: S = Q K^T reads Q from smem), compiles it for sm_90a and swaps it into
 an :class:`AttentionOp` of that config, so the walk, the launch and the check are the
 product's. ``--old-template attention/X.cu.j2`` adds the variant ``old`` rendered from a
-copy of the template (an A/B of a template change in one call). Each output is checked
-against SDPA in float32; a row holds ``[TF/s, relative error, us]`` per variant, and the
-combine kernel's own us where rows are split.
+copy of the template (an A/B of a template change in one call). ``--bias`` times the
+kernels of a node with an additive score bias (``[1, H, L, L]`` in the case's dtype, as
+T5's relative-position bias; the selector's config is the one for such a node:
+``ws_cost.ws_spills``), ``--softcap X`` those that soft-cap the scores at X. Each output is
+checked against a float32 reference (SDPA with the bias and the mask's -inf as its
+``attn_mask``; by hand, one (batch, head) at a time, with soft-capping); a row holds
+``[TF/s, relative error, us]`` per variant, and the combine kernel's own us where rows are
+split.
 Usage: PYTHONPATH=. python3 bench/ws_variants.py [--cases B:H:L:D:dtype ...] [--masks ...]
-    [--variants base,c3,...] [--old-template ...]
+    [--variants base,c3,...] [--old-template ...] [--bias] [--softcap X]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import unittest.mock
 from dataclasses import replace
@@ -32,6 +38,7 @@ import stofc.runtime.attention as attention_rt
 from stofc.codegen import render
 from stofc.compile import compile_source
 from stofc.kernels.attention import AttentionConfig, KernelSpec, smem_bytes, ws_launch, ws_plan
+from stofc.kernels.attention.config import NO_EXTRAS, ExtraInputs
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
@@ -107,10 +114,12 @@ def format_order(words) -> np.ndarray:
     return np.asarray(words, np.uint64).reshape(-1, 64)
 
 
-def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionConfig:
-    """The selector's ws starting config for the shape with ``over`` applied; the row split
-    is recomputed for the consumer count the overrides give unless they set it."""
-    cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D)
+def base_config(fmt, profile, B: int, H: int, D: int, over: dict,
+                extras: ExtraInputs = NO_EXTRAS) -> AttentionConfig:
+    """The selector's ws starting config for the shape and the node's ``extras`` with
+    ``over`` applied; the row split is recomputed for the consumer count the overrides give
+    unless they set it."""
+    cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D, extras=extras)
     if cfg is None:
         raise ValueError("no ws config for this shape")
     over = dict(over)                       # VARIANTS' own dicts stay as they are
@@ -130,6 +139,25 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict) -> AttentionCo
     return replace(cfg, split=split, split_rows=rows)
 
 
+def reference(q, k, v, dense, bias, softcap: float):
+    """The float32 attention ``[B, L, H, D]`` of ``q, k, v`` (``[B, L, H, D]``) under the
+    bool mask ``dense``, with the additive ``bias`` (``[1, H, L, L]``, or None) and the
+    scores soft-capped at ``softcap`` (0: not), as the kernel computes it: soft-capping of
+    the scaled scores, then the bias, then the mask."""
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
+    if not softcap:
+        mask = dense if bias is None else bias.float().masked_fill_(~dense, float("-inf"))
+        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask).transpose(1, 2)
+    out = torch.empty_like(qt)
+    scale = qt.shape[-1] ** -0.5
+    for b, h in itertools.product(range(qt.shape[0]), range(qt.shape[1])):
+        s = softcap * torch.tanh(qt[b, h] @ kt[b, h].T * scale / softcap)
+        if bias is not None:
+            s += bias[0, h].float()
+        out[b, h] = torch.softmax(s.masked_fill_(~dense, float("-inf")), -1) @ vt[b, h]
+    return out.transpose(1, 2)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="1:16:8192:128:bf16 2:12:8192:64:fp16")
@@ -145,7 +173,13 @@ def main() -> int:
     ap.add_argument("--exp-template", default="",
                     help="a template copy (under templates/) for the variants marked __exp__; "
                          "their configs skip the register-estimate pruning")
+    ap.add_argument("--bias", action="store_true",
+                    help="the node adds a bias [1, H, L, L] (the case's dtype) to the scores: "
+                         "its kernels, and the selector's config for it (base)")
+    ap.add_argument("--softcap", type=float, default=0.0,
+                    help="the node soft-caps the scores at this value (0: not)")
     args = ap.parse_args()
+    extras = ExtraInputs(has_bias=args.bias, has_softcap=args.softcap > 0)
     if args.old_template:
         VARIANTS["old"] = ({}, {"__template__": args.old_template,
                                 "__format_bitmaps__": args.old_format_bitmaps})
@@ -163,6 +197,8 @@ def main() -> int:
             return cp.asarray(x) if tdt == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
 
         qc, kc, vc = (cpv(x) for x in (q, k, v))
+        bias = torch.randn(1, H, L, L, device="cuda", dtype=tdt) if args.bias else None
+        extra_args = {"bias": None if bias is None else cpv(bias), "softcap": args.softcap}
         for mask in args.masks.split(","):
             fmt = encode(MASKS.get(mask, mask), L)
             if args.no_ref:                     # timing only (the error column is nan)
@@ -170,14 +206,15 @@ def main() -> int:
             else:
                 dense = torch.from_numpy(to_dense(fmt)).cuda()
                 nnz = int(dense.sum())
-                ref = F.scaled_dot_product_attention(
-                    *(x.transpose(1, 2).float() for x in (q, k, v)), attn_mask=dense).transpose(1, 2)
+                ref = reference(q, k, v, dense, bias, args.softcap)
                 del dense
             row = {"case": case, "mask": mask}
+            if args.bias or args.softcap:
+                row.update(bias=args.bias, softcap=args.softcap)
             for name in names:
                 cfg_over, tpl_over = VARIANTS[name]
                 try:
-                    cfg = base_config(fmt, profile, B, H, D, cfg_over)
+                    cfg = base_config(fmt, profile, B, H, D, cfg_over, extras)
                     tpl_over = dict(tpl_over)
                     if tpl_over.pop("__format_bitmaps__", False):
                         with unittest.mock.patch.object(ws_plan, "fragment_bitmaps", format_order):
@@ -195,18 +232,19 @@ def main() -> int:
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     else:
                         op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    spec = KernelSpec(cfg, sdt, D)
+                    spec = KernelSpec(cfg, sdt, D, has_bias=extras.has_bias,
+                                      has_softcap=extras.has_softcap)
                     values = {**AttentionWs().template_values(spec), **tpl_over}
                     values["kernel_name"] = spec.name
                     template = values.pop("__template__", spec.template)
                     src = render(template, spec.name + "_" + name,
                                  (spec.name, spec.name + "_combine"), **values)
                     compiled = compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
-                    op._kernels[(False, False, False)] = (
+                    op._kernels[(extras.has_bias, False, extras.has_softcap)] = (
                         load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D)),
                         load_kernel(compiled, spec.name + "_combine"))
                     out = torch.full_like(q, float("nan"))
-                    bound = op.bind(qc, kc, vc, cpv(out))
+                    bound = op.bind(qc, kc, vc, cpv(out), **extra_args)
                     if bound.then is not None and "COMBINE_GROUPS" not in src.code:
                         bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
                     row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)

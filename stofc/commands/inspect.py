@@ -14,8 +14,10 @@ from stofc.frontend import load_model
 from stofc.frontend.model_mask import model_masks
 from stofc.frontend.types import ModelGraph
 from stofc.kernels.attention import select_kernel
+from stofc.kernels.attention.config import ExtraInputs
 from stofc.masks import encode, parse_mask
 from stofc.plan import build_plan
+from stofc.plan.attention import attention_reads
 from stofc.plan.plan import Segment
 from stofc.targets import GpuProfile, get_profile
 
@@ -33,7 +35,8 @@ def _seq_len(graph: ModelGraph) -> int:
 
 def _mask_report(spec_text: str | None, graph: ModelGraph, profile: GpuProfile, *,
                  batch: int, seq: int) -> dict | None:
-    """The --mask spec: its density at ``seq`` and the attention kernel the selector picks."""
+    """The --mask spec: its density at ``seq`` and the attention kernel the selector picks
+    (for the first layer's heads, head_dim and node inputs: bias, key bits, soft-capping)."""
     if spec_text is None:
         return None
 
@@ -44,9 +47,12 @@ def _mask_report(spec_text: str | None, graph: ModelGraph, profile: GpuProfile, 
     att = graph.layers[0].attention
     fmt = encode(parse_mask(spec_text), seq, tile=64, layer=0, num_heads=att.num_heads)
     report["density"] = float(fmt.density)
+    key_bits, bias = attention_reads(att)
+    extras = ExtraInputs(has_bias=bias, has_key_bits=key_bits,
+                         has_softcap=float(att.softcap or 0.0) > 0.0)
     try:
         choice = select_kernel(fmt, profile, batch=batch, heads=att.num_heads, seq_len=seq,
-                               head_dim=att.head_dim)
+                               head_dim=att.head_dim, extras=extras)
     except StofcError as err:  # e.g. a head_dim no kernel supports: say so, keep inspecting
         report["why"] = str(err)
     else:

@@ -180,7 +180,7 @@ def _selector_buckets(problem: AttentionProblem, profile: GpuProfile, max_seq_le
         if n >= max_seq_len:
             continue
         c, vs = choose_attention(fmt, profile, batch=problem.batch, heads=problem.heads,
-                                 seq_len=n, head_dim=problem.head_dim)
+                                 seq_len=n, head_dim=problem.head_dim, extras=problem.extras)
         c = _fit(c, problem.fmt, permutable)
         vs = tuple(replace(v, max_seq_len=min(v.max_seq_len or n, n),
                            choice=_fit(v.choice, problem.fmt, permutable),
@@ -211,12 +211,13 @@ def attention_kernel(problem: AttentionProblem, profile: GpuProfile, *, layer: i
                      length_formats: tuple[tuple[int, MaskFormat], ...] = ()
                      ) -> AttentionKernel:
     """One layer's :class:`AttentionKernel` (see the module doc): the selector's choice on
-    ``problem`` for runs up to ``max_seq_len`` and its variants, unless a plan names a
-    config (``planned``; ``buckets``: ``(length, config)`` of the tuned buckets);
-    ``length_formats``: ``(length, format)`` of the selector's buckets (untuned only)."""
+    ``problem`` (its shape and its node's extra inputs) for runs up to ``max_seq_len`` and
+    its variants, unless a plan names a config (``planned``; ``buckets``: ``(length,
+    config)`` of the tuned buckets); ``length_formats``: ``(length, format)`` of the
+    selector's buckets (untuned only)."""
     choice, variants = choose_attention(problem.fmt, profile, batch=problem.batch,
                                         heads=problem.heads, seq_len=max_seq_len,
-                                        head_dim=problem.head_dim)
+                                        head_dim=problem.head_dim, extras=problem.extras)
     picks: tuple[BucketPick, ...] = ()
     if planned is not None:
         choice, variants = _with_plan(choice, planned, max_seq_len, buckets)

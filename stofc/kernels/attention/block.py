@@ -34,6 +34,7 @@ from stofc.kernels.attention.config import (
     REG_LIMIT,
     REG_OVERHEAD,
     AttentionConfig,
+    ExtraInputs,
     estimate_registers,
     prune,
     q_in_registers,
@@ -275,7 +276,8 @@ class AttentionBlock(AttentionFamily):
 
     # -- the selector -----------------------------------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                        seq_len: int, head_dim: int) -> AttentionConfig | None:
+                        seq_len: int, head_dim: int, extras: ExtraInputs
+                        ) -> AttentionConfig | None:
         return block_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim)
 
     def unavailable(self, fmt: MaskFormat, head_dim: int) -> str:

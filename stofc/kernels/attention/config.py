@@ -85,6 +85,22 @@ class AttentionConfig:
 
 
 @dataclass(frozen=True)
+class ExtraInputs:
+    """What a layer's SparseAttention node reads besides Q, K and V, as the selector sees
+    it: ``has_bias`` (an additive score bias), ``has_key_bits`` (a key padding mask),
+    ``has_softcap`` (the scores are soft-capped). Each adds code to the kernel, so it can
+    change which config runs without spilling (:func:`.ws_cost.ws_spills`); the selector's
+    memo keys hold it."""
+
+    has_bias: bool = False
+    has_key_bits: bool = False
+    has_softcap: bool = False
+
+
+NO_EXTRAS = ExtraInputs()     # Q, K and V only: what a caller that says nothing gets
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """A config plus what the template needs to render one source."""
 

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from stofc.codegen import Source
 from stofc.errors import PlanError
-from stofc.kernels.attention.config import AttentionConfig, KernelSpec, check_dtype
+from stofc.kernels.attention.config import AttentionConfig, ExtraInputs, KernelSpec, check_dtype
 from stofc.kernels.attention.gather import plan_tiles
 from stofc.kernels.attention.launch import AttentionLaunchData, LaunchData, Walk, assemble
 from stofc.kernels.attention.permute import choose_permutation
@@ -77,6 +77,12 @@ class AttentionProblem:
     scale: float = 0.0
     has_softcap: bool = False
 
+    @property
+    def extras(self) -> ExtraInputs:
+        """What the node reads besides Q, K and V (the selector's :class:`.config.ExtraInputs`)."""
+        return ExtraInputs(has_bias=self.has_bias, has_key_bits=self.has_key_bits,
+                           has_softcap=self.has_softcap)
+
     def kernel_spec(self, config: AttentionConfig) -> KernelSpec:
         """The rendered-kernel spec of ``config`` for this problem."""
         return KernelSpec(config, self.dtype, self.head_dim, has_bias=self.has_bias,
@@ -113,7 +119,7 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
 
     def choose(self, peers: tuple[KernelFamily[Any, Any], ...], seg: SegmentView,
                ctx: PlanContext) -> PlanKernelSpec:
-        """The selector's choice on the layer's format: the base kernel of
+        """The selector's choice on the layer's format and inputs: the base kernel of
         :func:`.select.choose_attention` (``ctx.variants``), else the config for exactly
         this shape (:func:`.select.select_kernel`); :data:`NO_ATTENTION_KERNEL` without a
         format."""
@@ -123,9 +129,9 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
         shape = {"batch": problem.batch, "heads": problem.heads, "seq_len": problem.seq_len,
                  "head_dim": problem.head_dim}
         if ctx.variants:
-            choice, _ = choose_attention(problem.fmt, ctx.profile, **shape)
+            choice, _ = choose_attention(problem.fmt, ctx.profile, **shape, extras=problem.extras)
         else:
-            choice = select_kernel(problem.fmt, ctx.profile, **shape)
+            choice = select_kernel(problem.fmt, ctx.profile, **shape, extras=problem.extras)
         fam = next(f for f in peers if f.owns({"kind": choice.kernel}))
         return fam.spec(problem, choice.config)
 
@@ -145,10 +151,14 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
 
     def tuning_key(self, problem: AttentionProblem, profile: GpuProfile,
                    identities: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The shape, mask and GPU, and each extra input the node reads (a bias or
+        soft-capping changes the space: :func:`.ws_cost.ws_spills`), named only when read so
+        that a problem without them keeps its key."""
         p, fmt = problem, problem.fmt
+        reads = (("key_bits", p.has_key_bits), ("bias", p.has_bias), ("softcap", p.has_softcap))
         return ("attention", p.batch, p.seq_len, p.heads, p.head_dim, p.dtype, p.layout,
                 fmt.spec_hash, fmt.seq_len, fmt.tile, *identities, profile.arch,
-                *(("key_bits",) if p.has_key_bits else ()))
+                *(name for name, read in reads if read))
 
     # -- configs --------------------------------------------------------------------
     @abstractmethod
@@ -220,8 +230,10 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
     # -- the selector ---------------------------------------------------------------
     @abstractmethod
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                        seq_len: int, head_dim: int) -> AttentionConfig | None:
-        """The analytical config for this mask and shape (None: none fits)."""
+                        seq_len: int, head_dim: int, extras: ExtraInputs
+                        ) -> AttentionConfig | None:
+        """The analytical config for this mask and shape, for a node that also reads
+        ``extras`` (None: none fits)."""
 
     def unavailable(self, fmt: MaskFormat, head_dim: int) -> str:
         """Why :meth:`starting_config` found nothing (for the selector's explanation)."""
@@ -245,7 +257,7 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
     def default(self, problem: AttentionProblem, profile: GpuProfile) -> AttentionConfig | None:
         return self.starting_config(problem.fmt, profile, batch=problem.batch,
                                     heads=problem.heads, seq_len=problem.seq_len,
-                                    head_dim=problem.head_dim)
+                                    head_dim=problem.head_dim, extras=problem.extras)
 
     # -- launch -----------------------------------------------------------------------
     @abstractmethod

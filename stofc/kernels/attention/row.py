@@ -21,6 +21,7 @@ import numpy as np
 from stofc.kernels.attention.config import (
     REG_OVERHEAD,
     AttentionConfig,
+    ExtraInputs,
     prune,
     q_in_registers,
     resource_reason,
@@ -96,7 +97,8 @@ class AttentionRow(AttentionFamily):
 
     # -- the selector -----------------------------------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                        seq_len: int, head_dim: int) -> AttentionConfig | None:
+                        seq_len: int, head_dim: int, extras: ExtraInputs
+                        ) -> AttentionConfig | None:
         return row_config(fmt, profile, batch=batch, heads=heads, seq_len=seq_len)
 
     def estimate_us(self, fmt: MaskFormat, profile: GpuProfile, config: AttentionConfig, *,

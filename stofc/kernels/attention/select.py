@@ -19,9 +19,12 @@ Each family may then turn its choice into a base kernel plus run-time variants
 (:meth:`~stofc.kernels.attention.family.AttentionFamily.runtime_variants`: the
 block-wise query split for short grids): :func:`choose_attention`.
 
+Both take the node's inputs besides Q, K and V (``extras``,
+:class:`~.config.ExtraInputs`; default none): a starting config may not spill with them
+(four ws consumer warpgroups do with a bias, :func:`.ws_cost.ws_spills`).
 Both are memoised (``MEMO_SIZE`` entries) on the format's content digest, the GPU
-profile, the shape and the registered families: layers with the same mask share one
-selection (ModernBERT's 14 local layers: one block-wise search, not 14).
+profile, the shape, those inputs and the registered families: layers with the same mask
+share one selection (ModernBERT's 14 local layers: one block-wise search, not 14).
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from stofc.kernels.attention.config import AttentionConfig, attention_families, check_head_dim
+from stofc.kernels.attention.config import (
+    NO_EXTRAS,
+    AttentionConfig,
+    ExtraInputs,
+    attention_families,
+    check_head_dim,
+)
 from stofc.masks.format import MaskFormat, content_digest
 from stofc.targets import GpuProfile
 
@@ -45,11 +54,12 @@ _MEMO: OrderedDict[tuple, Any] = OrderedDict()
 
 
 def _memoised(what: str, fmt: MaskFormat, profile: GpuProfile, shape: tuple[int, ...],
-              make: Callable[[], T]) -> T:
-    """``make()``, once per (what, format content, profile, shape, families, TAU)."""
+              extras: ExtraInputs, make: Callable[[], T]) -> T:
+    """``make()``, once per (what, format content, profile, shape, extra inputs, families,
+    TAU)."""
     families = tuple((type(f).__module__, type(f).__qualname__, f.kind)
                      for f in attention_families())
-    key = (what, content_digest(fmt), profile, shape, families, TAU)
+    key = (what, content_digest(fmt), profile, shape, extras, families, TAU)
     if key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key]
@@ -124,17 +134,18 @@ def stof_threshold(fmt: MaskFormat, seq_len: int) -> float:
 
 
 def select_kernel(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                  seq_len: int, head_dim: int) -> KernelChoice:
+                  seq_len: int, head_dim: int, extras: ExtraInputs = NO_EXTRAS
+                  ) -> KernelChoice:
     """Pick the attention family and starting config for this mask and shape on this GPU,
-    with a reason (see the module doc; memoised)."""
+    for a node that also reads ``extras``, with a reason (see the module doc; memoised)."""
     check_head_dim(head_dim)
-    return _memoised("select", fmt, profile, (batch, heads, seq_len, head_dim),
+    return _memoised("select", fmt, profile, (batch, heads, seq_len, head_dim), extras,
                      lambda: _select(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
-                                     head_dim=head_dim))
+                                     head_dim=head_dim, extras=extras))
 
 
 def _select(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-            seq_len: int, head_dim: int) -> KernelChoice:
+            seq_len: int, head_dim: int, extras: ExtraInputs) -> KernelChoice:
     seq_len = min(seq_len, fmt.seq_len)
     thr = stof_threshold(fmt, seq_len)
     shape = {"batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim}
@@ -144,7 +155,7 @@ def _select(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     refined: list[tuple[str, float]] = []
     missing: list[str] = []
     for order, fam in enumerate(f for f in attention_families() if f.selectable):
-        cfg = fam.starting_config(fmt, profile, **shape)
+        cfg = fam.starting_config(fmt, profile, **shape, extras=extras)
         if cfg is None:
             if not fam.refines:
                 missing.append(fam.unavailable(fmt, head_dim))
@@ -180,19 +191,21 @@ def _select(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
 
 
 def choose_attention(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                     seq_len: int, head_dim: int
+                     seq_len: int, head_dim: int, extras: ExtraInputs = NO_EXTRAS
                      ) -> tuple[KernelChoice, tuple[AttentionVariant, ...]]:
-    """The selector's choice as the base kernel of a layer, and its run-time variants
-    (those the chosen family adds for shapes the base kernel serves badly; memoised)."""
-    return _memoised("choose", fmt, profile, (batch, heads, seq_len, head_dim),
+    """The selector's choice as the base kernel of a layer whose node also reads
+    ``extras``, and its run-time variants (those the chosen family adds for shapes the
+    base kernel serves badly; memoised)."""
+    return _memoised("choose", fmt, profile, (batch, heads, seq_len, head_dim), extras,
                      lambda: _choose(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
-                                     head_dim=head_dim))
+                                     head_dim=head_dim, extras=extras))
 
 
 def _choose(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int, seq_len: int,
-            head_dim: int) -> tuple[KernelChoice, tuple[AttentionVariant, ...]]:
+            head_dim: int, extras: ExtraInputs
+            ) -> tuple[KernelChoice, tuple[AttentionVariant, ...]]:
     choice = select_kernel(fmt, profile, batch=batch, heads=heads, seq_len=seq_len,
-                           head_dim=head_dim)
+                           head_dim=head_dim, extras=extras)
     fam = next(f for f in attention_families() if f.kind == choice.kernel)
     return fam.runtime_variants(choice, fmt, profile, batch=batch, heads=heads,
                                 head_dim=head_dim)

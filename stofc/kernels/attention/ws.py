@@ -10,7 +10,8 @@ FlashAttention-3 runs head_dim 64 so); their 160 registers hold head_dim 64's ar
 and head_dim 128's once Q is read from shared memory (:func:`ws_q_in_regs`; 256's are
 pruned by :func:`ws_registers`). Four (head_dim 64 only, Q in shared memory) put four:
 dense and causal rows ran 8-13% faster than three (H100,
-``bench/results/ws-variants-c4-h100-2026-11-27.jsonl``). Shared memory holds Q for the block's
+``bench/results/ws-variants-c4-h100-2026-11-27.jsonl``); not with a bias (four spill then
+and run slower: :func:`~.ws_cost.ws_spills`). Shared memory holds Q for the block's
 rows (two buffers where S reads Q from it and they fit: :func:`ws_q_buffers`), ``stages`` K and V
 tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
 stage, the ring's mbarriers and, where it fits, an area that stages O for 16-byte
@@ -30,12 +31,12 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
-from stofc.kernels.attention.config import DTYPES, AttentionConfig, KernelSpec, prune
+from stofc.kernels.attention.config import DTYPES, AttentionConfig, ExtraInputs, KernelSpec, prune
 from stofc.kernels.attention.family import AttentionFamily, AttentionProblem
 from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
-from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split
+from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
 from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MIN_SPLIT, consumers_of
 from stofc.kernels.attention.ws_smem import (
@@ -199,12 +200,14 @@ class AttentionWs(AttentionFamily):
                    ) -> tuple[list[AttentionConfig], dict[str, int]]:
         """The search space, each config also with the residue split where the mask has one
         (:func:`~.residue.choose_period`): the split walks fewer tiles, but its rows are
-        shorter, so which wins (and with which split and ring) is measured."""
+        shorter, so which wins (and with which split and ring) is measured. Those that spill
+        with the node's inputs are left out, with the reason (:func:`~.ws_cost.ws_unspilled`)."""
         configs, extra = super().candidates(problem, profile)
         chosen = choose_period(problem.fmt)
         if chosen is not None:
             configs = configs + [replace(c, period=chosen[0]) for c in configs]
-        return configs + self._tail_splits(configs, problem, profile), extra
+        configs, spills = ws_unspilled(configs, problem.head_dim, problem.extras)
+        return configs + self._tail_splits(configs, problem, profile), {**extra, **spills}
 
     @staticmethod
     def _tail_splits(configs: list[AttentionConfig], problem: AttentionProblem,
@@ -252,9 +255,10 @@ class AttentionWs(AttentionFamily):
 
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-                        seq_len: int, head_dim: int) -> AttentionConfig | None:
+                        seq_len: int, head_dim: int, extras: ExtraInputs
+                        ) -> AttentionConfig | None:
         return ws_config(fmt, profile, batch=batch, heads=heads, head_dim=head_dim,
-                         seq_len=seq_len)
+                         seq_len=seq_len, extras=extras)
 
     def unavailable(self, fmt: MaskFormat, head_dim: int) -> str:
         return "warp-specialised needs a Hopper GPU, T=64 and head_dim 64, 128 or 256"

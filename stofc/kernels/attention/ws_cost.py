@@ -64,11 +64,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from stofc.kernels.attention.config import AttentionConfig, prune
+from stofc.kernels.attention.config import NO_EXTRAS, AttentionConfig, ExtraInputs, prune
 from stofc.kernels.attention.residue import choose_period, split_format
 from stofc.kernels.attention.ws_balance import COMBINE_US, dealt_loads, tail_split
 from stofc.kernels.attention.ws_plan import (
@@ -283,13 +284,47 @@ def ws_pingpong(plan: WsPlan) -> bool:
     return skipped_share(plan) <= PINGPONG_MAX_SKIPPED
 
 
+def ws_spills(config: AttentionConfig, head_dim: int, extras: ExtraInputs) -> str | None:
+    """Why ``config`` (kind ``ws``) is left out for a node that also reads ``extras``: it
+    spills registers and runs slower than the same kernel with one consumer fewer; None
+    where it does not (as measured). The selector (:func:`ws_config`) and the tuner
+    (:meth:`~.ws.AttentionWs.candidates`) skip what it refuses.
+
+    Four consumer warpgroups (``setmaxnreg`` 112 registers each; head_dim 64 only, one
+    64-key tile per step: :func:`~.ws.ws_prune`) spill with an additive bias. ptxas (nvcc
+    13.0, sm_90a) at head_dim 64: 108 bytes of spill stores with the bias alone, 84 with the
+    bias, key bits and soft-capping. Timed on an H100 with a bias
+    (``bench/results/ws-variants-bias-h100-2026-11-28.jsonl``, fp16, B=2 H=12 at 4K and 16K,
+    dense and causal), four ran 17-22% slower than three. With soft-capping alone they spill
+    8 bytes and still ran 2-12% faster than three (``ws-variants-softcap-h100-2026-11-28``),
+    and with key-padding bits alone they do not spill: both keep four. Two and three
+    consumers spill with none of these (``NOTES.md``, "Known spills";
+    ``tests/unit/test_attention_ws.py``, ``KNOWN_SPILLS``)."""
+    if consumers_of(config.warps) < 4 or not extras.has_bias:
+        return None
+    return (f"ws: four consumer warpgroups (112 registers each) spill with a bias at "
+            f"head_dim {head_dim} (ptxas: 84-108 bytes of spill stores) and ran 17-22% "
+            f"slower than three; two and three do not spill")
+
+
+def ws_unspilled(configs: list[AttentionConfig], head_dim: int, extras: ExtraInputs
+                 ) -> tuple[list[AttentionConfig], dict[str, int]]:
+    """``configs`` less those :func:`ws_spills` refuses with ``extras`` (order kept), and
+    how many it refused for each reason (the tuner's pruning report)."""
+    spills = [ws_spills(c, head_dim, extras) for c in configs]
+    kept = [c for c, why in zip(configs, spills, strict=True) if why is None]
+    return kept, dict(Counter(why for why in spills if why is not None))
+
+
 def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
-              head_dim: int, seq_len: int | None = None) -> AttentionConfig | None:
+              head_dim: int, seq_len: int | None = None, extras: ExtraInputs = NO_EXTRAS
+              ) -> AttentionConfig | None:
     """The starting ws config: one tile per step, the ring depth measured fastest for the
     head_dim and consumer count (:func:`ws_stages`), ping-pong turns where
     :func:`ws_pingpong` takes them, and of the consumer counts that
     :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128, four at
-    64), with and
+    64) and that :func:`ws_spills` keeps for the node's ``extras`` (not four with a bias),
+    with and
     without the mask's residue split (:func:`~.residue.choose_period`, where it has one),
     the one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
     split for this batch and head count;
@@ -303,7 +338,8 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
         probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1),
                                 ws_stages(head_dim, consumers), 1, mma="wgmma", pingpong=True,
                                 period=period)
-        if prune(probe, head_dim, profile) is not None:     # before the split's plan_ws
+        if (prune(probe, head_dim, profile) is not None     # before the split's plan_ws
+                or ws_spills(probe, head_dim, extras) is not None):
             continue
         split, split_rows = ws_split(walked, profile, consumers=consumers,
                                      batch=batch * period, heads=heads,
