@@ -10,7 +10,11 @@ Called in the measurement worker with an
   (:func:`~stofc.tune.measure.rotation_count`), kept for the last few problems.
 * The kernel variant is the one the package deploys: with a key padding mask
   (``payload.key_bits``, an all-ones ``[B, S]`` mask) when the layer's
-  SparseAttention receives one.
+  SparseAttention receives one, an additive bias (``payload.bias``: a random
+  ``[1, H, S, S]`` in the dtype, one per problem) when it adds one, soft-capped
+  scores (``payload.softcap``: at :data:`SOFTCAP`) when it caps them. A bias costs
+  its own loads and registers (four ws consumer warpgroups spill with one and run
+  17-22% slower than three), so a bias layer's configs are ranked with it.
 * ``time``: a config :func:`~stofc.kernels.attention.prune` rejects is a
   :class:`~stofc.tune.measure.CandidateRejected`; otherwise one
   :class:`~stofc.runtime.module.BoundLaunch` per input set (one driver call
@@ -19,8 +23,8 @@ Called in the measurement worker with an
 * ``verify``: output poisoned with NaN, one launch; the whole output must be
   finite, and sampled (batch, head) pairs must match
   :func:`~stofc.kernels.attention.reference_attention` (float64, the mask
-  decoded independently by ``dense_from_format``) within the GPU tests'
-  tolerance (relative Frobenius 2e-3 fp16, 1e-2 bf16).
+  decoded independently by ``dense_from_format``, with the same bias and cap)
+  within the GPU tests' tolerance (relative Frobenius 2e-3 fp16, 1e-2 bf16).
 
 :func:`compile_attention` compiles a candidate into the NVRTC cache without a GPU.
 """
@@ -46,12 +50,14 @@ from stofc.tune.measure import CandidateRejected, MeasureTask, rotation_count, t
 from stofc.tune.spaces import AttentionPayload
 
 TOL = {"float16": 2e-3, "bfloat16": 1e-2}
+SOFTCAP = 50.0                  # Gemma 2's attention cap (the kernel's cost does not depend on it)
 KEEP_INPUTS = 2
 KEEP_OPS = 8
 
 _INPUTS: OrderedDict[tuple, list[tuple[Any, Any, Any, Any]]] = OrderedDict()
 _OPS: OrderedDict[tuple, Any] = OrderedDict()
 _DENSE: dict[str, np.ndarray] = {}
+_BIAS: OrderedDict[tuple, Any] = OrderedDict()
 
 
 def attention_config(params: Any) -> AttentionConfig:
@@ -123,8 +129,9 @@ def run(task: MeasureTask) -> float | bool:
     op = _op(p, config)
     sets = _inputs(task, p)
     if task.mode == "verify":
-        return verify(op, sets[0], p)
-    bound = [op.bind(q, k, v, out, layout=p.layout, scale=p.scale, key_mask=_key_mask(p))
+        return verify(op, sets[0], p, _extra_inputs(task, p))
+    extra = _extra_inputs(task, p)
+    bound = [op.bind(q, k, v, out, layout=p.layout, scale=p.scale, **extra)
              for q, k, v, out in sets]
     bound[0].launch()
     cupy.cuda.Device().synchronize()
@@ -141,17 +148,37 @@ def _key_mask(p: AttentionPayload) -> Any:
     return cupy.ones((p.batch, p.seq_len), dtype=cupy.int32)
 
 
+def _extra_inputs(task: MeasureTask, p: AttentionPayload) -> dict[str, Any]:
+    """The node's inputs besides Q, K and V as ``bind`` takes them: the key mask, the bias
+    (random ``[1, H, S, S]`` in the dtype, made once per problem) and the cap."""
+    bias = None
+    if getattr(p, "bias", False):
+        key = (task.family, task.problem)
+        if key not in _BIAS:
+            while len(_BIAS) >= KEEP_INPUTS:
+                _BIAS.popitem(last=False)
+            cupy = _cupy()
+            rng = cupy.random.default_rng(zlib.crc32(repr(("bias", *key)).encode()))
+            _BIAS[key] = _random(cupy, rng, (1, p.heads, p.seq_len, p.seq_len), p.dtype)
+        bias = _BIAS[key]
+    return {"key_mask": _key_mask(p), "bias": bias,
+            "softcap": SOFTCAP if getattr(p, "softcap", False) else 0.0}
+
+
 def _head(x: Any, layout: str, b: int, h: int) -> Any:
     return x[b, :, h, :] if layout == "bshd" else x[b, h]
 
 
-def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> bool:
-    """Poisoned output, one launch, the float64 check on sampled (batch, head) pairs."""
+def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload,
+           extra: dict[str, Any] | None = None) -> bool:
+    """Poisoned output, one launch, the float64 check on sampled (batch, head) pairs
+    (``extra``: the node's other inputs, :func:`_extra_inputs`)."""
     cupy = _cupy()
     q, k, v, out = inputs
+    extra = extra or {"key_mask": _key_mask(p), "bias": None, "softcap": 0.0}
     nan = np.float16(np.nan) if p.dtype == "float16" else np.uint16(0x7FC0)
     out.fill(nan)
-    op.run(q, k, v, out, layout=p.layout, scale=p.scale, key_mask=_key_mask(p))
+    op.run(q, k, v, out, layout=p.layout, scale=p.scale, **extra)
     cupy.cuda.Device().synchronize()
     if p.dtype == "float16":
         finite = bool(cupy.isfinite(out).all())
@@ -170,8 +197,11 @@ def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> b
         qh, kh, vh = (to_host(cupy.ascontiguousarray(_head(x, p.layout, b, h)), p.dtype)
                       for x in (q, k, v))
         mask = dense[0 if dense.shape[0] == 1 else h]
+        bias = extra["bias"]
+        bh = None if bias is None else to_host(cupy.ascontiguousarray(bias[:, h:h + 1]), p.dtype)
         want = reference_attention(qh[None, :, None, :], kh[None, :, None, :],
-                                   vh[None, :, None, :], mask, p.scale)[0, :, 0, :]
+                                   vh[None, :, None, :], mask, p.scale, bias=bh,
+                                   softcap=extra["softcap"])[0, :, 0, :]
         got = to_host(cupy.ascontiguousarray(_head(out, p.layout, b, h)), p.dtype)
         num += float(np.sum((got.astype(np.float64) - want) ** 2))
         den += float(np.sum(want**2))
@@ -181,5 +211,7 @@ def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload) -> b
 def compile_attention(payload: AttentionPayload, config_key: str) -> None:
     """Compile a candidate into the NVRTC cache (no GPU), as ``AttentionOp`` will load it."""
     config = attention_config(Config.from_key(config_key))
-    compile_kernel(KernelSpec(config, payload.dtype, payload.head_dim, False,
-                              bool(getattr(payload, "key_bits", False))), payload.arch)
+    compile_kernel(KernelSpec(config, payload.dtype, payload.head_dim,
+                              bool(getattr(payload, "bias", False)),
+                              bool(getattr(payload, "key_bits", False)),
+                              bool(getattr(payload, "softcap", False))), payload.arch)

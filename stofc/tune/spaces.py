@@ -80,7 +80,9 @@ class AttentionPayload:
     projection, the plan's ``row`` store) or ``"bhsd"`` (``[3, B, H, S, D]``,
     the ``heads`` store). ``key_bits``: the layer's SparseAttention receives a key
     padding mask, so the kernel variant it deploys tests key bits: the runner
-    measures that variant (an all-real-token mask), not the mask-free one.
+    measures that variant (an all-real-token mask), not the mask-free one. ``bias`` /
+    ``softcap``: the node adds a score bias / soft-caps the scores, and the runner
+    measures and verifies that variant too (a random ``[1, H, S, S]`` bias; a cap).
     """
 
     fmt: Any                    # stofc.masks.MaskFormat (numpy arrays; pickles)
@@ -94,12 +96,14 @@ class AttentionPayload:
     arch: str
     l2_bytes: int
     key_bits: bool = False
+    bias: bool = False
+    softcap: bool = False
 
     @classmethod
     def of(cls, problem: AttentionProblem, profile: GpuProfile) -> AttentionPayload:
         p = problem
         return cls(p.fmt, p.batch, p.seq_len, p.heads, p.head_dim, p.dtype, p.layout, p.scale,
-                   profile.arch, profile.l2_bytes, p.has_key_bits)
+                   profile.arch, profile.l2_bytes, p.has_key_bits, p.has_bias, p.has_softcap)
 
 
 @dataclass

@@ -20,8 +20,10 @@ from stofc.plan.moves import initial_scheme, merge
 from stofc.plan.scheme import FusionScheme
 from stofc.plan.synthetic import bert_layer
 from stofc.targets import detect
+from stofc.tune import runner_attention
 from stofc.tune.db import TuningDatabase
 from stofc.tune.interfaces import Config
+from stofc.tune.measure import MeasureTask
 from stofc.tune.plan_tuner import tune_plan_buckets
 from stofc.tune.progress import RecordingReporter
 from stofc.tune.runners import gpu_measurer
@@ -128,3 +130,32 @@ def test_tune_plan_end_to_end_cold_then_warm(setup, tmp_path):
         assert time.monotonic() - started < 15, time.monotonic() - started
     else:                                               # stage 1 was cut: it goes on, once
         assert warm.stats.measured < cold.stats.measured, (warm.stats, cold.stats, stops)
+
+
+def test_attention_runner_measures_and_checks_the_bias_softcap_kernel():
+    """A layer with a relative-position bias and soft-capped scores: the runner times and
+    verifies that kernel variant (bias and cap in the launch and in the float64
+    reference), not the bias-free one."""
+    profile = detect()
+    layer = bert_layer(768, 12, 3072)
+    layer = dataclasses.replace(layer, attention=dataclasses.replace(
+        layer.attention, mask_form="relative_bias", bias_input="position_bias", softcap=50.0))
+    fmt = encode("causal", 512, tile=64)
+    factory = SpaceFactory(layer, 2, 512, "float16", profile, fmt, "row")
+    unfused = FusionScheme.unfused(len(layer.chain))
+    space = next(factory(m) for m in match_segments(layer, unfused) if m.family == "attention")
+    p = space.payload
+    assert p.bias and p.softcap
+    config = space.default_config()
+    task = MeasureTask("verify", space.family, space.problem, config.key, p)
+    assert runner_attention.run(task) is True
+    ms = runner_attention.run(dataclasses.replace(task, mode="time"))
+    assert 0.0005 < ms < 100.0
+    op = runner_attention._op(p, runner_attention.attention_config(config))
+    assert (True, False, True) in op._kernels, list(op._kernels)  # (bias, key bits, cap)
+    assert (False, False, False) not in op._kernels
+    # the bias and the cap change the output: the check above compared against them
+    q, k, v, out = runner_attention._inputs(task, p)[0]
+    with_both = out.copy()
+    op.run(q, k, v, out, layout=p.layout, scale=p.scale)
+    assert float(abs(out.astype("float32") - with_both.astype("float32")).max()) > 1e-2

@@ -1,8 +1,11 @@
-"""The tuner measures the attention kernel variant the package deploys (key padding or not).
+"""The tuner measures the attention kernel variant the package deploys (key padding, a
+bias, soft-capping or none).
 
 An H200 run showed why it matters: tuned at (4, 2048) without key bits, the search
 picked a config 13% slower than the analytical one in the package, whose nodes
-receive BERT's attention_mask and so run the key-bit variant.
+receive BERT's attention_mask and so run the key-bit variant. A bias costs more: four ws
+consumer warpgroups spill with one and ran 17-22% slower than three (H100,
+bench/results/ws-variants-bias-h100-2026-11-28.jsonl).
 """
 
 from __future__ import annotations
@@ -48,3 +51,26 @@ def test_padding_mask_layers_measure_the_key_bit_kernel(monkeypatch):
     compile_attention(sb.payload, sb.default_config().key)
     assert [s.has_key_bits for s in compiled] == [True, False]
     assert "_k1" in compiled[0].name and "_k0" in compiled[1].name
+
+
+def test_bias_and_softcap_layers_measure_their_kernels(monkeypatch):
+    """A T5-like layer (relative-position bias) and a soft-capped one (Gemma 2): the
+    payload says so, and the candidate compiled for the measurement is that variant."""
+    fmt = encode(parse_mask("causal"), 2048, tile=64)
+    layer = bert_layer(768, 12, 3072)
+    block = layer.attention
+    t5 = replace(layer, attention=replace(block, mask_form="relative_bias",
+                                          bias_input="position_bias"))
+    capped = replace(layer, attention=replace(block, softcap=50.0))
+    st, sc, sb = (_attention_space(x, fmt) for x in (t5, capped, layer))
+    assert st.payload.bias and not st.payload.softcap
+    assert sc.payload.softcap and not sc.payload.bias
+    assert not sb.payload.bias and not sb.payload.softcap
+    assert len({st.problem, sc.problem, sb.problem}) == 3       # separate database records
+    compiled = []
+    monkeypatch.setattr("stofc.tune.runner_attention.compile_kernel",
+                        lambda spec, arch: compiled.append(spec))
+    for space in (st, sc, sb):
+        compile_attention(space.payload, space.default_config().key)
+    assert [(s.has_bias, s.has_softcap) for s in compiled] == [(True, False), (False, True),
+                                                               (False, False)]
