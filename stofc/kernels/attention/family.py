@@ -151,9 +151,9 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
 
     def tuning_key(self, problem: AttentionProblem, profile: GpuProfile,
                    identities: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The shape, mask and GPU, and each extra input the node reads (a bias or
-        soft-capping changes the space: :func:`.ws_cost.ws_spills`), named only when read so
-        that a problem without them keeps its key."""
+        """The shape, mask and GPU, and each extra input the node reads (each changes the
+        kernel the tuner times; a bias also the space: :func:`.ws_cost.ws_spills`), named
+        only when read so that a problem without them keeps its key."""
         p, fmt = problem, problem.fmt
         reads = (("key_bits", p.has_key_bits), ("bias", p.has_bias), ("softcap", p.has_softcap))
         return ("attention", p.batch, p.seq_len, p.heads, p.head_dim, p.dtype, p.layout,
