@@ -128,9 +128,9 @@ def run(task: MeasureTask) -> float | bool:
         raise CandidateRejected(f"kernel tile {config.tile} != mask tile {p.fmt.tile}")
     op = _op(p, config)
     sets = _inputs(task, p)
-    if task.mode == "verify":
-        return verify(op, sets[0], p, _extra_inputs(task, p))
     extra = _extra_inputs(task, p)
+    if task.mode == "verify":
+        return verify(op, sets[0], p, extra)
     bound = [op.bind(q, k, v, out, layout=p.layout, scale=p.scale, **extra)
              for q, k, v, out in sets]
     bound[0].launch()
@@ -170,12 +170,11 @@ def _head(x: Any, layout: str, b: int, h: int) -> Any:
 
 
 def verify(op: Any, inputs: tuple[Any, Any, Any, Any], p: AttentionPayload,
-           extra: dict[str, Any] | None = None) -> bool:
+           extra: dict[str, Any]) -> bool:
     """Poisoned output, one launch, the float64 check on sampled (batch, head) pairs
     (``extra``: the node's other inputs, :func:`_extra_inputs`)."""
     cupy = _cupy()
     q, k, v, out = inputs
-    extra = extra or {"key_mask": _key_mask(p), "bias": None, "softcap": 0.0}
     nan = np.float16(np.nan) if p.dtype == "float16" else np.uint16(0x7FC0)
     out.fill(nan)
     op.run(q, k, v, out, layout=p.layout, scale=p.scale, **extra)

@@ -147,6 +147,11 @@ __device__ __forceinline__ u64 desc_at_ones(u64 desc, u32 off) {
     return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+/// The V operand `off` bytes past the one `desc` describes (desc_at_ones with ROWSUM_IN_PV)
+__device__ __forceinline__ u64 desc_v_at(u64 desc, u32 off) {
+    return ROWSUM_IN_PV ? desc_at_ones(desc, off) : desc_at(desc, off);
+}
+
 /// One k16 step of O += P V from the V operand at `dv`; with ROWSUM_IN_PV the same wgmma
 /// adds P's row sums to `sums` (every column).
 template <int N>
@@ -507,12 +512,10 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
         wgmma_fence();
 #pragma unroll
         for (int hh = 0; hh < KSTEP; ++hh) {
-            const u32 sv = slot_of(i0, hh) * KV_BYTES;
-            const u64 dv = ROWSUM_IN_PV ? desc_at_ones(desc_v0, sv) : desc_at(desc_v0, sv);
+            const u64 dv = desc_v_at(desc_v0, slot_of(i0, hh) * KV_BYTES);
 #pragma unroll
             for (int kk = 0; kk < NB / 2; ++kk)
-                pv_k16(acc, lacc, pf_prev[hh * (NB / 2) + kk],
-                       ROWSUM_IN_PV ? desc_at_ones(dv, kk * 16 * 128) : desc_at(dv, kk * 16 * 128));
+                pv_k16(acc, lacc, pf_prev[hh * (NB / 2) + kk], desc_v_at(dv, kk * 16 * 128));
         }
         if (ROWSUM_MMA && !ROWSUM_IN_PV) {
 #pragma unroll
