@@ -40,6 +40,7 @@ from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
 from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MIN_SPLIT, consumers_of
 from stofc.kernels.attention.ws_smem import (
+    WORK_RECORD_BYTES,
     WS_ROWSUM_MMA,
     WS_TILE,
     ws_ones_bytes,
@@ -251,7 +252,9 @@ class AttentionWs(AttentionFamily):
                     rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ws_ones_bytes(spec.head_dim),
                     rowsum_in_pv=FLAG[ws_rowsum_in_pv(spec.head_dim)],
                     q_bufs=ws_q_buffers(c.stages, spec.head_dim, ws_consumers(c), c.kstep),
-                    smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c), c.kstep))
+                    smem_bytes=ws_smem_bytes(c.stages, spec.head_dim, ws_consumers(c), c.kstep),
+                    work_record_bytes=WORK_RECORD_BYTES,
+                    trace_works=0)   # bench/ws_trace.py renders a traced copy (TRACE_WORKS)
 
     # -- the selector: its cost model (:mod:`.ws_cost`) ------------------------------------
     def starting_config(self, fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,

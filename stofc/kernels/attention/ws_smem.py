@@ -11,15 +11,23 @@ Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
 SM90_SMEM_PER_BLOCK = 227 * 1024   # the opt-in limit of every sm_90 part (H100, H200, H800)
 
 
+# A work as the producer resolved it, handed to the consumers beside its Q buffer (twelve
+# int32: ``Work`` in the template). The consumers once resolved each work themselves (item
+# order, item, key length and the walk's trim: dependent global loads) between works; traced
+# on an H100 (bench/results/ws-trace-h100-2026-11-28-{before-records,records}.*), a work
+# after the first now starts 0.3-0.6k cycles after the last one ended, not 1.0-1.2k.
+WORK_RECORD_BYTES = 48
+
+
 def _ring_bytes(stages: int, head_dim: int, consumers: int, q_bufs: int = 1) -> int:
-    """Q panels (``q_bufs`` buffers), the K/V ring, the part-tile bitmaps and the mbarriers
-    of one block."""
+    """Q panels (``q_bufs`` buffers), the K/V ring, the part-tile bitmaps, the mbarriers
+    and the work records (one per Q buffer) of one block."""
     panels = head_dim // 64
     q = q_bufs * panels * WS_TILE * consumers * 128
     kv = stages * 2 * panels * WS_TILE * 128
     bitmaps = stages * consumers * (WS_TILE // 8) ** 2 * 8
     barriers = (4 * stages + 2 * q_bufs) * 8
-    return q + kv + bitmaps + barriers
+    return q + kv + bitmaps + barriers + q_bufs * WORK_RECORD_BYTES
 
 
 # The row sums of P (the softmax denominators) come from a wgmma of P against a 16 x 8 tile of

@@ -3,7 +3,8 @@
 // One thread block = a producer warpgroup and CONSUMERS (2 to 4) consumer warpgroups.
 // It owns one work item of stofc.kernels.attention.ws_plan: 64 * CONSUMERS query rows
 // (pair row p: mask tile rows C p .. C p + C - 1, one per consumer warpgroup) and a
-// range of the pair row's merged walk list. One producer thread streams Q (once), then
+// range of the pair row's merged walk list. One producer thread resolves each work and
+// hands it to the consumers in a shared-memory record beside its Q buffer, streams Q (once), then
 // K and V of every listed 64-key tile with the Tensor Memory Accelerator into a
 // STAGES-deep ring of 128-byte-swizzled shared-memory panels, each K tile with the
 // part-tile bitmaps of every warpgroup (bulk copies), every copy completing an
@@ -67,6 +68,10 @@ constexpr int ITEM_FIELDS = 5;    // (pair row, begin, end, slot, shared)
 // work's last steps run, so neither the producer's K/V loads nor a warpgroup done early
 // waits at a work boundary for every warpgroup's last S = Q K^T (ws.ws_q_buffers)
 constexpr int Q_BUFS = 1;
+// Development trace (bench/ws_trace.py; 0 in every product kernel): per block, warpgroup
+// and work, clock64 stamps of the work's phases and its waits, in stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_trace
+constexpr int TRACE_WORKS = 0;
+constexpr bool TRACE = TRACE_WORKS > 0;
 
 constexpr int TILE = 64;                   // mask tile = a warpgroup's rows = keys per step
 constexpr int ITN = TILE / 8;
@@ -91,7 +96,11 @@ constexpr int OFF_BM = OFF_V + STAGES * KV_BYTES;
 constexpr int OFF_BAR = OFF_BM + STAGES * CONSUMERS * BM_BYTES;
 // B of the row-sum wgmma (ROWSUM_MMA): 16 keys x 8 columns of ones, K-major, no swizzle; with
 // ROWSUM_IN_PV 16 keys x 64 columns (every byte a one: whatever chunk the swizzle picks)
-constexpr int OFF_ONES = (OFF_BAR + (4 * STAGES + 2 * Q_BUFS) * 8 + 127) / 128 * 128;
+// the work records (one per Q buffer: the producer resolves each work and hands it to the
+// consumers with its Q, ws_smem.WORK_RECORD_BYTES), 16-byte aligned after the mbarriers
+constexpr int OFF_WORK = OFF_BAR + (4 * STAGES + 2 * Q_BUFS) * 8;
+constexpr int WORK_BYTES = 48;
+constexpr int OFF_ONES = (OFF_WORK + Q_BUFS * WORK_BYTES + 127) / 128 * 128;
 constexpr int ONES_BYTES = 256;
 constexpr int OFF_O = OFF_ONES + ONES_BYTES;                                 // staged O
 constexpr int O_WARP = 16 * staged_row_bytes<D>();   // a consumer warp's 16 staged rows
@@ -110,6 +119,7 @@ static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && !Q_IN_REGS),
 static_assert(Q_IN_REGS || D >= 128 || CONSUMERS == 4,
               "Q leaves the registers for large head_dims and four consumer warpgroups");
 static_assert(KSTEP == 1 || KSTEP == 2, "one or two 64-key tiles per softmax step");
+static_assert(OFF_WORK % 16 == 0 && WORK_BYTES >= 48, "a work record: three 16-byte words");
 static_assert(ONES_BYTES >= 256, "the row-sum operand: 16 keys x 8 columns of T");
 static_assert(!ROWSUM_IN_PV || (ROWSUM_MMA && D == 64 && ONES_BYTES >= 16 * 128),
               "row sums in P V: head_dim 64 (one V panel), a 16-key panel of ones");
@@ -124,6 +134,14 @@ static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "two to four consumer warpgroups
 static_assert(PERIOD == 1 || PERIOD == 2 || PERIOD == 4, "a TMA box spans <= 256 rows: PERIOD 1, 2 or 4");
 constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
 constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never used if KSTEP 1)
+
+/// TRACE stamps: the SM's cycle counter and the GPU's nanosecond clock (comparable across SMs)
+__device__ __forceinline__ unsigned long long trace_clock() { return clock64(); }
+__device__ __forceinline__ unsigned long long trace_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 /// Issue S of tile HH of a step into sc's n8 blocks HH*NB..: Q from registers (or smem
 /// panels at q_wg), K from the slot at sK.
@@ -225,6 +243,12 @@ __device__ __forceinline__ Ring ring_at(Ring r, int k) {
 
 }  // namespace
 
+// TRACE: [TRACE_BLOCKS][CONSUMERS + 1][TRACE_WORKS][8] records, then [TRACE_BLOCKS][8] block
+// headers (bench/ws_trace.py reads both); one word where tracing is off
+constexpr int TRACE_BLOCKS = 160;
+constexpr int TRACE_HEAD = TRACE_BLOCKS * (CONSUMERS + 1) * TRACE_WORKS * 8;
+extern "C" __device__ unsigned long long stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_trace[TRACE ? TRACE_HEAD + TRACE_BLOCKS * 8 : 1];
+
 extern "C" __global__ void __launch_bounds__(NT, 1)
 stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ TmaDesc tma_q, const __grid_constant__ TmaDesc tma_k,
                   const __grid_constant__ TmaDesc tma_v,
@@ -260,12 +284,14 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
     // C prow + w0 and takes every CONSUMERS-th entry; warpgroups w > 0 leave their partials
     // in the slot's rows of tile row (w0 + w) % CONSUMERS, which warpgroup 0 merges
     struct Work {
-        int h, b, r, vb, lr, prow, begin, n, slot, kvl, sh;
+        int h, b, r, vb, lr, prow, begin, n, slot, kvl, sh, wk;
     };
+    static_assert(sizeof(Work) == 48, "a work record is three 16-byte words");
     // work w: head w % H, then (batch, residue) as one index vb = batch * PERIOD + residue,
     // then the item; lr: the residue's rows, kvl: its keys (PERIOD 1: L and the key length)
     auto work_at = [&](int wk) {
         Work x;
+        x.wk = wk;
         int idx = wk;
         x.h = idx % H; idx /= H;
         x.vb = idx % (B * PERIOD); idx /= B * PERIOD;
@@ -284,6 +310,31 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
         if (x.prow < 0 || x.prow * ROWS >= x.lr) x.prow = -1;   // padding, or rows past this run
         end = trim_walk(entry_key, x.begin, end, x.kvl, TILE);   // tiles past the keys
         x.n = max(end - x.begin, 0);
+        return x;
+    };
+    // The producer resolves every work (above: dependent global loads; the consumers
+    // waited 1.0-1.2k cycles a work for them, ws-trace-h100-2026-11-28-before-records) and
+    // hands it over in Q buffer qb's record,
+    // which the buffer's BAR_Q phase publishes (the arrive releases the stores; the
+    // consumers' wait acquires them) and its BAR_Q_EMPTY phase frees; prow -1: no more work
+    auto put_work = [&](int qbuf, const Work& x) {
+        const int* v = reinterpret_cast<const int*>(&x);
+        const u32 at = base + OFF_WORK + qbuf * WORK_BYTES;
+#pragma unroll
+        for (int i = 0; i < 3; ++i)
+            asm volatile("st.shared.v4.b32 [%0], { %1, %2, %3, %4 };\n"
+                         :: "r"(at + 16 * i), "r"(v[4 * i]), "r"(v[4 * i + 1]), "r"(v[4 * i + 2]),
+                            "r"(v[4 * i + 3]) : "memory");
+    };
+    auto get_work = [&](int qbuf) {
+        Work x;
+        int* v = reinterpret_cast<int*>(&x);
+        const u32 at = base + OFF_WORK + qbuf * WORK_BYTES;
+#pragma unroll
+        for (int i = 0; i < 3; ++i)
+            asm volatile("ld.shared.v4.b32 { %0, %1, %2, %3 }, [%4];\n"
+                         : "=r"(v[4 * i]), "=r"(v[4 * i + 1]), "=r"(v[4 * i + 2]), "=r"(v[4 * i + 3])
+                         : "r"(at + 16 * i) : "memory");
         return x;
     };
 
@@ -315,6 +366,20 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
     // memory the previous kernel reads); the combine may launch as these blocks run
     pdl_wait();
     pdl_launch_dependents();
+    // TRACE: record k of warpgroup wgi (0: the producer) of this block, and its header
+    const bool tracing = TRACE && blockIdx.x < TRACE_BLOCKS;
+    auto trace_rec = [&](int wgi, int k) {
+        return stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_trace +
+               ((static_cast<long long>(blockIdx.x) * (CONSUMERS + 1) + wgi) * TRACE_WORKS + k) * 8;
+    };
+    unsigned long long* const trace_head = stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_trace + TRACE_HEAD + 8 * blockIdx.x;
+    if (tracing && threadIdx.x == 0) {
+        u32 smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        trace_head[0] = smid;
+        trace_head[1] = trace_ns();
+        trace_head[3] = trace_clock();
+    }
 
     // warp-uniform in the compiler's eyes (a shuffle from lane 0): wgmma issued under
     // conditions on it stays in a non-divergent path and is not serialised
@@ -326,15 +391,23 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
         tma_prefetch(&tma_q);
         tma_prefetch(&tma_k);
         tma_prefetch(&tma_v);
-        int ring = 0, q_use = 0;                   // tiles loaded so far, Q loads so far
+        int ring = 0, q_use = 0;                   // tiles loaded so far, records so far
         for (int k = 0, wk = work_index(0); wk < n_work; wk = work_index(++k)) {
+            const unsigned long long tr0 = TRACE ? trace_clock() : 0ull;
+            unsigned long long tr_wait = 0ull;        // cycles waiting for free slots
             const Work x = work_at(wk);
-            if (x.prow < 0 || x.n == 0) continue;     // nothing to load (see the consumers)
+            if (x.prow < 0) continue;                 // padding, or rows past this run: no one's
             const int hkv = x.h / kv_group;
-            // buffer qb's previous Q (load q_use - Q_BUFS) must be released first
+            // buffer qb's previous work (q_use - Q_BUFS) must be released first
             const int qb = q_use % Q_BUFS;
             if (q_use >= Q_BUFS) mbar_wait(bar(BAR_Q_EMPTY + qb), ((q_use - Q_BUFS) / Q_BUFS) & 1);
+            const unsigned long long tr1 = TRACE ? trace_clock() : 0ull;
             ++q_use;
+            put_work(qb, x);
+            if (x.n == 0) {                           // no tile left: the record alone
+                mbar_arrive(bar(BAR_Q + qb));
+                continue;
+            }
             mbar_arrive_expect_tx(bar(BAR_Q + qb), Q_BYTES);
 #pragma unroll
             for (int w = 0; w < CONSUMERS; ++w)
@@ -347,7 +420,13 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             auto load_v = [&](int i, int key) {
                 const int g = ring + i;
                 const int s = g % STAGES, use = g / STAGES;
-                if (use > 0) mbar_wait(bar(BAR_EMPTY_V + s), (use - 1) & 1);
+                if constexpr (TRACE) {
+                    const unsigned long long t = trace_clock();
+                    if (use > 0) mbar_wait(bar(BAR_EMPTY_V + s), (use - 1) & 1);
+                    tr_wait += trace_clock() - t;
+                } else {
+                    if (use > 0) mbar_wait(bar(BAR_EMPTY_V + s), (use - 1) & 1);
+                }
                 mbar_arrive_expect_tx(bar(BAR_FULL_V + s), KV_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < PANELS; ++pn)
@@ -378,7 +457,13 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                 if (i + 1 < n_load) read_entry(i + 1, next_key, next_part);
                 const int g = ring + i;
                 const int s = g % STAGES, use = g / STAGES;
-                if (use > 0) mbar_wait(bar(BAR_EMPTY_K + s), (use - 1) & 1);
+                if constexpr (TRACE) {
+                    const unsigned long long t = trace_clock();
+                    if (use > 0) mbar_wait(bar(BAR_EMPTY_K + s), (use - 1) & 1);
+                    tr_wait += trace_clock() - t;
+                } else {
+                    if (use > 0) mbar_wait(bar(BAR_EMPTY_K + s), (use - 1) & 1);
+                }
                 u32 bytes = KV_BYTES;
 #pragma unroll
                 for (int w = 0; w < CONSUMERS; ++w) bytes += part[w] >= 0 ? BM_BYTES : 0;
@@ -402,6 +487,19 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             }
             if (n_load > 0) load_v(n_load - 1, prev_key);
             ring += n_load;
+            if (tracing && k < TRACE_WORKS) {
+                unsigned long long* r = trace_rec(0, k);
+                r[0] = wk; r[1] = tr0; r[2] = tr1; r[3] = trace_clock(); r[4] = tr_wait;
+                r[5] = n_load;
+            }
+        }
+        {                                             // the end: a record with prow -1
+            const int qb = q_use % Q_BUFS;
+            if (q_use >= Q_BUFS) mbar_wait(bar(BAR_Q_EMPTY + qb), ((q_use - Q_BUFS) / Q_BUFS) & 1);
+            Work end{};
+            end.prow = -1;
+            put_work(qb, end);
+            mbar_arrive(bar(BAR_Q + qb));
         }
         return;
     }
@@ -428,7 +526,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                          static_cast<unsigned long long>(o_sb | o_ss | o_sh) * sizeof(T)) & 15ull) == 0;
 
     // the current work's values (set at each work; the step lambdas below read them)
-    int q_use = 0;                                 // Q loads consumed so far
+    int q_use = 0;                                 // work records consumed so far
     int qb = 0;                                    // the current work's Q buffer
     Ring cur{0, 0u};                               // the ring position of the next step
     int begin = 0, n = 0, kvl = 0, residue = 0, shared = 0;
@@ -631,9 +729,15 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
     };
 
     if (PINGPONG && w == 0) named_bar_arrive(bar_mine, 256);   // warpgroup 0 issues first
-    for (int k = 0, wk = work_index(0); wk < n_work; wk = work_index(++k)) {
-        const Work x = work_at(wk);
-        if (x.prow < 0) continue;
+    for (int k = 0;; ++k) {
+        const unsigned long long tc0 = TRACE ? trace_clock() : 0ull;
+        unsigned long long tc_kwait = 0ull, tc_turn = 0ull;   // cycles waiting for K, for turns
+        int tc_steps = 0;                                     // steps that computed
+        // the next work, as the producer resolved it, with its Q (put_work)
+        qb = q_use % Q_BUFS;
+        mbar_wait(bar(BAR_Q + qb), (q_use / Q_BUFS) & 1);
+        const Work x = get_work(qb);
+        if (x.prow < 0) break;                     // the producer's end record
         // An item with no tile left (keys past the run: a long package's split global row
         // run short) loads no Q and walks nothing; it only writes its empty result.
         const bool empty = x.n == 0;
@@ -653,9 +757,8 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             br0 = bias_row(rq0);
             br1 = bias_row(rq0 + 8);
         }
-        qb = q_use % Q_BUFS;
         desc_q = desc_at(desc_q0, qb * Q_BYTES);
-        if (!empty) mbar_wait(bar(BAR_Q + qb), (q_use / Q_BUFS) & 1);
+        if (empty) release_q();                    // a record without Q: read, done with it
         if (Q_IN_REGS && !empty) {
 #pragma unroll
             for (int kc = 0; kc < (Q_IN_REGS ? KC : 1); ++kc) {
@@ -665,6 +768,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             }
             release_q();                           // Q lives in registers now
         }
+        const unsigned long long tc1 = TRACE ? trace_clock() : 0ull;
 #pragma unroll
         for (int nn = 0; nn < ND; ++nn)
 #pragma unroll
@@ -686,10 +790,17 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             advance_batch(t);
             const int e = (t * KSTEP) & 31;        // step t's first entry in the batch
             if (prev_any && ((lean >> e) & 1u)) {
+                const unsigned long long tw = TRACE ? trace_clock() : 0ull;
     #pragma unroll
                 for (int hh = 0; hh < KSTEP; ++hh)
                     mbar_wait(bar(BAR_FULL_K + slot_of(i0, hh)), parity_of(i0, hh));
+                const unsigned long long tt = TRACE ? trace_clock() : 0ull;
                 if (pp) named_bar_sync(bar_mine, 256);
+                if constexpr (TRACE) {
+                    tc_kwait += tt - tw;
+                    tc_turn += trace_clock() - tt;
+                    ++tc_steps;
+                }
                 overlapped(i0, pp, softmax_full);
                 prev_i0 = i0;
                 cur = ring_at(cur, KSTEP);
@@ -702,12 +813,19 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                 part[hh] = __shfl_sync(0xffffffffu, batch_part, e + hh);
             }
             bool any = false;
+            const unsigned long long tw = TRACE ? trace_clock() : 0ull;
     #pragma unroll
             for (int hh = 0; hh < KSTEP; ++hh) {
                 mbar_wait(bar(BAR_FULL_K + slot_of(i0, hh)), parity_of(i0, hh));
                 any = any || part[hh] != SKIP;
             }
+            const unsigned long long tt = TRACE ? trace_clock() : 0ull;
             if (pp) named_bar_sync(bar_mine, 256);
+            if constexpr (TRACE) {
+                tc_kwait += tt - tw;
+                tc_turn += trace_clock() - tt;
+                tc_steps += any ? 1 : 0;
+            }
             if (any && prev_any) {
                 overlapped(i0, pp, [&](float (&sc)[NS][4], float (&alpha)[2]) {
                     return softmax(sc, i0, key, part, alpha);
@@ -750,6 +868,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
             }
             release_v(prev_i0);
         }
+        const unsigned long long tc2 = TRACE ? trace_clock() : 0ull;
 
         if (!Q_IN_REGS && !empty) release_q();     // the last S = Q K^T has retired
         if (ROWSUM_MMA) {          // every lane holds its rows' whole sums: one per quad, as
@@ -848,9 +967,18 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
         }
         }
 
-        if (!empty) ++q_use;
+        if (tracing && tid == 0 && k < TRACE_WORKS) {
+            unsigned long long* r = trace_rec(1 + w, k);
+            r[0] = x.wk; r[1] = tc0; r[2] = tc1; r[3] = tc2; r[4] = trace_clock();
+            r[5] = tc_kwait; r[6] = tc_turn; r[7] = (static_cast<unsigned long long>(steps) << 32) | tc_steps;
+        }
+        ++q_use;
     }
     if (PINGPONG && w == 0) named_bar_sync(bar_mine, 256);    // consume the last arrival
+    if (tracing && tid == 0) {
+        atomicMax(trace_head + 2, trace_ns());
+        atomicMax(trace_head + 4, trace_clock());
+    }
 }
 
 // Merge the chunks of every split pair row: O = sum_c 2^(m_c - M) O_c / sum_c 2^(m_c - M) l_c
