@@ -7,6 +7,13 @@ reference, then time it with Triton's ``do_bench`` (median of 100 after 25 warm-
 
 from __future__ import annotations
 
+# The attention benches' short mask names (ws_variants, ws_trace, selector_ab, ws_calibrate;
+# any other name is passed to ``stofc.masks.encode`` as it is: "dense", "causal", ...)
+MASKS = {"local64": "sliding:window=64", "local256": "sliding:window=256",
+         "longformer": "longformer:window=256,global=16",
+         "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
+         "dilated": "dilated:window=256,dilation=2", "cw4095": "sliding:window=4095,causal=true"}
+
 
 def check_and_time(bound, stream, out, ref, flops: float) -> tuple[float, float, float]:
     """(TFLOP/s on ``flops``, relative L2 error of ``out`` against ``ref`` (nan without one),

@@ -18,7 +18,7 @@ import json
 import cupy as cp
 import torch
 import torch.nn.functional as F
-from attention_timing import check_and_time
+from attention_timing import MASKS, check_and_time
 
 import stofc.kernels.attention.select as select_mod
 import stofc.kernels.attention.ws_cost as ws_cost
@@ -26,11 +26,6 @@ from stofc.kernels.attention import select_kernel
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
-
-MASKS = {"local64": "sliding:window=64", "local256": "sliding:window=256",
-         "longformer": "longformer:window=256,global=16",
-         "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
-         "dilated": "dilated:window=256,dilation=2", "cw4095": "sliding:window=4095,causal=true"}
 
 
 def pick(fmt, profile, B: int, H: int, L: int, D: int, costs=None, combine=None):

@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from attention_timing import MASKS as VARIANT_MASKS  # ws_variants.py's mask names
 
 from stofc.kernels.attention.ws_cost import (
     COMBINE_US,
@@ -45,9 +46,6 @@ from stofc.masks import encode
 FAMILIES = {"dense": "dense", "causal": "causal", "local64": "sliding:window=64",
             "local256": "sliding:window=256", "longformer": "longformer:window=256,global=16",
             "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0"}
-VARIANT_MASKS = {"local256": "sliding:window=256",     # bench/ws_variants.py's other names
-                 "dilated": "dilated:window=256,dilation=2",
-                 "cw4095": "sliding:window=4095,causal=true"}
 SMS = 132
 
 

@@ -31,7 +31,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from attention_timing import check_and_time
+from attention_timing import MASKS, check_and_time
 from triton.testing import do_bench
 
 import stofc.runtime.attention as attention_rt
@@ -50,10 +50,6 @@ from stofc.runtime.attention import AttentionOp
 from stofc.runtime.module import load_kernel
 from stofc.targets import detect
 
-MASKS = {"longformer": "longformer:window=256,global=16",
-         "bigbird": "bigbird:block=64,window=3,global=2,random=3,seed=0",
-         "local256": "sliding:window=256", "local64": "sliding:window=64",
-         "dilated": "dilated:window=256,dilation=2", "cw4095": "sliding:window=4095,causal=true"}
 VARIANTS = {                       # name: (config overrides, template overrides)
     "base": ({}, {}),
     "c2": ({"warps": 12}, {}),                          # two consumer warpgroups
