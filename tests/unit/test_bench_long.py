@@ -287,3 +287,20 @@ def test_torch_sides_get_the_masks_at_the_case_length():
     assert of_layer == {0: 0, 1: 1} and specs == [{}, {}]
     assert dense[0].shape == (5, 5) and dense[1].shape == (2, 5, 5)
     assert (dense[0] == np.tril(np.ones((5, 5), bool))).all()
+
+
+def test_class_time_counts_a_pdl_overlap_once():
+    """A combine launched by PDL while its main kernel runs (waiting in griddepcontrol.wait)
+    adds only its tail to attention's time; the sum of durations would add all of it."""
+    from profile_e2e import class_union_us, union_us
+
+    spans = [("nvjet_sm90_gemm", 0.0, 10.0),
+             ("stofc_attn_ws_f16_d64", 10.5, 70.5),
+             ("stofc_attn_ws_f16_d64_combine", 58.0, 75.0),   # 12.5 us inside the main kernel
+             ("stofc_add_norm_float16", 75.5, 80.0)]
+    kinds = class_union_us(spans)
+    assert kinds == {"gemm": 10.0, "attention": 64.5, "other": 4.5}
+    assert union_us([(s, e) for _, s, e in spans]) == 79.0
+    assert union_us([]) == 0.0
+    # disjoint kernels of one class still add up
+    assert class_union_us([("stofc_attn_a", 0.0, 2.0), ("stofc_attn_b", 3.0, 4.0)])["attention"] == 3.0

@@ -989,6 +989,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
 constexpr int COMBINE_GROUPS = 16;   // blocks per split pair row
 constexpr int CROWS = ROWS / COMBINE_GROUPS;            // rows merged by one block
 constexpr int C4 = D / 4;                               // float4 pieces of a row
+constexpr int COMBINE_BATCH = 8;                        // chunks loaded at once
 static_assert(ROWS % COMBINE_GROUPS == 0, "a combine block merges whole rows");
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -1016,24 +1017,46 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_combine(T* __restrict__ o, 
         if (qr >= lr) continue;
         const float* ml = part_ml + (ws0 * ROWS + r) * 2;     // chunk c: ml[c * ROWS * 2]
         const float* po = part_o + (ws0 * ROWS + r) * D + col;
-        float mx = STOFC_NEG_INF;
-#pragma unroll 8
-        for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, ml[static_cast<long long>(c) * ROWS * 2]);
-        float total = 0.0f;
+        // COMBINE_BATCH chunks' (m, l) are loaded at once, then the O of those that saw a
+        // key, and merged online (the running sums rescaled to the batch's max): two memory
+        // round trips per batch, not one per chunk as loads under a per-chunk branch made.
+        // An empty chunk (m = -inf) wrote no O: its memory is not read and nothing is summed.
+        float mx = STOFC_NEG_INF, total = 0.0f;
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (mx != STOFC_NEG_INF) {
-#pragma unroll 4
-            for (int c = 0; c < chunks; ++c) {
-                const float2 mlc = *reinterpret_cast<const float2*>(ml + static_cast<long long>(c) * ROWS * 2);
-                const float e = exp2f(mlc.x - mx);
-                if (e == 0.0f) continue;                   // an empty chunk wrote no partial O
-                const float4 x = *reinterpret_cast<const float4*>(po + static_cast<long long>(c) * ROWS * D);
-                total = fmaf(e, mlc.y, total);
-                sum.x = fmaf(e, x.x, sum.x);
-                sum.y = fmaf(e, x.y, sum.y);
-                sum.z = fmaf(e, x.z, sum.z);
-                sum.w = fmaf(e, x.w, sum.w);
+        for (int c0 = 0; c0 < chunks; c0 += COMBINE_BATCH) {
+            float2 mlv[COMBINE_BATCH];
+            float4 xv[COMBINE_BATCH];
+#pragma unroll
+            for (int j = 0; j < COMBINE_BATCH; ++j)
+                mlv[j] = c0 + j < chunks
+                    ? *reinterpret_cast<const float2*>(ml + static_cast<long long>(c0 + j) * ROWS * 2)
+                    : make_float2(STOFC_NEG_INF, 0.0f);
+            float mb = mx;
+#pragma unroll
+            for (int j = 0; j < COMBINE_BATCH; ++j) mb = fmaxf(mb, mlv[j].x);
+            if (mb == STOFC_NEG_INF) continue;             // no allowed key so far
+            // every lane loads (a chunk without O reads the batch's first chunk again, cached),
+            // so the loads issue together; the empty chunk's value is dropped after the load
+#pragma unroll
+            for (int j = 0; j < COMBINE_BATCH; ++j) {
+                const bool has_o = mlv[j].x != STOFC_NEG_INF;
+                const float4 x = *reinterpret_cast<const float4*>(
+                    po + static_cast<long long>(has_o ? c0 + j : c0) * ROWS * D);
+                xv[j] = has_o ? x : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
+            const float s = exp2f(mx - mb);                // 0 while mx is -inf
+            total *= s;
+            sum.x *= s; sum.y *= s; sum.z *= s; sum.w *= s;
+#pragma unroll
+            for (int j = 0; j < COMBINE_BATCH; ++j) {
+                const float e = exp2f(mlv[j].x - mb);      // 0 for an empty chunk
+                total = fmaf(e, mlv[j].y, total);
+                sum.x = fmaf(e, xv[j].x, sum.x);
+                sum.y = fmaf(e, xv[j].y, sum.y);
+                sum.z = fmaf(e, xv[j].z, sum.z);
+                sum.w = fmaf(e, xv[j].w, sum.w);
+            }
+            mx = mb;
         }
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         u32* out = reinterpret_cast<u32*>(ob + qr * row_step + col);
