@@ -1,7 +1,8 @@
 """The ws attention's launch chain, timed in parts (a development probe).
 
 For each case the selector's ws config is bound as the product binds it; the probe times,
-with CUDA events on one stream: the chain (main kernel, then the combine of split rows) as
+with CUDA events on one stream (``ws_trace.time_us``, 100 runs): the chain (main kernel,
+then the combine of split rows) as
 ``BoundLaunch.launch`` makes it (``chain_plain``), the same two launches with programmatic
 dependent launch as the ORT custom op makes them (``cuLaunchKernelEx`` with
 ``PROGRAMMATIC_STREAM_SERIALIZATION``, ``chain_pdl``), the main kernel alone
@@ -19,7 +20,7 @@ import sys
 import cupy as cp
 import numpy as np
 from attention_timing import MASKS
-from ws_trace import rand
+from ws_trace import rand, time_us
 
 from stofc.kernels.attention.ws_cost import ws_config
 from stofc.masks import encode
@@ -65,19 +66,8 @@ def launch_pdl(lib, bound, stream) -> None:
         bound = bound.then
 
 
-def time_us(fn, stream, reps: int = 100) -> float:
-    """Median microseconds of ``fn()`` between two events on ``stream``."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        fn()
-        b.record(stream)
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
-    return round(float(np.median(times)), 2)
+def _us(fn, stream) -> float:
+    return round(time_us(fn, stream, reps=100), 2)
 
 
 def main() -> int:
@@ -105,14 +95,14 @@ def main() -> int:
         stream.synchronize()
         row["pdl_bit_identical"] = bool((out == plain).all())
         for rnd in range(2):
-            row[f"chain_plain_{rnd}"] = time_us(lambda b=bound: b.launch(stream), stream)
-            row[f"chain_pdl_{rnd}"] = time_us(lambda b=bound: launch_pdl(lib, b, stream), stream)
+            row[f"chain_plain_{rnd}"] = _us(lambda b=bound: b.launch(stream), stream)
+            row[f"chain_pdl_{rnd}"] = _us(lambda b=bound: launch_pdl(lib, b, stream), stream)
             then = bound.then
             if then is not None:
                 bound.then = None
-                row[f"main_only_{rnd}"] = time_us(lambda b=bound: b.launch(stream), stream)
+                row[f"main_only_{rnd}"] = _us(lambda b=bound: b.launch(stream), stream)
                 bound.then = then
-                row[f"combine_only_{rnd}"] = time_us(lambda t=then: t.launch(stream), stream)
+                row[f"combine_only_{rnd}"] = _us(lambda t=then: t.launch(stream), stream)
         print(json.dumps(row), flush=True)
     return 0
 
