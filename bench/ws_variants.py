@@ -82,10 +82,10 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # (three consumers at head_dim 128 read Q from shared memory: ws_q_in_regs; the
     # committed ws-variants-d128-c3 file names that variant "c3q", run before the product did)
     "c3_s3": ({"warps": 16, "stages": 3}, {}),
-    # head_dim 64, Q read from smem (needs --exp-template: the product's template asserts
-    # Q in registers below head_dim 128), with one or two 64-key tiles per step
     # the selector's config rendered from --exp-template (a second template in one A/B)
     "exp": ({}, {"__exp__": True}),
+    # head_dim 64, Q read from smem (needs --exp-template: the product's template asserts
+    # Q in registers below head_dim 128), with one or two 64-key tiles per step
     "c3q": ({"warps": 16}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q": ({"warps": 16, "kstep": 2, "stages": 4}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
