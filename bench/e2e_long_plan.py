@@ -45,7 +45,7 @@ def arguments(argv=None) -> argparse.Namespace:
                         f"single stages ({', '.join(STAGES[2:])}); prep and packages run "
                         "whenever a stage needs them (a warm --work dir is reused)")
     p.add_argument("--profile", action="store_true", help="add the profile part")
-    p.add_argument("--profile-cases", default="1:8192")
+    p.add_argument("--profile-cases", default="1:8192 1:16384")
     p.add_argument("--deadline", type=float, default=float(env("E2E_DEADLINE_S", "500")),
                    help="seconds from start after which nothing new starts")
     p.add_argument("--tag", default=env("E2E_TAG", ""), help="appended to the file names")

@@ -19,6 +19,7 @@ import math
 import re
 from pathlib import Path
 
+from e2e_long_bounds import bound_table
 from e2e_tables import _fmt, _num, _ratio
 
 TORCH = ("flex", "fa4", "sdpa")
@@ -309,7 +310,7 @@ def write_tables(rows: list[dict], out: Path, stem: str | None = None, *,
              ">= 2x Flex (Longformer, BigBird), >= 1.5x ORT and >= 1.1x Flex (causal); short "
              "points >= 1.0x ORT, plain and CUDA graphs.", ""]
     lines += main_table(c) + short_table(c) + long_row_table(c) + check_tables(rows)
-    lines += profile_table(rows) + model_notes(rows)
+    lines += profile_table(rows) + bound_table(rows, targets) + model_notes(rows)
     if c.footnotes:
         lines += ["Notes:", ""] + [f"{n}. {t}" for t, n in c.footnotes.items()] + [""]
     other = [r for r in rows if r.get("kind") in ("skip", "error", "na") and "B" not in r]

@@ -304,3 +304,61 @@ def test_class_time_counts_a_pdl_overlap_once():
     assert union_us([]) == 0.0
     # disjoint kernels of one class still add up
     assert class_union_us([("stofc_attn_a", 0.0, 2.0), ("stofc_attn_b", 3.0, 4.0)])["attention"] == 3.0
+
+
+def _longformer_pairs(s: int, window: int, first: int) -> int:
+    """Allowed pairs of MASKS.md's longformer (|q - k| <= W, or q or k among the first G),
+    counted row by row without stofc."""
+    q = np.arange(s)
+    band = np.minimum(q + window, s - 1) - np.maximum(q - window, 0) + 1
+    outside = np.clip(np.minimum(first, q - window), 0, None)   # global keys left of the band
+    return int(np.where(q < first, s, band + outside).sum())
+
+
+def test_flex_bound_from_one_runs_medians_profiles_and_masks():
+    """The bound table's arithmetic on one point: rest = median - profiled attention, the
+    budget Flex / target - rest, attention free Flex / rest, and the ratio at the causal
+    package's rate per allowed element, with allowed elements counted from the masks."""
+    from e2e_long_bounds import allowed_per_head, bound_rows, bound_table
+    from e2e_long_tables import targets
+
+    s = 8192
+    lf = {"mask": {"longformer": {"global": 16, "window": 256}}}
+    causal = {"mask": {"causal": {}}}
+    assert allowed_per_head(json.dumps(causal), s) == s * (s + 1) // 2
+    assert allowed_per_head(json.dumps(lf), s) == _longformer_pairs(s, 256, 16)
+
+    layers = list(range(12))
+    rows = [dict(kind="step", step="mask", model="bert32k", mask=m, groups=[
+                dict(layers=layers, spec=spec, density=0.0)]) for m, spec in
+            (("longformer", lf), ("causal", causal))]
+    for mask, st, flex, attn in (("longformer", 3.8, 6.4, 0.8), ("causal", 6.0, 9.8, 2.8)):
+        rows += [dict(kind="time", impl="stofc", graph=False, model="bert32k", mask=mask,
+                      B=1, S=s, ms=st),
+                 dict(kind="time", impl="flex", graph=False, model="bert32k", mask=mask,
+                      B=1, S=s, ms=flex),
+                 dict(kind="time", impl="flex", graph=True, model="bert32k", mask=mask,
+                      B=1, S=s, ms=1.0),               # a CUDA-graph row is not the target's
+                 dict(kind="profile", impl="stofc", model="bert32k", mask=mask, B=1, S=s,
+                      attention_ms=attn)]
+    rows.append(dict(kind="profile", impl="ort", model="bert32k", mask=None, B=1, S=s,
+                     attention_ms=1e3))                # far slower than causal: not the rate
+    got = {r["mask"]: r for r in bound_rows(rows, targets)}
+    assert set(got) == {"longformer", "causal"}
+    r = got["longformer"]
+    assert r["target"] == 2.0 and r["rest"] == pytest.approx(3.0)
+    assert r["budget"] == pytest.approx(6.4 / 2 - 3.0)
+    assert r["free"] == pytest.approx(6.4 / 3.0)
+    flop = 4 * 64 * 12 * 12 / 1e12
+    rate = flop * (s * (s + 1) // 2) / 2.8e-3
+    assert r["dense"] == pytest.approx(rate) and r["dense_of"] == "stofc causal"
+    lf_work = flop * _longformer_pairs(s, 256, 16)
+    assert r["at_dense"] == pytest.approx(6.4 / (3.0 + lf_work / rate * 1e3))
+    assert r["needs"] == pytest.approx(lf_work / 0.2e-3)
+    assert got["causal"]["target"] == 1.1
+    text = "\n".join(bound_table(rows, targets))
+    assert "| bert32k | longformer | 1 | 8192 | 2.0x | 3.800 | 0.800 | 3.000 | 6.400 | 0.200 " \
+           "| 2.13x |" in text
+    # a point without a profile, or without Flex, has no bound row
+    assert bound_rows([r for r in rows if r.get("kind") != "profile"], targets) == []
+    assert bound_rows([r for r in rows if r.get("impl") != "flex"], targets) == []
