@@ -316,7 +316,8 @@ def _longformer_pairs(s: int, window: int, first: int) -> int:
 
 
 def test_flex_bound_from_one_runs_medians_profiles_and_masks():
-    """The bound table's arithmetic on one point: rest = median - profiled attention, the
+    """The bound table's arithmetic on one point: rest = the package's time (the lower of its
+    median and profiled wall) - profiled attention, the
     budget Flex / target - rest, attention free Flex / rest, and the ratio at the causal
     package's rate per allowed element, with allowed elements counted from the masks."""
     from e2e_long_bounds import allowed_per_head, bound_rows, bound_table
@@ -332,7 +333,8 @@ def test_flex_bound_from_one_runs_medians_profiles_and_masks():
     rows = [dict(kind="step", step="mask", model="bert32k", mask=m, groups=[
                 dict(layers=layers, spec=spec, density=0.0)]) for m, spec in
             (("longformer", lf), ("causal", causal))]
-    for mask, st, flex, attn in (("longformer", 3.8, 6.4, 0.8), ("causal", 6.0, 9.8, 2.8)):
+    for mask, st, flex, attn, wall in (("longformer", 3.8, 6.4, 0.8, 3.9),
+                                       ("causal", 6.0, 9.8, 2.8, 5.5)):
         rows += [dict(kind="time", impl="stofc", graph=False, model="bert32k", mask=mask,
                       B=1, S=s, ms=st),
                  dict(kind="time", impl="flex", graph=False, model="bert32k", mask=mask,
@@ -340,7 +342,7 @@ def test_flex_bound_from_one_runs_medians_profiles_and_masks():
                  dict(kind="time", impl="flex", graph=True, model="bert32k", mask=mask,
                       B=1, S=s, ms=1.0),               # a CUDA-graph row is not the target's
                  dict(kind="profile", impl="stofc", model="bert32k", mask=mask, B=1, S=s,
-                      attention_ms=attn)]
+                      attention_ms=attn, wall_ms=wall)]
     rows.append(dict(kind="profile", impl="ort", model="bert32k", mask=None, B=1, S=s,
                      attention_ms=1e3))                # far slower than causal: not the rate
     got = {r["mask"]: r for r in bound_rows(rows, targets)}
@@ -355,7 +357,9 @@ def test_flex_bound_from_one_runs_medians_profiles_and_masks():
     lf_work = flop * _longformer_pairs(s, 256, 16)
     assert r["at_dense"] == pytest.approx(6.4 / (3.0 + lf_work / rate * 1e3))
     assert r["needs"] == pytest.approx(lf_work / 0.2e-3)
-    assert got["causal"]["target"] == 1.1
+    # the package's time is the lower of its plain median and its profiled wall time
+    assert got["causal"]["target"] == 1.1 and got["causal"]["stofc"] == 5.5
+    assert got["causal"]["rest"] == pytest.approx(5.5 - 2.8)
     text = "\n".join(bound_table(rows, targets))
     assert "| bert32k | longformer | 1 | 8192 | 2.0x | 3.800 | 0.800 | 3.000 | 6.400 | 0.200 " \
            "| 2.13x |" in text
