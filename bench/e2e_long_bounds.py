@@ -74,10 +74,12 @@ def _index(rows: list[dict]):
     return times, prof, masks
 
 
-def dense_rate(rows: list[dict], model: str, b: int, s: int) -> tuple[float, str] | None:
+def dense_rate(rows: list[dict], model: str, b: int, s: int, index=None
+               ) -> tuple[float, str] | None:
     """(TFLOP/s per allowed element, which kernel) of the faster of the causal package's
-    attention and ORT's dense attention at the point, from the run's profiles."""
-    _, prof, masks = _index(rows)
+    attention and ORT's dense attention at the point, from the run's profiles (``index``:
+    :func:`_index` of ``rows`` when the caller has it)."""
+    _, prof, masks = index or _index(rows)
     best = None
     causal = prof.get(("stofc", model, "causal", b, s))
     if causal and (model, "causal") in masks and causal.get("attention_ms"):
@@ -98,7 +100,8 @@ def dense_rate(rows: list[dict], model: str, b: int, s: int) -> tuple[float, str
 
 def bound_rows(rows: list[dict], targets) -> list[dict]:
     """One dict per point with a Flex target and the three measurements it needs."""
-    times, prof, masks = _index(rows)
+    index = _index(rows)
+    times, prof, masks = index
     out = []
     for (impl, model, mask, b, s), p in sorted(prof.items(), key=lambda kv: str(kv[0])):
         want = (targets(model, mask, b, s) or {}).get("Flex") if impl == "stofc" else None
@@ -113,7 +116,7 @@ def bound_rows(rows: list[dict], targets) -> list[dict]:
                    free=flex / rest if rest > 0 else None)
         work = attention_tflop(masks.get((model, mask), []), model, b, s) \
             if (model, mask) in masks else None
-        dense = dense_rate(rows, model, b, s)
+        dense = dense_rate(rows, model, b, s, index)
         if work and dense:
             rate, which = dense
             row.update(work=work, rate=work / (attn / 1e3), dense=rate, dense_of=which,
@@ -148,7 +151,8 @@ def bound_table(rows: list[dict], targets) -> list[str]:
                      f"{_fmt(r['flex'])} | {budget} | {x(r['free'])} | {x(r.get('at_dense'))} | "
                      f"{tf(r.get('rate'))} | {needs} | {dense} |")
     lines += ["", "stofc ms: the lower of the plain median and the profiled wall time. rest: that "
-              "minus the profiled attention (GEMMs, norms, idle and host time). attention free: Flex over rest, the ratio if attention cost nothing. "
+              "minus the profiled attention (GEMMs, norms, idle and host time). attention "
+              "free: Flex over rest, the ratio if attention cost nothing. "
               "at the dense rate: the ratio if the mask's allowed elements ran at the dense "
               "rate, the faster of this run's causal-package and ORT (cuDNN) attention per "
               "allowed element. TF/s count allowed elements only (4 x head_dim FLOPs each). "
