@@ -59,6 +59,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "s4": ({"stages": 4}, {}),
     # five stages are outside the search space (ws.WS_STAGES): pruning skipped
     "s5": ({"stages": 5}, {"__noprune__": True}),
+    # deeper rings at head_dim 64 with four consumers: one Q buffer (ws_smem.ws_q_buffers)
+    "s7": ({"stages": 7}, {"__noprune__": True}),
+    "s8": ({"stages": 8}, {"__noprune__": True}),
     "s6": ({"stages": 6}, {}),
     "q_smem": ({}, {"q_in_regs": "false"}),
     # P's row sums by FADD trees in the softmax instead of the ones wgmma (ws.WS_ROWSUM_MMA)
@@ -93,6 +96,10 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "p1": ({"period": 1}, {}),
     # split rows without shared chunks (plan_ws(share=False): every chunk on its own tile rows)
     "noshare": ({}, {"__noshare__": True}),
+    # the union walk in another order than ascending key (walk_order below; full-length
+    # runs only: the kernel's trim_walk assumes ascending keys)
+    "ord_center": ({}, {"__order__": "center"}),
+    "ord_even": ({}, {"__order__": "even"}),
     "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
@@ -105,6 +112,39 @@ VARIANTS = {                       # name: (config overrides, template overrides
     **{f"c{c}{tag}_q1": ({"warps": 4 * (c + 1), "pingpong": pp}, {"q_bufs": 1})
        for c in (3, 4) for tag, pp in (("pp", True), ("np", False))},
 }
+
+
+def walk_order(keys: np.ndarray, parts: np.ndarray, how: str) -> np.ndarray:
+    """A permutation of one pair row's union walk (``parts`` [m, C], SKIP where a warpgroup
+    skips the entry). ``center``: by the mean index of the warpgroups that compute an entry
+    (a band's global tiles move inside every warpgroup's run: each warpgroup's entries
+    become one run, fewer cold starts and drains). ``even``: each warpgroup's own entries
+    spread evenly over the walk (entry e's time is the mean over its warpgroups of its
+    rank in that warpgroup's list, (rank + 1/2) / count): no warpgroup runs ahead of the
+    ring while another computes. Ties keep the key order."""
+    active = parts != ws_plan.SKIP
+    c = parts.shape[1]
+    if how == "center":
+        idx = np.arange(c)[None, :]
+        t = (active * idx).sum(1) / np.maximum(active.sum(1), 1)
+    elif how == "even":
+        rank = np.cumsum(active, axis=0) - 1
+        count = np.maximum(active.sum(0, keepdims=True), 1)
+        t = np.where(active, (rank + 0.5) / count, 0.0).sum(1) / np.maximum(active.sum(1), 1)
+    else:
+        raise ValueError(how)
+    return np.argsort(t, kind="stable")
+
+
+def ordered_pair_lists(how: str):
+    """ws_plan._pair_lists with its union walk reordered by :func:`walk_order`."""
+    original = ws_plan._pair_lists
+
+    def lists(fmt, head, pair, consumers):
+        keys, parts = original(fmt, head, pair, consumers)
+        perm = walk_order(keys, parts, how)
+        return keys[perm], parts[perm]
+    return lists
 
 
 def format_order(words) -> np.ndarray:
@@ -219,6 +259,10 @@ def main() -> int:
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     elif tpl_over.pop("__noprune__", False):
                         with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
+                            op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    elif "__order__" in tpl_over:
+                        with unittest.mock.patch.object(
+                                ws_plan, "_pair_lists", ordered_pair_lists(tpl_over.pop("__order__"))):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     elif tpl_over.pop("__noshare__", False):
                         with unittest.mock.patch.object(
