@@ -37,7 +37,7 @@ from stofc.kernels.attention import KernelSpec, smem_bytes
 from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.ws import AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config
-from stofc.kernels.attention.ws_plan import consumers_of
+from stofc.kernels.attention.ws_plan import consumers_of, plan_ws
 from stofc.masks import encode
 from stofc.runtime import module as rt_module
 from stofc.runtime.attention import AttentionOp
@@ -154,6 +154,49 @@ def summarise(rec: np.ndarray, head: np.ndarray, consumers: int) -> dict:
     return out
 
 
+def work_items(plan, works: np.ndarray, heads: int, batch: int, seq_len: int) -> np.ndarray:
+    """The plan item ``[n, ITEM_FIELDS]`` of each work index of a launch of ``seq_len`` rows
+    (the kernel's ``work_at``: head ``w % heads``, then batch, then the launch's item order;
+    one format head or one per head; no residue split)."""
+    offset = plan.launch_items(seq_len)[0]
+    works = np.asarray(works, np.int64)
+    h = works % heads
+    idx = works // heads // batch
+    f = h if plan.num_heads > 1 else np.zeros_like(h)
+    order = np.asarray(plan.orders)[f, offset + idx]
+    return np.asarray(plan.items)[f, order]
+
+
+def by_kind(rec: np.ndarray, plan, heads: int, batch: int, seq_len: int) -> dict:
+    """Per kind of work (a shared chunk: every warpgroup on one tile row, each on every C-th
+    entry; any other work): the consumers' cycles per walked entry through their steps and
+    waiting for K, and the producer's own cycles per loaded tile (its span past the Q
+    buffer's wait, less its waits for free ring slots). Where the producer's own cycles per
+    tile reach the consumers' per entry, the producer paces the walk
+    (``ws-trace-h200-2026-11-28``: shared chunks, ~0.9k cycles a tile)."""
+    rec = rec.astype(np.int64)
+    prod = rec[:, 0]
+    live = (prod[..., 3] > 0) & (prod[..., 5] > 0)
+    items = work_items(plan, prod[..., 0][live], heads, batch, seq_len)
+    shared = items[:, 4] > 0
+    cons = rec[:, 1:].transpose(0, 2, 1, 3)[live]          # [works, C, 8]
+    walked = (items[:, 2] - items[:, 1]).astype(np.float64)
+    steps = (cons[..., 3] - cons[..., 2]).mean(axis=1)
+    kwait = cons[..., 5].mean(axis=1)
+    p = prod[live]
+    own = ((p[:, 3] - p[:, 2]) - p[:, 4]) / p[:, 5]
+    out = {}
+    for name, sel in (("shared", shared), ("other", ~shared)):
+        if not sel.any():
+            continue
+        out[name] = {"works": int(sel.sum()), "walked": round(float(walked[sel].mean()), 1),
+                     "steps_per_entry": round(float((steps[sel] / walked[sel]).mean()), 0),
+                     "k_wait_per_entry": round(float((kwait[sel] / walked[sel]).mean()), 0),
+                     "producer_own_per_tile": round(float(own[sel].mean()), 0),
+                     "producer_slot_wait": round(float(p[sel, 4].mean()), 0)}
+    return out
+
+
 def main() -> int:
     import cupy as cp
 
@@ -208,6 +251,9 @@ def main() -> int:
         row = {"case": case, "config": op.family.describe(cfg), "us": round(us_plain, 1),
                "us_traced": round(us_trace, 1), "traced_output_identical": same,
                **summarise(rec, head, C)}
+        if cfg.period == 1:                   # the launch's walk (ws_launch_data's plan)
+            plan = plan_ws(fmt, split_tiles=cfg.split, consumers=C, split_rows=cfg.split_rows)
+            row["by_kind"] = by_kind(rec, plan, H, B, L)
         rows.append(row)
         raw[case.replace(":", "_")] = host
         print(json.dumps(row), flush=True)

@@ -87,6 +87,10 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "c3_s3": ({"warps": 16, "stages": 3}, {}),
     # the selector's config rendered from --exp-template (a second template in one A/B)
     "exp": ({}, {"__exp__": True}),
+    # the producer warpgroup's register budget at 32 (four consumers: 24), with and without
+    # the --exp-template
+    "base_p32": ({}, {"producer_regs": 32}),
+    "exp_p32": ({}, {"producer_regs": 32, "__exp__": True}),
     # head_dim 64, Q read from smem (needs --exp-template: the product's template asserts
     # Q in registers below head_dim 128), with one or two 64-key tiles per step
     "c3q": ({"warps": 16}, {"q_in_regs": "false", "__exp__": True}),

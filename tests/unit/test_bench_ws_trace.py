@@ -1,0 +1,61 @@
+"""bench/ws_trace.py's split of a traced launch by kind of work, on a hand-built trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stofc.kernels.attention.ws_plan import plan_ws
+from stofc.masks import encode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def ws_trace(monkeypatch):
+    pytest.importorskip("cupy")          # ws_trace imports the runtime (its CuPy kernels)
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import ws_trace as mod
+    return mod
+
+
+def _work_of(plan, want_shared: bool, heads: int, seq_len: int) -> int:
+    """A work index (head 1, batch 0) whose item is (or is not) a shared chunk."""
+    offset, count = plan.launch_items(seq_len)
+    for idx in range(count):
+        item = plan.items[0][plan.orders[0][offset + idx]]
+        if item[0] >= 0 and (item[4] > 0) == want_shared:
+            return idx * heads + 1
+    raise AssertionError("no such work")
+
+
+def test_by_kind_splits_shared_chunks_from_the_rest(ws_trace):
+    fmt = encode("longformer:window=128,global=16", 2048)
+    plan = plan_ws(fmt, split_tiles=8, consumers=2)
+    heads, L, C = 2, 2048, 2
+    shared_wk = _work_of(plan, True, heads, L)
+    other_wk = _work_of(plan, False, heads, L)
+    items = ws_trace.work_items(plan, np.array([shared_wk, other_wk]), heads, 1, L)
+    assert items[0, 4] > 0 and items[1, 4] == 0
+    n_sh, n_ot = (int(it[2] - it[1]) for it in items)
+    rec = np.zeros((ws_trace.TRACE_BLOCKS, C + 1, ws_trace.TRACE_WORKS, ws_trace.FIELDS),
+                   np.uint64)
+    # producer: (work, start, after the Q buffer, end, slot waits, tiles)
+    rec[0, 0, 0] = [shared_wk, 100, 300, 300 + 2000 + 500, 500, n_sh, 0, 0]
+    rec[1, 0, 0] = [other_wk, 100, 150, 150 + 9000 + 1000, 1000, n_ot, 0, 0]
+    # consumers: (work, start, Q, steps end, end, K waits, turns, steps << 32 | computed)
+    for w in range(C):
+        rec[0, 1 + w, 0] = [shared_wk, 10, 20, 20 + 1100 * n_sh, 30 + 1100 * n_sh,
+                            100 * n_sh, 0, 0]
+        rec[1, 1 + w, 0] = [other_wk, 10, 20, 20 + 1900 * n_ot + 10 * w, 99999, 90 * n_ot, 0, 0]
+    got = ws_trace.by_kind(rec, plan, heads, 1, L)
+    assert got["shared"] == {"works": 1, "walked": float(n_sh), "steps_per_entry": 1100.0,
+                             "k_wait_per_entry": 100.0,
+                             "producer_own_per_tile": round(2000 / n_sh, 0),
+                             "producer_slot_wait": 500.0}
+    assert got["other"]["works"] == 1 and got["other"]["walked"] == float(n_ot)
+    assert got["other"]["steps_per_entry"] == round((1900 * n_ot + 5) / n_ot, 0)
+    assert got["other"]["producer_own_per_tile"] == round(9000 / n_ot, 0)
+    assert got["other"]["k_wait_per_entry"] == 90.0
