@@ -177,9 +177,17 @@ def by_kind(rec: np.ndarray, plan, heads: int, batch: int, seq_len: int) -> dict
     rec = rec.astype(np.int64)
     prod = rec[:, 0]
     live = (prod[..., 3] > 0) & (prod[..., 5] > 0)
-    items = work_items(plan, prod[..., 0][live], heads, batch, seq_len)
+    # the consumers' record of the same work: the producer counts every work of its deal,
+    # the consumers only those it handed over, so the k-th records may differ in work
+    cons_at = np.zeros(prod.shape[:2], np.int64)
+    for b, k in zip(*np.nonzero(live), strict=True):
+        mine = np.nonzero((rec[b, 1, :, 0] == prod[b, k, 0]) & (rec[b, 1, :, 4] > 0))[0]
+        live[b, k] = mine.size > 0
+        cons_at[b, k] = mine[0] if mine.size else 0
+    blocks, ks = np.nonzero(live)
+    items = work_items(plan, prod[blocks, ks, 0], heads, batch, seq_len)
     shared = items[:, 4] > 0
-    cons = rec[:, 1:].transpose(0, 2, 1, 3)[live]          # [works, C, 8]
+    cons = rec[blocks, 1:, cons_at[blocks, ks]]          # [works, C, 8]
     walked = (items[:, 2] - items[:, 1]).astype(np.float64)
     steps = (cons[..., 3] - cons[..., 2]).mean(axis=1)
     kwait = cons[..., 5].mean(axis=1)

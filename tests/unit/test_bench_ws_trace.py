@@ -45,11 +45,14 @@ def test_by_kind_splits_shared_chunks_from_the_rest(ws_trace):
     # producer: (work, start, after the Q buffer, end, slot waits, tiles)
     rec[0, 0, 0] = [shared_wk, 100, 300, 300 + 2000 + 500, 500, n_sh, 0, 0]
     rec[1, 0, 0] = [other_wk, 100, 150, 150 + 9000 + 1000, 1000, n_ot, 0, 0]
-    # consumers: (work, start, Q, steps end, end, K waits, turns, steps << 32 | computed)
+    # consumers: (work, start, Q, steps end, end, K waits, turns, steps << 32 | computed);
+    # block 1's consumers saw an empty work first (no producer record of its own): the
+    # records pair by work, not by position
     for w in range(C):
         rec[0, 1 + w, 0] = [shared_wk, 10, 20, 20 + 1100 * n_sh, 30 + 1100 * n_sh,
                             100 * n_sh, 0, 0]
-        rec[1, 1 + w, 0] = [other_wk, 10, 20, 20 + 1900 * n_ot + 10 * w, 99999, 90 * n_ot, 0, 0]
+        rec[1, 1 + w, 0] = [other_wk + 2 * heads, 1, 2, 3, 4, 5, 0, 0]
+        rec[1, 1 + w, 1] = [other_wk, 10, 20, 20 + 1900 * n_ot + 10 * w, 99999, 90 * n_ot, 0, 0]
     got = ws_trace.by_kind(rec, plan, heads, 1, L)
     assert got["shared"] == {"works": 1, "walked": float(n_sh), "steps_per_entry": 1100.0,
                              "k_wait_per_entry": 100.0,
