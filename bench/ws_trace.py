@@ -220,7 +220,7 @@ def main() -> int:
     rows = []
     raw = {}
     for case in args.cases.split():
-        mask, B, H, L, D, dtype = case.split(":")
+        mask, B, H, L, D, dtype = case.rsplit(":", 5)
         B, H, L, D = int(B), int(H), int(L), int(D)
         fmt = encode(MASKS.get(mask, mask), L)
         cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D)

@@ -15,7 +15,7 @@ checked against a float32 reference (SDPA with the bias and the mask's -inf as i
 ``[TF/s, relative error, us]`` per variant, and the combine kernel's own us where rows are
 split.
 Usage: PYTHONPATH=. python3 bench/ws_variants.py [--cases B:H:L:D:dtype ...] [--masks ...]
-    [--variants base,c3,...] [--old-template ...] [--bias] [--softcap X]
+    [--variants base,c3,...] [--old-template ...] [--bias] [--softcap X] [--kv-heads N]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from attention_timing import MASKS, check_and_time
 from triton.testing import do_bench
+from ws_orders import local_orders, spread_orders
 
 import stofc.runtime.attention as attention_rt
 from stofc.codegen import render
@@ -104,6 +105,13 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # runs only: the kernel's trim_walk assumes ascending keys)
     "ord_center": ({}, {"__order__": "center"}),
     "ord_even": ({}, {"__order__": "even"}),
+    # the split rows' chunks dealt every N-th among a head's works instead of first
+    # (ws_orders.spread_orders): fewer chunks, which stream K/V for one tile row, run at once
+    **{f"spread{n}": ({}, {"__spread__": n}) for n in (1, 2, 3, 4, 5, 6)},
+    # every live item by the key tiles it walks (ws_orders.local_orders): a chunk runs beside
+    # the band works that stream its K/V tiles, so it reads them from L2
+    "local": ({}, {"__spread__": "after"}),
+    "local_first": ({}, {"__spread__": "before"}),
     "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
@@ -138,6 +146,16 @@ def walk_order(keys: np.ndarray, parts: np.ndarray, how: str) -> np.ndarray:
     else:
         raise ValueError(how)
     return np.argsort(t, kind="stable")
+
+
+def spread_plan(stride):
+    """ws_launch.plan_ws followed by ws_orders.spread_orders (an int stride) or
+    ws_orders.local_orders ("after" / "before")."""
+    def plan(*args, **kwargs):
+        if isinstance(stride, str):
+            return local_orders(plan_ws(*args, **kwargs), stride)
+        return spread_orders(plan_ws(*args, **kwargs), stride)
+    return plan
 
 
 def ordered_pair_lists(how: str):
@@ -220,6 +238,9 @@ def main() -> int:
                          "its kernels, and the selector's config for it (base)")
     ap.add_argument("--softcap", type=float, default=0.0,
                     help="the node soft-caps the scores at this value (0: not)")
+    ap.add_argument("--kv-heads", type=int, default=0,
+                    help="K/V heads (grouped-query attention; 0: one per query head): with 1, "
+                         "every head reads the same K/V, which an A/B of memory traffic needs")
     args = ap.parse_args()
     extras = ExtraInputs(has_bias=args.bias, has_softcap=args.softcap > 0)
     if args.old_template:
@@ -233,7 +254,9 @@ def main() -> int:
         B, H, L, D = int(B), int(H), int(L), int(D)
         tdt = torch.bfloat16 if dt == "bf16" else torch.float16
         sdt = "bfloat16" if dt == "bf16" else "float16"
-        q, k, v = (torch.randn(B, L, H, D, device="cuda", dtype=tdt) for _ in range(3))
+        hkv = args.kv_heads or H
+        q = torch.randn(B, L, H, D, device="cuda", dtype=tdt)
+        k, v = (torch.randn(B, L, hkv, D, device="cuda", dtype=tdt) for _ in range(2))
 
         def cpv(x, tdt=tdt):
             return cp.asarray(x) if tdt == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
@@ -248,7 +271,8 @@ def main() -> int:
             else:
                 dense = torch.from_numpy(to_dense(fmt)).cuda()
                 nnz = int(dense.sum())
-                ref = reference(q, k, v, dense, bias, args.softcap)
+                ref = reference(q, k.repeat_interleave(H // hkv, 2),
+                                v.repeat_interleave(H // hkv, 2), dense, bias, args.softcap)
                 del dense
             row = {"case": case, "mask": mask}
             if args.bias or args.softcap:
@@ -267,6 +291,10 @@ def main() -> int:
                     elif "__order__" in tpl_over:
                         with unittest.mock.patch.object(
                                 ws_plan, "_pair_lists", ordered_pair_lists(tpl_over.pop("__order__"))):
+                            op = AttentionOp(fmt, cfg, sdt, D, profile)
+                    elif "__spread__" in tpl_over:
+                        with unittest.mock.patch.object(
+                                ws_launch, "plan_ws", spread_plan(tpl_over.pop("__spread__"))):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     elif tpl_over.pop("__noshare__", False):
                         with unittest.mock.patch.object(
