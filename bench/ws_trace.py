@@ -11,6 +11,9 @@ product's. One traced launch (after warm-up) is read back and summarised:
   through its steps, through its epilogue, and the gap to the next work; cycles waiting for
   K and for ping-pong turns; cycles per step that computed;
 * the producer: cycles waiting for free ring slots per work;
+* per kind of work (``by_kind``: shared chunks, the rest) and, inside shared chunks, per kind
+  of step (``step_kinds``: computed, the skipped step after a computed one, other skipped
+  steps), from a second array of per-step stamps (``<kernel>_steps``);
 * the block that finished last, work by work.
 
 The untraced kernel is timed in the same call (median us), and the traced one too, so the
@@ -46,6 +49,7 @@ from stofc.targets import detect
 
 TRACE_WORKS = 32          # records per block and warpgroup (works past it are not traced)
 TRACE_BLOCKS = 160        # the template's
+TRACE_STEPS = 32          # the template's: steps stamped per work
 FIELDS = 8
 
 
@@ -205,6 +209,49 @@ def by_kind(rec: np.ndarray, plan, heads: int, batch: int, seq_len: int) -> dict
     return out
 
 
+def step_kinds(rec: np.ndarray, steps: np.ndarray, plan, heads: int, batch: int,
+               seq_len: int, kstep: int = 1) -> dict:
+    """Where a shared chunk's steps go, per kind of step of a warpgroup: ``computed`` (the
+    chunk's entry i is warpgroup i % C's), ``after_computed`` (a skipped step that issues
+    and waits for the computed one's P V) and ``skipped``; ``other`` pools every step of the
+    other works. Per kind: steps, mean cycles from one step's K wait to the next one's (the
+    last step: to the end of the work's steps) and mean cycles waiting for K (turns
+    included). ``rec``: the records ``[blocks, C + 1, works, 8]``; ``steps``: the per-step
+    stamps ``[blocks, C, works, S, 2]`` (cycles from the work's first step to the step's K
+    wait and past it); steps past S are not stamped and not counted."""
+    rec = rec.astype(np.int64)
+    steps = steps.astype(np.int64)
+    C, S = steps.shape[1], steps.shape[3]
+    acc: dict[str, list[list[int]]] = {k: [[], []] for k in
+                                       ("computed", "after_computed", "skipped", "other")}
+    for w in range(C):
+        cons = rec[:, 1 + w]
+        blocks, ks = np.nonzero(cons[..., 4] > 0)
+        if blocks.size == 0:
+            continue
+        items = work_items(plan, cons[blocks, ks, 0], heads, batch, seq_len)
+        for b, k, item in zip(blocks, ks, items, strict=True):
+            n = int(cons[b, k, 7] >> 32)                 # the work's steps
+            ns = min(n, S)
+            if ns == 0:
+                continue
+            st = steps[b, w, k, :ns]
+            ends = np.append(st[1:, 0], cons[b, k, 3] - cons[b, k, 2])
+            dur, wait = ends - st[:, 0], st[:, 1] - st[:, 0]
+            shared = item[4] > 0
+            prev = False
+            for t in range(ns):
+                mine = shared and any((kstep * t + hh) % C == w for hh in range(kstep))
+                kind = ("other" if not shared else "computed" if mine
+                        else "after_computed" if prev else "skipped")
+                prev = mine
+                acc[kind][0].append(int(dur[t]))
+                acc[kind][1].append(int(wait[t]))
+    return {k: {"steps": len(d), "cycles": round(float(np.mean(d)), 0),
+                "k_wait": round(float(np.mean(wt)), 0)}
+            for k, (d, wt) in acc.items() if d}
+
+
 def main() -> int:
     import cupy as cp
 
@@ -247,7 +294,14 @@ def main() -> int:
             ptr = int(ptr.ptr)
         mem = cp.cuda.UnownedMemory(ptr, words * 8, owner=None)
         trace = cp.ndarray((words,), cp.uint64, cp.cuda.MemoryPointer(mem, 0))
+        sptr = rt_module._MODULES[compiled.key].get_global_var(spec.name + "_steps")
+        if not isinstance(sptr, int):
+            sptr = int(sptr.ptr)
+        n_steps = TRACE_BLOCKS * C * TRACE_WORKS * TRACE_STEPS * 2
+        smem = cp.cuda.UnownedMemory(sptr, n_steps * 4, owner=None)
+        steps_dev = cp.ndarray((n_steps,), cp.uint32, cp.cuda.MemoryPointer(smem, 0))
         trace.fill(0)
+        steps_dev.fill(0)
         cp.cuda.Device().synchronize()         # the fill ran on the default stream
         traced.launch(stream)
         stream.synchronize()
@@ -255,6 +309,7 @@ def main() -> int:
         head_at = TRACE_BLOCKS * (C + 1) * TRACE_WORKS * FIELDS
         rec = host[:head_at].reshape(TRACE_BLOCKS, C + 1, TRACE_WORKS, FIELDS)
         head = host[head_at:].reshape(TRACE_BLOCKS, FIELDS)
+        stamps = cp.asnumpy(steps_dev).reshape(TRACE_BLOCKS, C, TRACE_WORKS, TRACE_STEPS, 2)
         same = bool(cp.array_equal(out_plain, out_trace))
         row = {"case": case, "config": op.family.describe(cfg), "us": round(us_plain, 1),
                "us_traced": round(us_trace, 1), "traced_output_identical": same,
@@ -262,8 +317,10 @@ def main() -> int:
         if cfg.period == 1:                   # the launch's walk (ws_launch_data's plan)
             plan = plan_ws(fmt, split_tiles=cfg.split, consumers=C, split_rows=cfg.split_rows)
             row["by_kind"] = by_kind(rec, plan, H, B, L)
+            row["step_kinds"] = step_kinds(rec, stamps, plan, H, B, L, cfg.kstep)
         rows.append(row)
         raw[case.replace(":", "_")] = host
+        raw[case.replace(":", "_") + "_steps"] = stamps
         print(json.dumps(row), flush=True)
     out = os.environ.get("OUT")
     if out:

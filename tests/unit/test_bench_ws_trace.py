@@ -62,3 +62,38 @@ def test_by_kind_splits_shared_chunks_from_the_rest(ws_trace):
     assert got["other"]["steps_per_entry"] == round((1900 * n_ot + 5) / n_ot, 0)
     assert got["other"]["producer_own_per_tile"] == round(9000 / n_ot, 0)
     assert got["other"]["k_wait_per_entry"] == 90.0
+
+
+def test_step_kinds_splits_a_shared_chunks_steps_by_who_computes_them(ws_trace):
+    fmt = encode("longformer:window=128,global=16", 2048)
+    plan = plan_ws(fmt, split_tiles=8, consumers=2)
+    heads, L, C = 2, 2048, 2
+    shared_wk = _work_of(plan, True, heads, L)
+    other_wk = _work_of(plan, False, heads, L)
+    n = 6                                            # steps stamped in the shared chunk
+    rec = np.zeros((ws_trace.TRACE_BLOCKS, C + 1, ws_trace.TRACE_WORKS, ws_trace.FIELDS),
+                   np.uint64)
+    stamps = np.zeros((ws_trace.TRACE_BLOCKS, C, ws_trace.TRACE_WORKS, ws_trace.TRACE_STEPS, 2),
+                      np.uint32)
+    # warpgroup w computes steps t with t % 2 == w: a computed step lasts 1000 cycles and
+    # waits 40 for K, the skipped step after it 300 (its P V) waiting 20, others 50 / 10
+    for w in range(C):
+        t0, prev = 0, False
+        for t in range(n):
+            mine = t % C == w
+            dur, wait = (1000, 40) if mine else (300, 20) if prev else (50, 10)
+            stamps[0, w, 0, t] = [t0, t0 + wait]
+            t0 += dur
+            prev = mine
+        # (work, start, Q = tc1, steps end = tc1 + the steps, end, ..., steps << 32)
+        rec[0, 1 + w, 0] = [shared_wk, 0, 5, 5 + t0, 9 + t0, 0, 0, n << 32]
+        # an ordinary work of two steps, 700 and 800 cycles, waits 70 and 80
+        stamps[0, w, 1, :2] = [[0, 70], [700, 780]]
+        rec[0, 1 + w, 1] = [other_wk, 0, 100, 100 + 1500, 2000, 0, 0, 2 << 32]
+    got = ws_trace.step_kinds(rec, stamps, plan, heads, 1, L)
+    # warpgroup 0: computed 0, 2, 4, after-computed 1, 3, 5; warpgroup 1: skipped 0,
+    # computed 1, 3, 5, after-computed 2, 4
+    assert got["computed"] == {"steps": 6, "cycles": 1000.0, "k_wait": 40.0}
+    assert got["after_computed"] == {"steps": 5, "cycles": 300.0, "k_wait": 20.0}
+    assert got["skipped"] == {"steps": 1, "cycles": 50.0, "k_wait": 10.0}
+    assert got["other"] == {"steps": 4, "cycles": 750.0, "k_wait": 75.0}

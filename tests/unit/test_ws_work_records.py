@@ -72,6 +72,10 @@ def test_the_product_kernel_reads_no_clock_and_the_traced_one_does():
     size = re.compile(rf"\.b8 {spec.name}_trace\[(\d+)\]")
     assert int(size.search(traced).group(1)) == (160 * 5 * 4 + 160) * 8 * 8
     assert int(size.search(plain).group(1)) == 8
+    # per step: [160][C][works][32 steps][2] u32 cycle offsets; one u32 in the product
+    steps = re.compile(rf"\.b8 {spec.name}_steps\[(\d+)\]")
+    assert int(steps.search(traced).group(1)) == 160 * 4 * 4 * 32 * 2 * 4
+    assert int(steps.search(plain).group(1)) == 4
 
 
 def _ws_trace():
