@@ -215,10 +215,11 @@ def step_kinds(rec: np.ndarray, steps: np.ndarray, plan, heads: int, batch: int,
     chunk's entry i is warpgroup i % C's), ``after_computed`` (a skipped step that issues
     and waits for the computed one's P V) and ``skipped``; ``other`` pools every step of the
     other works. Per kind: steps, mean cycles from one step's K wait to the next one's (the
-    last step: to the end of the work's steps) and mean cycles waiting for K (turns
-    included). ``rec``: the records ``[blocks, C + 1, works, 8]``; ``steps``: the per-step
-    stamps ``[blocks, C, works, S, 2]`` (cycles from the work's first step to the step's K
-    wait and past it); steps past S are not stamped and not counted."""
+    last step: to the end of the work's steps) and mean cycles waiting for K (not the
+    ping-pong turn after it). ``rec``: the records ``[blocks, C + 1, works, 8]``; ``steps``:
+    the per-step stamps ``[blocks, C, works, S, 2]`` (cycles from the work's first step to
+    the start and to the end of the step's K wait); steps past S are not stamped and not
+    counted."""
     rec = rec.astype(np.int64)
     steps = steps.astype(np.int64)
     C, S = steps.shape[1], steps.shape[3]
