@@ -248,6 +248,11 @@ __device__ __forceinline__ Ring ring_at(Ring r, int k) {
 constexpr int TRACE_BLOCKS = 160;
 constexpr int TRACE_HEAD = TRACE_BLOCKS * (CONSUMERS + 1) * TRACE_WORKS * 8;
 extern "C" __device__ unsigned long long stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_trace[TRACE ? TRACE_HEAD + TRACE_BLOCKS * 8 : 1];
+// TRACE, per step: [TRACE_BLOCKS][CONSUMERS][TRACE_WORKS][TRACE_STEPS][2] cycles from the
+// work's first step (tc1) to the start of the step's K wait and to its end (before any turn)
+constexpr int TRACE_STEPS = 32;
+extern "C" __device__ unsigned stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_steps[
+    TRACE ? TRACE_BLOCKS * CONSUMERS * TRACE_WORKS * TRACE_STEPS * 2 : 1];
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
 stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ TmaDesc tma_q, const __grid_constant__ TmaDesc tma_k,
@@ -728,6 +733,17 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
         keep_probs(sc, alpha, moved);
     };
 
+    // TRACE: step t of work k waited for its K from tw to tt (cycles on from the work's tc1)
+    auto trace_step = [&](int k, int t, unsigned long long t0, unsigned long long tw,
+                          unsigned long long tt) {
+        if (tracing && tid == 0 && k < TRACE_WORKS && t < TRACE_STEPS) {
+            unsigned* r = stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1_steps +
+                          (((static_cast<long long>(blockIdx.x) * CONSUMERS + w) * TRACE_WORKS + k) *
+                           TRACE_STEPS + t) * 2;
+            r[0] = static_cast<unsigned>(tw - t0);
+            r[1] = static_cast<unsigned>(tt - t0);
+        }
+    };
     if (PINGPONG && w == 0) named_bar_arrive(bar_mine, 256);   // warpgroup 0 issues first
     for (int k = 0;; ++k) {
         const unsigned long long tc0 = TRACE ? trace_clock() : 0ull;
@@ -800,6 +816,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                     tc_kwait += tt - tw;
                     tc_turn += trace_clock() - tt;
                     ++tc_steps;
+                    trace_step(k, t, tc1, tw, tt);
                 }
                 overlapped(i0, pp, softmax_full);
                 prev_i0 = i0;
@@ -825,6 +842,7 @@ stofc_attn_ws_f16_d128_t64_w12_m16_s2_q1_o1_pp_b0_k1(const __grid_constant__ Tma
                 tc_kwait += tt - tw;
                 tc_turn += trace_clock() - tt;
                 tc_steps += any ? 1 : 0;
+                trace_step(k, t, tc1, tw, tt);
             }
             if (any && prev_any) {
                 overlapped(i0, pp, [&](float (&sc)[NS][4], float (&alpha)[2]) {
