@@ -241,7 +241,8 @@ def step_kinds(rec: np.ndarray, steps: np.ndarray, plan, heads: int, batch: int,
             dur, wait = ends - st[:, 0], st[:, 1] - st[:, 0]
             shared = item[4] > 0
             prev = False
-            for t in range(ns):
+            # past S steps the last stamped one's end is unknown: it is left out
+            for t in range(ns if n <= S else S - 1):
                 mine = shared and any((kstep * t + hh) % C == w for hh in range(kstep))
                 kind = ("other" if not shared else "computed" if mine
                         else "after_computed" if prev else "skipped")

@@ -105,8 +105,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # runs only: the kernel's trim_walk assumes ascending keys)
     "ord_center": ({}, {"__order__": "center"}),
     "ord_even": ({}, {"__order__": "even"}),
-    # the split rows' chunks dealt every N-th among a head's works instead of first
-    # (ws_orders.spread_orders): fewer chunks, which stream K/V for one tile row, run at once
+    # the split rows' chunks dealt every N-th among a head's works (ws_orders.spread_orders),
+    # not where longest first puts them (shared chunks: last, by per-warpgroup entries), so
+    # that fewer chunks, which stream K/V for one tile row, run at once
     **{f"spread{n}": ({}, {"__spread__": n}) for n in (1, 2, 3, 4, 5, 6)},
     # every live item by the key tiles it walks (ws_orders.local_orders): a chunk runs beside
     # the band works that stream its K/V tiles, so it reads them from L2

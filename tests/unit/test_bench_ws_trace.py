@@ -90,10 +90,19 @@ def test_step_kinds_splits_a_shared_chunks_steps_by_who_computes_them(ws_trace):
         # an ordinary work of two steps, 700 and 800 cycles, waits 70 and 80
         stamps[0, w, 1, :2] = [[0, 70], [700, 780]]
         rec[0, 1 + w, 1] = [other_wk, 0, 100, 100 + 1500, 2000, 0, 0, 2 << 32]
+    # a third work of 40 steps, 100 cycles each: only the 31 whose end is stamped count
+    S = ws_trace.TRACE_STEPS
+    for w in range(C):
+        stamps[0, w, 2, :, 0] = np.arange(S) * 100
+        stamps[0, w, 2, :, 1] = np.arange(S) * 100 + 75
+        rec[0, 1 + w, 2] = [other_wk, 0, 0, 4000, 4100, 0, 0, 40 << 32]
     got = ws_trace.step_kinds(rec, stamps, plan, heads, 1, L)
     # warpgroup 0: computed 0, 2, 4, after-computed 1, 3, 5; warpgroup 1: skipped 0,
     # computed 1, 3, 5, after-computed 2, 4
     assert got["computed"] == {"steps": 6, "cycles": 1000.0, "k_wait": 40.0}
     assert got["after_computed"] == {"steps": 5, "cycles": 300.0, "k_wait": 20.0}
     assert got["skipped"] == {"steps": 1, "cycles": 50.0, "k_wait": 10.0}
-    assert got["other"] == {"steps": 4, "cycles": 750.0, "k_wait": 75.0}
+    n_other = 4 + 2 * (S - 1)
+    assert got["other"] == {"steps": n_other,
+                            "cycles": round((4 * 750 + 2 * (S - 1) * 100) / n_other, 0),
+                            "k_wait": 75.0}
