@@ -48,9 +48,9 @@ def local_orders(plan: WsPlan, where: str) -> WsPlan:
     own work (ties: the earlier order first; the items past the live prefix stay)."""
     orders = plan.orders.copy()
     c = plan.consumers
+    keys = plan.entry_key
     for h in range(plan.num_heads):
         items = plan.items[h]
-        keys = plan.entry_key
         for p in range(1, plan.pairs + 1):
             a, b = int(plan.order_ptr[p - 1]), int(plan.order_ptr[p])
             seg = orders[h, a:b]

@@ -254,6 +254,18 @@ def step_kinds(rec: np.ndarray, steps: np.ndarray, plan, heads: int, batch: int,
             for k, (d, wt) in acc.items() if d}
 
 
+def _global_array(module, name: str, count: int, dtype):
+    """The module's ``__device__`` array ``name`` (``count`` elements of ``dtype``) as a
+    CuPy array over its memory (not a copy)."""
+    import cupy as cp
+
+    ptr = module.get_global_var(name)
+    if not isinstance(ptr, int):                    # a MemoryPointer in some CuPy versions
+        ptr = int(ptr.ptr)
+    mem = cp.cuda.UnownedMemory(ptr, count * cp.dtype(dtype).itemsize, owner=None)
+    return cp.ndarray((count,), dtype, cp.cuda.MemoryPointer(mem, 0))
+
+
 def main() -> int:
     import cupy as cp
 
@@ -291,17 +303,10 @@ def main() -> int:
         traced = op.bind(q, k, v, out_trace)
         us_trace = time_us(lambda b=traced: b.launch(stream), stream)
         words = (TRACE_BLOCKS * (C + 1) * TRACE_WORKS + TRACE_BLOCKS) * FIELDS
-        ptr = rt_module._MODULES[compiled.key].get_global_var(spec.name + "_trace")
-        if not isinstance(ptr, int):                    # a MemoryPointer in some CuPy versions
-            ptr = int(ptr.ptr)
-        mem = cp.cuda.UnownedMemory(ptr, words * 8, owner=None)
-        trace = cp.ndarray((words,), cp.uint64, cp.cuda.MemoryPointer(mem, 0))
-        sptr = rt_module._MODULES[compiled.key].get_global_var(spec.name + "_steps")
-        if not isinstance(sptr, int):
-            sptr = int(sptr.ptr)
-        n_steps = TRACE_BLOCKS * C * TRACE_WORKS * TRACE_STEPS * 2
-        smem = cp.cuda.UnownedMemory(sptr, n_steps * 4, owner=None)
-        steps_dev = cp.ndarray((n_steps,), cp.uint32, cp.cuda.MemoryPointer(smem, 0))
+        module = rt_module._MODULES[compiled.key]
+        trace = _global_array(module, spec.name + "_trace", words, cp.uint64)
+        steps_dev = _global_array(module, spec.name + "_steps",
+                                  TRACE_BLOCKS * C * TRACE_WORKS * TRACE_STEPS * 2, cp.uint32)
         trace.fill(0)
         steps_dev.fill(0)
         cp.cuda.Device().synchronize()         # the fill ran on the default stream

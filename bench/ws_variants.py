@@ -108,11 +108,11 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # the split rows' chunks dealt every N-th among a head's works (ws_orders.spread_orders),
     # not where longest first puts them (shared chunks: last, by per-warpgroup entries), so
     # that fewer chunks, which stream K/V for one tile row, run at once
-    **{f"spread{n}": ({}, {"__spread__": n}) for n in (1, 2, 3, 4, 5, 6)},
+    **{f"spread{n}": ({}, {"__deal__": n}) for n in (1, 2, 3, 4, 5, 6)},
     # every live item by the key tiles it walks (ws_orders.local_orders): a chunk runs beside
     # the band works that stream its K/V tiles, so it reads them from L2
-    "local": ({}, {"__spread__": "after"}),
-    "local_first": ({}, {"__spread__": "before"}),
+    "local": ({}, {"__deal__": "after"}),
+    "local_first": ({}, {"__deal__": "before"}),
     "p2": ({"period": 2}, {}),
     # the rows split into chunks of at most N entries (the selector's default_split otherwise)
     **{f"split{n}": ({"split": n}, {}) for n in (0, 8, 11, 12, 13, 16, 24, 32, 48, 64)},
@@ -149,13 +149,13 @@ def walk_order(keys: np.ndarray, parts: np.ndarray, how: str) -> np.ndarray:
     return np.argsort(t, kind="stable")
 
 
-def spread_plan(stride):
-    """ws_launch.plan_ws followed by ws_orders.spread_orders (an int stride) or
-    ws_orders.local_orders ("after" / "before")."""
+def dealt_plan(how):
+    """ws_launch.plan_ws with another deal order: ws_orders.spread_orders for an int stride,
+    ws_orders.local_orders for "after" / "before"."""
     def plan(*args, **kwargs):
-        if isinstance(stride, str):
-            return local_orders(plan_ws(*args, **kwargs), stride)
-        return spread_orders(plan_ws(*args, **kwargs), stride)
+        if isinstance(how, str):
+            return local_orders(plan_ws(*args, **kwargs), how)
+        return spread_orders(plan_ws(*args, **kwargs), how)
     return plan
 
 
@@ -293,9 +293,9 @@ def main() -> int:
                         with unittest.mock.patch.object(
                                 ws_plan, "_pair_lists", ordered_pair_lists(tpl_over.pop("__order__"))):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    elif "__spread__" in tpl_over:
+                    elif "__deal__" in tpl_over:
                         with unittest.mock.patch.object(
-                                ws_launch, "plan_ws", spread_plan(tpl_over.pop("__spread__"))):
+                                ws_launch, "plan_ws", dealt_plan(tpl_over.pop("__deal__"))):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
                     elif tpl_over.pop("__noshare__", False):
                         with unittest.mock.patch.object(

@@ -31,12 +31,16 @@ def _work_of(plan, want_shared: bool, heads: int, seq_len: int) -> int:
     raise AssertionError("no such work")
 
 
-def test_by_kind_splits_shared_chunks_from_the_rest(ws_trace):
-    fmt = encode("longformer:window=128,global=16", 2048)
-    plan = plan_ws(fmt, split_tiles=8, consumers=2)
+def _plan_and_works():
+    """A two-consumer Longformer walk with split global rows, its (heads, L, C), and one
+    shared-chunk work and one ordinary work of it."""
+    plan = plan_ws(encode("longformer:window=128,global=16", 2048), split_tiles=8, consumers=2)
     heads, L, C = 2, 2048, 2
-    shared_wk = _work_of(plan, True, heads, L)
-    other_wk = _work_of(plan, False, heads, L)
+    return plan, heads, L, C, _work_of(plan, True, heads, L), _work_of(plan, False, heads, L)
+
+
+def test_by_kind_splits_shared_chunks_from_the_rest(ws_trace):
+    plan, heads, L, C, shared_wk, other_wk = _plan_and_works()
     items = ws_trace.work_items(plan, np.array([shared_wk, other_wk]), heads, 1, L)
     assert items[0, 4] > 0 and items[1, 4] == 0
     n_sh, n_ot = (int(it[2] - it[1]) for it in items)
@@ -65,11 +69,7 @@ def test_by_kind_splits_shared_chunks_from_the_rest(ws_trace):
 
 
 def test_step_kinds_splits_a_shared_chunks_steps_by_who_computes_them(ws_trace):
-    fmt = encode("longformer:window=128,global=16", 2048)
-    plan = plan_ws(fmt, split_tiles=8, consumers=2)
-    heads, L, C = 2, 2048, 2
-    shared_wk = _work_of(plan, True, heads, L)
-    other_wk = _work_of(plan, False, heads, L)
+    plan, heads, L, C, shared_wk, other_wk = _plan_and_works()
     n = 6                                            # steps stamped in the shared chunk
     rec = np.zeros((ws_trace.TRACE_BLOCKS, C + 1, ws_trace.TRACE_WORKS, ws_trace.FIELDS),
                    np.uint64)
