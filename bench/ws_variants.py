@@ -88,6 +88,7 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "c3_s3": ({"warps": 16, "stages": 3}, {}),
     # the selector's config rendered from --exp-template (a second template in one A/B)
     "exp": ({}, {"__exp__": True}),
+    "exp_b": ({}, {"__exp__": True}),                   # a second pass of exp, same call
     # the producer warpgroup's register budget at 32 (four consumers: 24), with and without
     # the --exp-template
     "base_p32": ({}, {"producer_regs": 32}),
