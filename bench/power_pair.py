@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import site
-import subprocess
 import time
 
 if os.path.isdir("/tmp/fa4site"):
@@ -35,6 +34,7 @@ import cupy as cp
 import torch
 import torch.nn.functional as F
 from mha_hopper import MASKS, relerr
+from power_log import read_samples, start_sampler, summarize
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
@@ -49,49 +49,6 @@ except Exception as err:  # FA4 is optional; say why it is missing
     fa4, FA4_ERROR = None, repr(err)[:200]
 else:
     FA4_ERROR = ""
-
-FIELDS = "timestamp,power.draw,power.draw.instant,clocks.sm,temperature.gpu,clocks_event_reasons.active"
-
-
-def start_sampler(path: str) -> subprocess.Popen:
-    """nvidia-smi sampling FIELDS every 50 ms into ``path`` (falls back to the fields an
-    older driver knows)."""
-    fields = FIELDS
-    probe = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0 or "Field" in probe.stdout + probe.stderr:
-        fields = "timestamp,power.draw,clocks.sm,temperature.gpu"
-    with open(path, "w") as out:
-        out.write(fields + "\n")
-    with open(path, "a") as out:                     # the child keeps its own descriptor
-        return subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}",
-                                 "--format=csv,noheader,nounits", "-lms", "50"],
-                                stdout=out, stderr=subprocess.DEVNULL)
-
-
-def read_samples(path: str) -> list[dict]:
-    with open(path) as f:
-        lines = f.read().splitlines()
-    names = lines[0].split(",")
-    rows = []
-    for line in lines[1:]:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(names):
-            continue
-        rec = {}
-        for n, p in zip(names, parts, strict=True):
-            if n == "timestamp":
-                rec["t"] = datetime.datetime.strptime(p, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            elif n == "clocks_event_reasons.active":
-                rec["reasons"] = p
-            else:
-                try:
-                    rec[n] = float(p)
-                except ValueError:
-                    rec[n] = float("nan")
-        rows.append(rec)
-    return rows
-
 
 def sustained(fn, seconds: float, batch: int = 20) -> dict:
     """``fn`` back to back for ``seconds`` (after a quarter of that as warm-up): host window
@@ -112,24 +69,6 @@ def sustained(fn, seconds: float, batch: int = 20) -> dict:
         b.synchronize()
         per_call.append(a.elapsed_time(b) / batch)
     return {"t0": t0, "t1": time.time(), "ms": per_call}
-
-
-def summarize(run: dict, samples: list[dict]) -> dict:
-    """The run's steady state: median ms per call (last half of its batches) and the board's
-    mean power, clock and the clock-event reasons seen in its window."""
-    inside = [s for s in samples if run["t0"] + 0.2 <= s["t"] <= run["t1"]]
-    half = sorted(run["ms"][len(run["ms"]) // 2:])
-    ms = half[len(half) // 2]
-    out = {"ms": round(ms, 4), "batches": len(run["ms"]), "samples": len(inside)}
-    for key in ("power.draw", "power.draw.instant", "clocks.sm", "temperature.gpu"):
-        vals = [s[key] for s in inside if key in s and s[key] == s[key]]
-        if vals:
-            out[key] = round(sum(vals) / len(vals), 1)
-    power = out.get("power.draw.instant", out.get("power.draw"))
-    if power is not None:
-        out["mJ_per_call"] = round(power * ms, 2)          # W x ms = mJ
-    out["reasons"] = sorted({s.get("reasons", "") for s in inside})
-    return out
 
 
 def sides(fmt, profile, bshd, bhsd, cupy_in, sdtype, shape, stream, fa_mask, cudnn_causal,
