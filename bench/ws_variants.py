@@ -98,6 +98,16 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "c3q": ({"warps": 16}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q": ({"warps": 16, "kstep": 2, "stages": 4}, {"q_in_regs": "false", "__exp__": True}),
     "k2c3q_s2": ({"warps": 16, "kstep": 2, "stages": 2}, {"q_in_regs": "false", "__exp__": True}),
+    # the same with and without turns, four or six stages, and with the row sums by FADD
+    # (an --exp-template whose two-tile step retires both GEMMs before its softmax)
+    **{f"k2c3q_{tag}_s{st}": ({"warps": 16, "kstep": 2, "stages": st, "pingpong": pp},
+                              {"q_in_regs": "false", "__exp__": True})
+       for tag, pp in (("pp", True), ("np", False)) for st in (4, 6)},
+    "k2c3q_pp_s4_b": ({"warps": 16, "kstep": 2, "stages": 4, "pingpong": True},
+                      {"q_in_regs": "false", "__exp__": True}),   # a second pass, same call
+    "k2c3q_np_s4_fadd": ({"warps": 16, "kstep": 2, "stages": 4, "pingpong": False},
+                         {"q_in_regs": "false", "rowsum_mma": "false", "rowsum_in_pv": "false",
+                          "__exp__": True}),
     # with or without the residue split of a dilated mask (the selector's ws_config decides)
     "p1": ({"period": 1}, {}),
     # split rows without shared chunks (plan_ws(share=False): every chunk on its own tile rows)
