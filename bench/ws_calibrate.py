@@ -81,7 +81,7 @@ def d128_features(spec: str, length: int, split: int, runs: int, consumers: int 
     cum_m = np.concatenate([[0.0], np.cumsum(masked)])
     items = plan.items[0]
     ok = (items[:, 0] >= 0).astype(np.float64)
-    share = np.where(items[:, 4] > 0, 1.0 / consumers, 1.0) * ok   # shared chunks: C a step
+    share = ok        # a shared chunk costs its whole walk, as in ws_cost._item_ns
     e = (cum_l[items[:, 2]] - cum_l[items[:, 1]]) * share
     m = (cum_m[items[:, 2]] - cum_m[items[:, 1]]) * share
     a = (cum_a[items[:, 2]] - cum_a[items[:, 1]]) * share

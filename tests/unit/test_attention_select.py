@@ -17,8 +17,8 @@ from stofc.kernels.attention import (
     stof_threshold,
 )
 from stofc.kernels.attention.select import nonempty_blocks16
-from stofc.kernels.attention.ws_cost import ws_config
-from stofc.kernels.attention.ws_plan import consumers_of
+from stofc.kernels.attention.ws_cost import _entry_cum_ns, _item_ns, ws_config
+from stofc.kernels.attention.ws_plan import consumers_of, plan_ws
 from stofc.masks import encode
 from stofc.targets import PROFILES, get_profile
 
@@ -116,6 +116,39 @@ def test_head_dim_128_consumer_count_follows_the_measured_faster(spec, L, consum
     warpgroups with Q in shared memory ran dense and causal 4-11% faster than two, and
     +-256 windows, Longformer and BigBird 5-12% slower; the two fitted costs order each."""
     cfg = ws_config(encode(spec, L), H100, batch=1, heads=16, head_dim=128)
+    assert cfg is not None and consumers_of(cfg.warps) == consumers
+
+
+def test_a_shared_chunk_costs_its_whole_walk():
+    """A shared chunk's warpgroups step through every entry together (each computing one in
+    C), so the model charges the chunk its whole walk, as any item, not a C-th of it."""
+    h200 = get_profile("h200")
+    L = 4096
+    for consumers in (2, 3, 4):
+        plan = plan_ws(encode("longformer:window=256,global=16", L), split_tiles=16,
+                       consumers=consumers)
+        sm_tflops = h200.fp16_tflops / h200.sm_count
+        cum = _entry_cum_ns(plan, L, 64, sm_tflops)
+        items = plan.items[0]
+        ns = _item_ns(plan, 0, L, 64, sm_tflops)
+        shared = (items[:, 0] >= 0) & (items[:, 4] > 0)
+        assert shared.any()                       # the global row's chunks
+        walk = cum[items[:, 2]] - cum[items[:, 1]]
+        assert np.allclose(ns[shared], walk[shared]) and (walk[shared] > 0).all()
+
+
+@pytest.mark.parametrize("spec,B,H,L,consumers", [
+    # ws-variants-consumers-short-h200-2026-11-28 and ws-variants-shared-walk-picks-h200-2026-11-28
+    # (H200, head_dim 64): four consumers 41.2-43.1 us against three's 49.5-50.1
+    ("longformer:window=256,global=16", 1, 12, 4096, 4),
+    ("longformer:window=256,global=16", 1, 4, 8192, 3),   # 35.9 against 38.9-40.4
+    ("global:first=16", 2, 12, 16384, 3),                 # 105.7 against 109.8-109.9
+    ("longformer:window=256,global=16", 1, 12, 8192, 4),  # unchanged: 68.6 against 73.2
+])
+def test_head_dim_64_consumer_count_follows_the_measured_faster(spec, B, H, L, consumers):
+    """Where shared chunks decide the consumer count at head_dim 64, the pick is the count
+    measured fastest on the H200 (each against the other counts in the same call)."""
+    cfg = ws_config(encode(spec, L), get_profile("h200"), batch=B, heads=H, head_dim=64)
     assert cfg is not None and consumers_of(cfg.warps) == consumers
 
 

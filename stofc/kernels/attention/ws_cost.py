@@ -189,12 +189,23 @@ def _entry_cum_ns(plan: WsPlan, seq_len: int, head_dim: int, sm_tflops: float) -
 
 
 def _item_ns(plan: WsPlan, head: int, seq_len: int, head_dim: int, sm_tflops: float) -> np.ndarray:
-    """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does."""
+    """Per-SM nanoseconds of every item of ``head`` that a run of ``seq_len`` does.
+
+    A shared chunk (a split row's chunk whose warpgroups take every C-th entry) costs its
+    whole walk like any item: its warpgroups step through every entry together, each
+    computing one in C with nothing to overlap it, so it walks no faster than one warpgroup
+    computing every entry (NOTES.md, "The global rows are not paced by the producer": 1.1-1.3k
+    cycles of the block an entry with two to four consumers, `noshare` the same). Charging it
+    entries / C, as before, made three consumers look best for Longformer at (1, 12, 4096)
+    where four ran 17-20% faster; over the 16 short H200 rows of
+    ``ws-variants-consumers-short-h200-2026-11-28`` the pick's mean regret fell from 1.5% to
+    0.1% (worst 20.4% -> 1.4%), over the 35 H100 rows of
+    ``ws-variants-d64-consumers-fragbits-h100-2026-11-27`` from 2.1% to 1.8% (the 10% H=4
+    Longformer row gone)."""
     cum = _entry_cum_ns(plan, seq_len, head_dim, sm_tflops)
     items = plan.items[head]
     ok = (items[:, 0] >= 0) & (items[:, 0] * plan.rows < seq_len)
     ns = cum[items[:, 2]] - cum[items[:, 1]]
-    ns = np.where(items[:, 4] > 0, ns / plan.consumers, ns)   # shared: C entries a step
     return np.where(ok, ns, 0.0)
 
 
