@@ -24,16 +24,14 @@ import argparse
 import datetime
 import json
 import os
-import site
 import time
-
-if os.path.isdir("/tmp/fa4site"):
-    site.addsitedir("/tmp/fa4site")
 
 import cupy as cp
 import torch
 import torch.nn.functional as F
-from mha_hopper import MASKS, relerr
+
+# mha_hopper adds /tmp/fa4site to the path and imports FA4 where it is installed
+from mha_hopper import FA4_ERROR, MASKS, fa4, relerr
 from power_log import read_samples, start_sampler, summarize
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
@@ -43,12 +41,6 @@ from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
 
-try:
-    from flash_attn.cute.interface import flash_attn_func as fa4
-except Exception as err:  # FA4 is optional; say why it is missing
-    fa4, FA4_ERROR = None, repr(err)[:200]
-else:
-    FA4_ERROR = ""
 
 def sustained(fn, seconds: float, batch: int = 20) -> dict:
     """``fn`` back to back for ``seconds`` (after a quarter of that as warm-up): host window
