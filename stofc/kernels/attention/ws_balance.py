@@ -106,8 +106,8 @@ def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfil
     longest rows per head;
     each is estimated as the busiest block under the kernel's deal (:func:`deal`; per item
     its entries in the run plus ``item_ns``, a chunk whose keys all lie past the run too)
-    plus the combine (:func:`combine_us`). A chunk one warpgroup computes alone would be
-    shared and cheaper; the estimate does not count that. Taken only where it is estimated
+    plus the combine (:func:`combine_us`). A chunk one warpgroup computes alone becomes a
+    shared chunk, whose walk costs as much as anyone's (:func:`~.ws_cost._item_ns`). Taken only where it is estimated
     TAIL_MIN_GAIN faster than no split (the combine, the fp32 partials and the estimate's
     error are what it must beat); launches whose busiest block is within that of the mean
     are not searched."""

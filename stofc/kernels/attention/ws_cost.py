@@ -28,7 +28,9 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   12.8% at worst (the same H=4 Longformer row). Longformer is the family the form misses
   most (0.86-1.02x with four, 0.89-1.08x with three, in both directions at H=4): its global
   rows' shared chunks merge their warpgroups' partials in the block, which no term charges;
-  five Longformer rows per count do not determine such a term. All three counts refitted
+  five Longformer rows per count do not determine such a term. (Since 11-28 a shared chunk
+  costs its whole walk instead of a C-th of it, :func:`_item_ns`, which fixed the worst of
+  those picks.) All three counts refitted
   on the kernel with part tiles in fragment order and four consumers on six stages
   (``ws-variants-d64-consumers-fragbits-h100-2026-11-27.jsonl``, ``--column c2d|c3d|c4d``):
   within 0.92-1.06x (two), 0.92-1.11x (three), 0.87-1.06x (four); the picks over the 35 rows
