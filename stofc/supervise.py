@@ -97,14 +97,35 @@ def _start(command: tuple[str, ...], log: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # the reaper kills its compiler's process group
+def _reap(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``proc`` to exit, reaping it with ``os.waitpid`` itself;
+    True once it has exited. Not ``Popen.wait``: Popen guards its own waits with a lock that
+    ``poll`` takes without blocking, and a stop raised as an exception (stofc turns SIGTERM
+    into one) between that acquire and its ``try`` leaves the lock held for good. Every later
+    ``Popen.wait`` on that process then blocks for ever (CI, 2026-11-28: ``stofc ortlib``
+    hung after a SIGTERM, its main thread in ``Popen.wait`` under ``_stop``)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.returncode is None:
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already (by Popen's own poll): it has exited
+            return True
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.returncode is not None:
+        return
+    proc.send_signal(signal.SIGTERM)  # the reaper kills its compiler's process group
+    if not _reap(proc, 5.0):
+        proc.kill()
+        _reap(proc, 5.0)
 
 
 def run_all(commands: list[tuple[str, ...]], work: Path, *, jobs: int,

@@ -577,3 +577,31 @@ def test_temp_files_of_a_failed_atomic_write_are_removed(tmp_path):
         atomic_write(tmp_path / "x.bin", half)
     assert list(tmp_path.iterdir()) == []
     assert tempfile.gettempdir()  # unrelated to the target directory
+
+
+def test_stopping_a_command_whose_popen_lock_a_stop_left_held_does_not_hang():
+    """Defect (CI, 2026-11-28): a SIGTERM raised as an exception inside ``Popen.poll``, after
+    its non-blocking acquire of the Popen's wait lock and before the ``try`` that releases
+    it, left the lock held; ``_stop`` then blocked for ever in ``Popen.wait`` and ``stofc
+    ortlib`` never exited. The lock is taken by hand here (CPython's private attribute),
+    which is the state that race leaves."""
+    import threading
+
+    from stofc.supervise import _stop
+
+    proc = subprocess.Popen(["sleep", "30"])
+    lock = proc._waitpid_lock            # the state the race leaves: the lock held for good
+    assert lock.acquire(False)
+    stopper = threading.Thread(target=_stop, args=(proc,), daemon=True)
+    started = time.monotonic()
+    stopper.start()
+    stopper.join(15)
+    try:
+        assert not stopper.is_alive(), "_stop blocked on the Popen's held wait lock"
+        assert proc.returncode == -signal.SIGTERM   # sleep ended by the SIGTERM, reaped
+        assert time.monotonic() - started < 5
+    finally:
+        lock.release()
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
