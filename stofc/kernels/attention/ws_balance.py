@@ -107,10 +107,10 @@ def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfil
     each is estimated as the busiest block under the kernel's deal (:func:`deal`; per item
     its entries in the run plus ``item_ns``, a chunk whose keys all lie past the run too)
     plus the combine (:func:`combine_us`). A chunk one warpgroup computes alone becomes a
-    shared chunk, whose walk costs as much as anyone's (:func:`~.ws_cost._item_ns`). Taken only where it is estimated
-    TAIL_MIN_GAIN faster than no split (the combine, the fp32 partials and the estimate's
-    error are what it must beat); launches whose busiest block is within that of the mean
-    are not searched."""
+    shared chunk, whose walk costs as much as anyone's (:func:`~.ws_cost._item_ns`). Taken
+    only where it is estimated TAIL_MIN_GAIN faster than no split (the combine, the fp32
+    partials and the estimate's error are what it must beat); launches whose busiest block
+    is within that of the mean are not searched."""
     per_fmt_head = heads if plan.num_heads == 1 else 1
     rows_of = np.arange(plan.pairs)
     launched = rows_of * plan.rows < seq_len
