@@ -25,8 +25,10 @@ from stofc.kernels.attention.gather import unpack_bits
 from stofc.kernels.attention.reference import dense_from_format, format_from_dense
 from stofc.kernels.attention.render import compile_kernel, render_kernel
 from stofc.kernels.attention.ws import ws_reg_split, ws_registers
+from stofc.kernels.attention.ws_balance import chunk_costs
 from stofc.kernels.attention.ws_plan import (
     FULL,
+    MAX_CHUNKS,
     SKIP,
     default_split,
     format_bitmaps,
@@ -104,6 +106,30 @@ def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
             if p >= 0:    # a split row's chunks are consecutive slots covering it
                 mine = plan.items[0][plan.items[0][:, 0] == p]
                 assert sorted(mine[:, 3].tolist()) == list(range(first, first + chunks))
+
+
+def test_a_row_longer_than_max_chunks_splits_gets_longer_chunks_not_more():
+    """The combine kernel merges at most MAX_CHUNKS chunks of a row (it read min(chunks,
+    MAX_CHUNKS) and dropped the rest; the ORT twin refuses such a plan). A global row of
+    640 entries (40K keys) with the search space's split of 8 is cut into 64 chunks of 10,
+    which still cover the row once, in order, and the tail split's cost model cuts it alike."""
+    fmt = encode("global:first=16", 40960)
+    plan = plan_ws(fmt, split_tiles=8, consumers=2)
+    items = plan.items[0]
+    row0 = items[items[:, 0] == 0]
+    n = int(plan.tiles_per_pair[0, 0])
+    assert n == 640
+    assert len(row0) == MAX_CHUNKS
+    assert row0[0, 1] == plan.pair_ptr[0, 0] and row0[-1, 2] == plan.pair_ptr[0, 1]
+    assert (row0[1:, 1] == row0[:-1, 2]).all()                       # contiguous, in order
+    assert (row0[:, 2] - row0[:, 1] == n // MAX_CHUNKS).all()
+    assert plan.combine[0, 0].tolist() == [0, 0, MAX_CHUNKS]
+    lengths = np.array([n, 9])
+    row, index, entries, _ = chunk_costs(np.arange(n + 10, dtype=float), np.array([0, n]),
+                                         lengths, 8)
+    assert int((row == 0).sum()) == MAX_CHUNKS
+    assert entries[row == 0].tolist() == (row0[:, 2] - row0[:, 1]).tolist()
+    assert index[row == 1].tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("consumers", [2, 3, 4])

@@ -38,7 +38,7 @@ from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
-from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MIN_SPLIT, consumers_of
+from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MAX_CHUNKS, MIN_SPLIT, consumers_of
 from stofc.kernels.attention.ws_smem import (
     WORK_RECORD_BYTES,
     WS_ROWSUM_MMA,
@@ -64,7 +64,6 @@ WS_STAGES = (2, 3, 4, 6)
 # entry (ptxas: 65536 / threads, rounded down to 8: 168, 128, 96), which setmaxnreg only moves
 # (four: 24 x 128 + 4 x 112 x 128 <= 96 x 640; 120 each hung the block in setmaxnreg)
 REG_SPLITS = {2: (40, 232), 3: (32, 160), 4: (24, 112)}
-MAX_CHUNKS = 64                # chunks of one split pair row the combine kernel merges
 COMBINE_GROUPS = 16            # combine blocks per split pair row (kWsCombineGroups)
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stofc.kernels.attention.ws_plan import MIN_SPLIT, WsPlan, split_pairs
+from stofc.kernels.attention.ws_plan import MAX_CHUNKS, MIN_SPLIT, WsPlan, split_pairs
 from stofc.targets import GpuProfile
 
 # The combine kernel of a launch that splits rows: CUPTI put it at 5.4 / 6.1 us per launch in
@@ -68,10 +68,11 @@ def deal(ordered: list[np.ndarray], *, heads: int, batch: int, sm_count: int) ->
 def chunk_costs(cum: np.ndarray, starts: np.ndarray, lengths: np.ndarray, split: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every pair row of one head cut as :func:`~.ws_plan.plan_ws` cuts a row longer than
-    ``split`` entries (``_chunks``: near-equal, edges rounded alike): each chunk's row, its
-    index in the row, its entries and its cost ``cum[end] - cum[begin]`` (``cum``: the
-    entries' cumulative cost; ``starts`` / ``lengths``: each row's first entry and count)."""
-    k = np.where(lengths > split, -(-lengths // split), 1)
+    ``split`` entries (``_chunks``: near-equal, edges rounded alike, at most MAX_CHUNKS):
+    each chunk's row, its index in the row, its entries and its cost ``cum[end] -
+    cum[begin]`` (``cum``: the entries' cumulative cost; ``starts`` / ``lengths``: each
+    row's first entry and count)."""
+    k = np.where(lengths > split, np.minimum(-(-lengths // split), MAX_CHUNKS), 1)
     row = np.repeat(np.arange(lengths.size), k)
     i = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
     n, kk = lengths[row], k[row]

@@ -50,6 +50,7 @@ CONSUMERS = (2, 3, 4)    # consumer warpgroups per block (64 query rows each)
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
 MIN_SPLIT = 8         # the fewest entries a chunk of a split row has (its combine traffic)
+MAX_CHUNKS = 64       # the most chunks of one split row (the combine kernel merges no more)
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,10 +131,12 @@ def _pair_lists(fmt: MaskFormat, head: int, pair: int, consumers: int
 
 
 def _chunks(n: int, split_tiles: int) -> list[tuple[int, int]]:
-    """Near-equal ranges of ``0..n`` of at most ``split_tiles`` entries (one if no split)."""
+    """Near-equal ranges of ``0..n`` of at most ``split_tiles`` entries (one if no split),
+    and at most MAX_CHUNKS ranges: a row longer than ``MAX_CHUNKS * split_tiles`` entries
+    (a global row past 32K keys with a split of 8) gets longer chunks, not more of them."""
     if split_tiles <= 0 or n <= split_tiles:
         return [(0, n)]
-    k = -(-n // split_tiles)
+    k = min(-(-n // split_tiles), MAX_CHUNKS)
     edges = [round(i * n / k) for i in range(k + 1)]
     return list(itertools.pairwise(edges))
 
