@@ -337,6 +337,22 @@ def test_shared_chunks_of_global_rows(head_dim, consumers, dtype):
         _check(res, dtype, f"seq={seq} {sorted(kw)}")
 
 
+def test_rows_cut_into_max_chunks_of_more_than_split_entries(monkeypatch):
+    """A row longer than MAX_CHUNKS * split is cut into MAX_CHUNKS longer chunks (ws_plan
+    ._chunks; the combine merges no more). MAX_CHUNKS is lowered to 3 so that a 2048-key
+    global row (32 entries, split 8: four chunks) has chunks of 10-11 entries."""
+    from stofc.kernels.attention import ws_plan
+    monkeypatch.setattr(ws_plan, "MAX_CHUNKS", 3)
+    fmt, dense = encoded("global:first=16", 2048)
+    plan = ws_plan.plan_ws(fmt, split_tiles=8, consumers=2)
+    row0 = plan.items[0][plan.items[0][:, 0] == 0]
+    assert len(row0) == 3 and (row0[:, 2] - row0[:, 1]).min() > 8
+    for seq in (2048, 1100):
+        res = run_case(fmt, dense, ws(split=8), batch=2, heads=3, seq=seq, head_dim=64,
+                       seq_lens=[seq, seq - 333], seed=_seed("wsmaxchunks", seq))
+        _check(res, "float16", f"seq={seq}")
+
+
 # ---------------------------------------------------------------- tail split (split_rows)
 @pytest.mark.parametrize("spec", ["dense", "causal", "sliding:window=600,causal=true"])
 @pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 4, "float16"), (128, 2, "bfloat16"),
