@@ -18,7 +18,7 @@ constexpr uint32_t kPlanVersion = 7;  // maskbin.PLAN_BIN_VERSION
 constexpr size_t kPlanHeaderBytes = 256;
 constexpr size_t kCountsAt = 128;
 constexpr int kBlockRowArrays = 7, kWsArrays = 8;
-constexpr int kWsMaxChunks = 64;  // stofc/kernels/attention/ws.py MAX_CHUNKS (the combine's smem)
+constexpr int kWsMaxChunks = 64;  // stofc/kernels/attention/ws_plan.py MAX_CHUNKS (the most a row is cut into)
 
 /// Block- and row-wise: everything a kernel follows stays in bounds.
 void check_block_row(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {

@@ -227,5 +227,8 @@ def test_ws_launch_constants_match_the_abi_header():
 
     assert const("kWsCombineGroups") == COMBINE_GROUPS
     assert const("kWsCombineThreads") == COMBINE_THREADS
-    from stofc.kernels.attention.ws_plan import ITEM_FIELDS
+    from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MAX_CHUNKS
     assert const("kWsItemFields") == ITEM_FIELDS      # the plan file's items, read on both sides
+    # the most chunks of a split row: ws_plan cuts no more, the twin's plan reader refuses more
+    plan_reader = (ROOT / "cuda" / "ort" / "launch_plan.cc").read_text()
+    assert int(re.search(r"constexpr int kWsMaxChunks = (\d+);", plan_reader).group(1)) == MAX_CHUNKS
