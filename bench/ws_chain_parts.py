@@ -7,7 +7,8 @@ rounds of the whole chain: main kernel, then the combine and any launch after it
 each launch of that chain alone (``parts_us``: a launch timed alone also pays its own
 launch latency, ~3-4 us more than it adds inside the chain). Every output is checked
 against float32 SDPA with the dense mask. Run from two code trees in one device call for
-an A/B of a change (``bench/results/ws-rows-pass-tried-h200-2026-11-29.jsonl``).
+an A/B of a change (``bench/results/ws-rows-pass-tried-h200-2026-11-29.jsonl``, whose
+``parts_us`` name the main kernel ``k0``, the last part of its name).
 Usage: PYTHONPATH=.:bench python3 bench/ws_chain_parts.py [spec@B:H:L:D:dtype ...]
 """
 
@@ -37,7 +38,7 @@ def _cp(x: torch.Tensor):
 
 
 def _parts(bound, stream) -> list:
-    """Each launch of the chain timed alone: [(kernel name, us), ...]."""
+    """Each launch of the chain timed alone: [(launch, us), ...], the main kernel first."""
     chain = []
     b = bound
     while b is not None:
@@ -49,7 +50,9 @@ def _parts(bound, stream) -> list:
         for b in chain:
             b.then = None
         for b in chain:
-            out.append((b.kernel.name.rsplit("_", 2)[-1], round(time_us(lambda b=b: b.launch(stream), stream, reps=100), 2)))
+            # "main", then each later launch by its entry's suffix ("combine", ...)
+            name = b.kernel.name[len(chain[0].kernel.name) + 1:] or "main"
+            out.append((name, round(time_us(lambda b=b: b.launch(stream), stream, reps=100), 2)))
     finally:
         for b, n in zip(chain, nexts, strict=True):
             b.then = n
