@@ -38,6 +38,17 @@ def _cp(x: torch.Tensor):
     return cp.asarray(x) if x.dtype == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
 
 
+def random_qkv(case: str) -> tuple[int, int, int, int, str, tuple[torch.Tensor, ...]]:
+    """``(B, H, L, D, dtype, (q, k, v))`` of a case ``B:H:L:D:dtype``: [B, L, H, D] normal
+    inputs on the GPU, seeded alike for every case."""
+    B, H, L, D = (int(x) for x in case.split(":")[:4])
+    dtype = case.split(":")[4]
+    tdt = torch.float16 if dtype == "float16" else torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return B, H, L, D, dtype, tuple(torch.randn((B, L, H, D), device="cuda", dtype=tdt,
+                                                generator=gen) for _ in range(3))
+
+
 def _stofc(spec: str, q, k, v, B: int, H: int, L: int, D: int, dtype: str, profile, stream):
     """(config, us of two rounds, relative error against float32 SDPA with the mask)."""
     fmt = encode(spec, L)
@@ -61,12 +72,7 @@ def main() -> int:
     stream = cp.cuda.Stream(non_blocking=True)
     torch_stream = torch.cuda.ExternalStream(stream.ptr)
     for case in cases:
-        B, H, L, D = (int(x) for x in case.split(":")[:4])
-        dtype = case.split(":")[4]
-        tdt = torch.float16 if dtype == "float16" else torch.bfloat16
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn((B, L, H, D), device="cuda", dtype=tdt, generator=gen)
-                   for _ in range(3))
+        B, H, L, D, dtype, (q, k, v) = random_qkv(case)
         row: dict = {"case": case, "gpu": torch.cuda.get_device_name()}
         with torch.cuda.stream(torch_stream):
             for name, spec in (("longformer", LONGFORMER), ("band", BAND)):

@@ -20,6 +20,7 @@ import sys
 import cupy as cp
 import torch
 import torch.nn.functional as F
+from global_rows_probe import _cp, random_qkv
 from ws_trace import time_us
 
 import stofc.kernels.attention.ws_cost as ws_cost
@@ -31,10 +32,6 @@ DEFAULT = ["longformer:window=256,global=16@1:12:4096:64:float16",
            "longformer:window=256,global=16@1:4:8192:64:float16",
            "longformer:window=256,global=16@1:12:8192:64:float16",
            "global:first=16@2:12:16384:64:float16"]
-
-
-def _cp(x: torch.Tensor):
-    return cp.asarray(x) if x.dtype == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
 
 
 def _parts(bound, stream) -> list:
@@ -66,12 +63,7 @@ def main() -> int:
     all_consumers = ws_cost.CONSUMERS
     for case in cases:
         spec, shape = case.split("@")
-        B, H, L, D = (int(x) for x in shape.split(":")[:4])
-        dtype = shape.split(":")[4]
-        tdt = torch.float16 if dtype == "float16" else torch.bfloat16
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn((B, L, H, D), device="cuda", dtype=tdt, generator=gen)
-                   for _ in range(3))
+        B, H, L, D, dtype, (q, k, v) = random_qkv(shape)
         fmt = encode(spec, L)
         allowed = torch.from_numpy(to_dense(fmt)).cuda()
         ref = F.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v)),
