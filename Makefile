@@ -23,7 +23,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # The suite runs on two pytest-xdist workers, one per core of a CI machine (safe on two).
-# Run serially, it took 13-18 min of CI's 14-23 min runs. PYTEST_ARGS= runs it serially.
+# Serially it took 777-1068 s of a CI run limited to 30 min. PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
