@@ -13,6 +13,7 @@ import json
 
 import cupy as cp
 import torch
+from attention_timing import cupy_view
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
@@ -25,11 +26,6 @@ CASES = [("1:12:4096:64:fp16", "dense"), ("1:32:4096:128:bf16", "dense"),
          ("1:12:8192:64:fp16", "longformer:window=256,global=16")]
 
 
-def cpv(x: torch.Tensor):
-    """A CuPy view of a half/bfloat16 tensor (bfloat16 as its 16-bit pattern)."""
-    return cp.asarray(x) if x.dtype == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
-
-
 def measure(case: str, spec: str, profile_: object, stream: cp.cuda.Stream) -> dict:
     """The selector's pick for ``case`` (``B:H:L:D:dtype``) and mask ``spec``: do_bench of
     its launch and of its combine alone, and each kernel's mean CUPTI duration."""
@@ -40,7 +36,7 @@ def measure(case: str, spec: str, profile_: object, stream: cp.cuda.Stream) -> d
     fmt = encode(spec, L)
     cfg = select_kernel(fmt, profile_, batch=B, heads=H, seq_len=L, head_dim=D).config
     op = AttentionOp(fmt, cfg, "bfloat16" if tdt == torch.bfloat16 else "float16", D, profile_)
-    bound = op.bind(cpv(q), cpv(k), cpv(v), cpv(out), layout="bshd")
+    bound = op.bind(cupy_view(q), cupy_view(k), cupy_view(v), cupy_view(out), layout="bshd")
     bound.launch(stream)
     torch.cuda.synchronize()
     whole = do_bench(lambda: bound.launch(stream), warmup=25, rep=100, return_mode="median")

@@ -20,6 +20,7 @@ import sys
 import cupy as cp
 import torch
 import torch.nn.functional as F
+from attention_timing import cupy_view
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from ws_trace import time_us
 
@@ -31,11 +32,6 @@ from stofc.targets import detect
 LONGFORMER, BAND, GLOBAL = "longformer:window=256,global=16", "sliding:window=256", 16
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-def _cp(x: torch.Tensor):
-    """A CuPy view of a torch tensor (bfloat16 as its 16-bit patterns, as the kernels take it)."""
-    return cp.asarray(x) if x.dtype == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
 
 
 def random_qkv(case: str) -> tuple[int, int, int, int, str, tuple[torch.Tensor, ...]]:
@@ -55,7 +51,7 @@ def _stofc(spec: str, q, k, v, B: int, H: int, L: int, D: int, dtype: str, profi
     cfg = ws_config(fmt, profile, batch=B, heads=H, head_dim=D)
     assert cfg is not None, spec
     out = torch.full_like(q, float("nan"))
-    bound = AttentionOp(fmt, cfg, dtype, D, profile).bind(*(_cp(x) for x in (q, k, v, out)),
+    bound = AttentionOp(fmt, cfg, dtype, D, profile).bind(*(cupy_view(x) for x in (q, k, v, out)),
                                                           layout="bshd")
     us = [round(time_us(lambda: bound.launch(stream), stream, reps=100), 2) for _ in range(2)]
     allowed = torch.from_numpy(to_dense(fmt)).cuda()

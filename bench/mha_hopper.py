@@ -35,6 +35,7 @@ if os.path.isdir("/tmp/fa4site"):
 import cupy as cp
 import torch
 import torch.nn.functional as F
+from attention_timing import cupy_view
 from mha_table import table
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -145,8 +146,7 @@ def time_paired(rounds, fa4_call, configs, fmt, qkv, sdtype, D, profile, stream,
             continue
         op = AttentionOp(fmt, cfg, sdtype, D, profile)
         out = torch.empty_like(q)
-        oc = cp.asarray(out) if dtype == torch.float16 else cp.asarray(out.view(torch.int16)).view(cp.uint16)
-        bound = op.bind(*qkv, oc, layout="bshd")
+        bound = op.bind(*qkv, cupy_view(out), layout="bshd")
         calls[cfg.describe()] = lambda b=bound: b.launch(stream)
     times: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(rounds):
@@ -168,8 +168,7 @@ def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = Fa
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, L, H, D, device="cuda", dtype=dtype) for _ in range(3))
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    qc, kc, vc = (cp.asarray(x) if dtype == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
-                  for x in (q, k, v))
+    qc, kc, vc = (cupy_view(x) for x in (q, k, v))
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     out_rows = []
     for name in masks:
@@ -225,8 +224,7 @@ def run_case(case: str, masks: list[str], profile, quick: bool, sweep: bool = Fa
             try:
                 op = AttentionOp(fmt, cfg, sdtype, D, profile)
                 out = torch.full_like(q, float("nan"))
-                oc = cp.asarray(out) if dtype == torch.float16 else cp.asarray(out.view(torch.int16)).view(cp.uint16)
-                bound = op.bind(qc, kc, vc, oc, layout="bshd")
+                bound = op.bind(qc, kc, vc, cupy_view(out), layout="bshd")
                 torch.cuda.synchronize()
                 bound.launch(stream)
                 torch.cuda.synchronize()

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 # mha_hopper adds /tmp/fa4site to the path and imports FA4 where it is installed
+from attention_timing import cupy_view
 from mha_hopper import FA4_ERROR, MASKS, fa4, relerr
 from power_log import read_samples, start_sampler, summarize
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -76,9 +77,7 @@ def sides(fmt, profile, bshd, bhsd, cupy_in, sdtype, shape, stream, fa_mask, cud
     choice = select_kernel(fmt, profile, batch=B, heads=H, seq_len=L, head_dim=D)
     op = AttentionOp(fmt, choice.config, sdtype, D, profile)
     out = torch.full_like(q, float("nan"))
-    oc = cp.asarray(out) if q.dtype == torch.float16 else \
-        cp.asarray(out.view(torch.int16)).view(cp.uint16)
-    bound = op.bind(*cupy_in, oc, layout="bshd")
+    bound = op.bind(*cupy_in, cupy_view(out), layout="bshd")
     calls["stofc"] = lambda: bound.launch(stream)
     calls["stofc"]()
     torch.cuda.synchronize()
@@ -124,8 +123,7 @@ def main() -> int:
             torch.manual_seed(0)
             q, k, v = (torch.randn(B, L, H, D, device="cuda", dtype=dtype) for _ in range(3))
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            qc, kc, vc = (cp.asarray(x) if dtype == torch.float16
-                          else cp.asarray(x.view(torch.int16)).view(cp.uint16) for x in (q, k, v))
+            qc, kc, vc = (cupy_view(x) for x in (q, k, v))
             stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
             for name in args.masks.split(","):
                 spec, fa_mask, cudnn_causal = MASKS[name]

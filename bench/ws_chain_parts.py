@@ -20,7 +20,8 @@ import sys
 import cupy as cp
 import torch
 import torch.nn.functional as F
-from global_rows_probe import _cp, random_qkv
+from attention_timing import cupy_view
+from global_rows_probe import random_qkv
 from ws_trace import time_us
 
 import stofc.kernels.attention.ws_cost as ws_cost
@@ -83,7 +84,7 @@ def main() -> int:
             out = torch.full_like(q, float("nan"))
             torch.cuda.synchronize()
             bound = AttentionOp(fmt, cfg, dtype, D, profile).bind(
-                *(_cp(x) for x in (q, k, v, out)), layout="bshd")
+                *(cupy_view(x) for x in (q, k, v, out)), layout="bshd")
             us = [round(time_us(lambda b=bound: b.launch(stream), stream, reps=100), 2)
                   for _ in range(2)]
             stream.synchronize()

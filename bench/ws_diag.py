@@ -32,6 +32,7 @@ import re
 import cupy as cp
 import torch
 import torch.nn.functional as F
+from attention_timing import cupy_view
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
@@ -58,10 +59,6 @@ OLD_TRIM = {  # the plain binary search trim_walk's guess round replaced (8096d6
 
 def tdt(dt: str):
     return torch.bfloat16 if dt == "bfloat16" else torch.float16
-
-
-def cpv(x: torch.Tensor):
-    return cp.asarray(x) if x.dtype == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
 
 
 def reference(q, k, v, dense) -> torch.Tensor:
@@ -105,10 +102,10 @@ def swap_old_trim(op: AttentionOp, key: tuple[bool, bool, bool]) -> None:
 def time_op(op: AttentionOp, q, k, v, *, key_mask=None, old=False) -> tuple[float, torch.Tensor]:
     out = torch.full_like(q, float("nan"))
     km = None if key_mask is None else cp.asarray(key_mask)
-    bound = op.bind(cpv(q), cpv(k), cpv(v), cpv(out), key_mask=km)
+    bound = op.bind(cupy_view(q), cupy_view(k), cupy_view(v), cupy_view(out), key_mask=km)
     if old:
         swap_old_trim(op, (False, key_mask is not None, False))
-        bound = op.bind(cpv(q), cpv(k), cpv(v), cpv(out), key_mask=km)
+        bound = op.bind(cupy_view(q), cupy_view(k), cupy_view(v), cupy_view(out), key_mask=km)
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     bound.launch(stream)
     torch.cuda.synchronize()

@@ -31,7 +31,7 @@ import cupy as cp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from attention_timing import MASKS, check_and_time
+from attention_timing import MASKS, check_and_time, cupy_view
 from triton.testing import do_bench
 from ws_orders import local_orders, spread_orders
 
@@ -270,12 +270,10 @@ def main() -> int:
         q = torch.randn(B, L, H, D, device="cuda", dtype=tdt)
         k, v = (torch.randn(B, L, hkv, D, device="cuda", dtype=tdt) for _ in range(2))
 
-        def cpv(x, tdt=tdt):
-            return cp.asarray(x) if tdt == torch.float16 else cp.asarray(x.view(torch.int16)).view(cp.uint16)
 
-        qc, kc, vc = (cpv(x) for x in (q, k, v))
+        qc, kc, vc = (cupy_view(x) for x in (q, k, v))
         bias = torch.randn(1, H, L, L, device="cuda", dtype=tdt) if args.bias else None
-        extra_args = {"bias": None if bias is None else cpv(bias), "softcap": args.softcap}
+        extra_args = {"bias": None if bias is None else cupy_view(bias), "softcap": args.softcap}
         for mask in args.masks.split(","):
             fmt = encode(MASKS.get(mask, mask), L)
             if args.no_ref:                     # timing only (the error column is nan)
@@ -330,7 +328,7 @@ def main() -> int:
                         load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D)),
                         load_kernel(compiled, spec.name + "_combine"))
                     out = torch.full_like(q, float("nan"))
-                    bound = op.bind(qc, kc, vc, cpv(out), **extra_args)
+                    bound = op.bind(qc, kc, vc, cupy_view(out), **extra_args)
                     if bound.then is not None and "COMBINE_GROUPS" not in src.code:
                         bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
                     row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)
