@@ -44,6 +44,7 @@ from triton.testing import do_bench
 from stofc.kernels.attention import AttentionConfig, prune, select_kernel
 from stofc.kernels.attention.residue import choose_period
 from stofc.kernels.attention.ws_cost import ws_split
+from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM
 from stofc.masks import encode, to_dense
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
@@ -111,25 +112,27 @@ def ws_configs(fmt, B, H, profile, quick, sweep=False):
     each with its own default split; those
     ``prune`` refuses at this head_dim (three consumers above 128, four above 64) are dropped."""
     grid = [(2, 2, True, 1), (2, 3, True, 1), (3, 3, True, 1), (2, 4, True, 2),
-            (3, 4, False, 1), (4, 4, True, 1), (4, 4, False, 1)]
+            (3, 4, False, 1), (4, 4, True, 1), (4, 4, False, 1), (1, 2, False, 1),
+            (1, 3, False, 1)]
     if quick:
-        grid = [(2, 2, True, 1), (3, 3, True, 1)]
+        grid = [(2, 2, True, 1), (3, 3, True, 1), (1, 3, False, 1)]
     if sweep:
         grid = [(c, s, pp, 1) for c in (2, 3, 4) for s in (2, 3, 4) for pp in (True, False)] + \
-            [(2, 4, pp, 2) for pp in (True, False)]
+            [(2, 4, pp, 2) for pp in (True, False)] + [(1, s, False, 1) for s in (2, 3)]
     cfgs = []
     chosen = choose_period(fmt)                  # a dilated mask: also walked by residue
     periods = [(1, fmt)] + ([chosen] if chosen is not None else [])
     for (period, walked), (consumers, stages, pp, ks) in itertools.product(periods, grid):
+        blocks = WS_BLOCKS_PER_SM[consumers]       # one consumer: three blocks an SM
         probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                                pingpong=pp, kstep=ks, period=period)
+                                pingpong=pp, kstep=ks, period=period, min_blocks=blocks)
         if prune(probe, D_OF[0], profile) is not None:     # before the split's cost model
             continue
         split, rows = ws_split(walked, profile, consumers=consumers, batch=B * period, heads=H,
                                seq_len=walked.seq_len, head_dim=D_OF[0])
         cfgs.append(AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
                                     split=split, split_rows=rows, pingpong=pp, kstep=ks,
-                                    period=period))
+                                    period=period, min_blocks=blocks))
     return [c for c in cfgs if prune(c, D_OF[0], profile) is None]
 
 

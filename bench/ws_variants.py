@@ -44,7 +44,7 @@ from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config, ws_split, ws_stages
-from stofc.kernels.attention.ws_plan import consumers_of, default_split, plan_ws
+from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM, consumers_of, default_split, plan_ws
 from stofc.masks import encode, to_dense
 from stofc.masks.decode import stats
 from stofc.runtime.attention import AttentionOp
@@ -133,6 +133,13 @@ VARIANTS = {                       # name: (config overrides, template overrides
     "notail": ({"__notail__": True}, {}),
     "notail_b": ({"__notail__": True}, {}),             # a second pass of each, same call
     "base_b": ({}, {}),
+    # one consumer warpgroup a block, three blocks an SM (ws_plan.WS_BLOCKS_PER_SM): no union
+    # walk, no skipped steps, every warpgroup its own ring; 136 registers (Q in them); the
+    # split the cost model gives one consumer, or a fixed one
+    **{f"c1x3{tag}": ({"warps": 8, "stages": st, "pingpong": False, "min_blocks": 3,
+                       **({"split": sp} if sp >= 0 else {})}, {"__occupancy__": True})
+       for tag, st, sp in (("", 3, -1), ("_s2", 2, -1), ("_sp0", 3, 0), ("_sp8", 3, 8),
+                           ("_sp16", 3, 16), ("_sp32", 3, 32), ("_s2sp16", 2, 16))},
     **{f"c{c}{tag}_q1": ({"warps": 4 * (c + 1), "pingpong": pp}, {"q_bufs": 1})
        for c in (3, 4) for tag, pp in (("pp", True), ("np", False))},
 }
@@ -196,6 +203,8 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict,
         raise ValueError("no ws config for this shape")
     over = dict(over)                       # VARIANTS' own dicts stay as they are
     notail = over.pop("__notail__", False)
+    if "warps" in over and "min_blocks" not in over:    # the consumer count's resident blocks
+        over["min_blocks"] = WS_BLOCKS_PER_SM[consumers_of(over["warps"])]
     cfg = replace(cfg, **over)
     if "split" in over:
         return replace(cfg, split_rows=over.get("split_rows", 0))
@@ -292,6 +301,7 @@ def main() -> int:
                 try:
                     cfg = base_config(fmt, profile, B, H, D, cfg_over, extras)
                     tpl_over = dict(tpl_over)
+                    occupancy = tpl_over.pop("__occupancy__", False)
                     if tpl_over.pop("__format_bitmaps__", False):
                         with unittest.mock.patch.object(ws_plan, "fragment_bitmaps", format_order):
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
@@ -325,10 +335,19 @@ def main() -> int:
                                  (spec.name, spec.name + "_combine"), **values)
                     compiled = compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
                     op._kernels[(extras.has_bias, False, extras.has_softcap)] = (
-                        load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D)),
+                        load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D),
+                                    shared_blocks=cfg.min_blocks),
                         load_kernel(compiled, spec.name + "_combine"))
                     out = torch.full_like(q, float("nan"))
                     bound = op.bind(qc, kc, vc, cupy_view(out), **extra_args)
+                    if occupancy:                   # blocks an SM holds (the driver's count)
+                        fn = op._kernels[(extras.has_bias, False, extras.has_softcap)][0].function
+                        drv = cp.cuda.driver
+                        try:
+                            row[name + "_occ"] = drv.occupancyMaxActiveBlocksPerMultiprocessor(
+                                fn.ptr, bound.block, smem_bytes(cfg, D))
+                        except Exception as e:           # recorded, not fatal
+                            row[name + "_occ"] = repr(e)[:80]
                     if bound.then is not None and "COMBINE_GROUPS" not in src.code:
                         bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
                     row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)

@@ -122,15 +122,22 @@ namespace stofc_ort {
 constexpr int64_t kAttentionKernelAbi = 4;
 
 // The warp-specialised kernel's launch shape (templates/attention/block_ws.cu.j2,
-// stofc/runtime/attention_ws.py): a producer warpgroup and 2 to 4 consumer warpgroups
+// stofc/runtime/attention_ws.py): a producer warpgroup and 1 to 4 consumer warpgroups
 // (the plan's `consumers`), 64 query rows (one 64-row tile row) per consumer, 64x64 mask
-// tiles; the combine kernel runs 256 threads.
+// tiles, ws_blocks_per_sm(consumers) blocks resident on an SM; the combine kernel runs
+// 256 threads.
 constexpr int kWsCombineThreads = 256;
 // blocks per split pair row of the combine kernel (COMBINE_GROUPS, stofc/kernels/attention/ws.py)
 constexpr int kWsCombineGroups = 16;
 constexpr int kWsTile = 64;
 constexpr int ws_threads(int consumers) { return 128 * (consumers + 1); }
 constexpr int ws_rows(int consumers) { return kWsTile * consumers; }
+// Blocks of `consumers` consumer warpgroups resident on one SM: the persistent grid's blocks
+// per SM (launch_plan.cc ws_scalars) and the kernel's __launch_bounds__ minimum. The Python
+// twin is ws_plan.WS_BLOCKS_PER_SM (tests/unit/test_ortlib_abi.py ties them): one consumer
+// runs three blocks an SM (they must share its shared memory: the twin asks for the largest
+// carveout, cuda_attention.cc), wider blocks one.
+constexpr int ws_blocks_per_sm(int consumers) { return consumers == 1 ? 3 : 1; }
 constexpr int kWsBox = 64;  // TMA box: 64 elements of head_dim (one 128-byte panel) x 64 rows
 // ints per work item: (pair row, begin, end, slot, shared) (ITEM_FIELDS, stofc/kernels/attention/ws_plan.py)
 constexpr int kWsItemFields = 5;

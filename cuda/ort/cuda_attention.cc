@@ -6,9 +6,11 @@
 // H * B * rows * blocks_per_tile_row (rows = ceil(S/T), or R for a residue-permuted
 // plan), block_threads threads, smem_bytes dynamic shared memory. The warp-specialised
 // kernel (STOFC_ATTENTION_WS_ABI = stofc/runtime/attention_ws.py, WsLaunchData.bind;
-// cuda_attention_ws.cc): grid H * B * items of the run's pair rows, 384, 512 or 640 threads, tensor
-// maps of q, k and v encoded on the host, then its combine kernel when the plan splits
-// rows. The device arrays come from the node's `launch_plan` file (launch_plan.h), read
+// cuda_attention_ws.cc): a persistent grid over H * B * items of the run's pair rows,
+// 256, 384, 512 or 640 threads, tensor maps of q, k and v encoded on the host, then its
+// combine kernel when the plan splits rows; a plan of one consumer warpgroup runs three
+// blocks an SM (ws_blocks_per_sm), its kernel loaded with the largest shared-memory
+// carveout. The device arrays come from the node's `launch_plan` file (launch_plan.h), read
 // at session creation and uploaded once per CUDA context at the first run (cuMemAlloc +
 // cuMemcpyHtoDAsync on ORT's stream, from host memory this kernel keeps alive). A run
 // given key_state (input 5, KeyPrep's output) points kv_len and the key bits into it;
@@ -169,6 +171,11 @@ struct SparseAttentionCuda {
                 const bool ws = u.launch.variant.kind == KernelKind::kWs;  // + its combine kernel
                 u.module = load_package_module(dir, u.launch.kernel, ws ? std::vector<std::string>{"_combine"}
                                                                         : std::vector<std::string>{});
+                // several ws blocks an SM (one consumer warpgroup: three) must share its shared
+                // memory: the largest carveout, set when the module is loaded (as the Python
+                // runtime's load_kernel does), never per launch
+                if (ws && ws_blocks_per_sm(u.slot->plan->ws.consumers) > 1)
+                    u.module->set_carveout(CU_SHAREDMEM_CARVEOUT_MAX_SHARED);
             });
         };
         bind(base, -1);

@@ -53,8 +53,8 @@ struct WsLaunch {
     void *part_o, *part_ml;  // nullptr when the plan splits no row
 };
 
-/// Launches the persistent main kernel (grid wsc.grid = min(n_work, SMs), wsc.threads
-/// threads, n_work works) and, when rows are split, the combine kernel (grid
+/// Launches the persistent main kernel (grid wsc.grid = min(n_work, SMs *
+/// ws_blocks_per_sm(consumers)), wsc.threads threads, n_work works) and, when rows are split, the combine kernel (grid
 /// wsc.combine_grid = H B n_split kWsCombineGroups, kWsCombineThreads threads).
 void launch_ws(const Driver& drv, TensorMapCache& maps, const WsLaunch& l, const AttentionLaunchScalars& sc,
                const WsLaunchScalars& wsc);

@@ -124,13 +124,13 @@ void check_launch_numbers(const AttentionLaunch& l, int index) {
                         "' = " + std::to_string(l.blocks_per_tile_row) +
                         " but a warp-specialised kernel takes 1 (its grid comes from the launch plan's work "
                         "items); rewrite the package");
-    if (kind == KernelKind::kWs && l.block_threads != ws_threads(2) && l.block_threads != ws_threads(3) &&
-        l.block_threads != ws_threads(4))
+    if (kind == KernelKind::kWs && l.block_threads != ws_threads(1) && l.block_threads != ws_threads(2) &&
+        l.block_threads != ws_threads(3) && l.block_threads != ws_threads(4))
         throw AttrError("attribute '" + attr_name(index, "block_threads", "variant_block_threads") + "' = " +
                         std::to_string(l.block_threads) + " but a warp-specialised kernel runs " +
-                        std::to_string(ws_threads(2)) + ", " + std::to_string(ws_threads(3)) + " or " +
-                        std::to_string(ws_threads(4)) +
-                        " threads (a producer and 2 to 4 consumer warpgroups); rewrite the package");
+                        std::to_string(ws_threads(1)) + ", " + std::to_string(ws_threads(2)) + ", " +
+                        std::to_string(ws_threads(3)) + " or " + std::to_string(ws_threads(4)) +
+                        " threads (a producer and 1 to 4 consumer warpgroups); rewrite the package");
     outside("smem_bytes", "variant_smem_bytes", l.smem_bytes, 0, 256 * 1024);
     if (kind != KernelKind::kRow && l.smem_bytes == 0)
         throw AttrError("attribute '" + attr_name(index, "smem_bytes", "variant_smem_bytes") + "' is required (> 0) for a " +

@@ -58,8 +58,8 @@ AttentionVariant parse_attention_entry(const std::string& entry);
 
 /// SparseAttention's CUDA attributes (kernel, kernel_abi, launch_plan, block_threads,
 /// blocks_per_tile_row, smem_bytes), checked for range and consistency with the kernel's
-/// kind (block-wise: 1 or 2 blocks per tile row and smem > 0; ws: 384 threads, 1 block
-/// per tile row, smem > 0); or one run-time variant (the i-th entry of the variant_*
+/// kind (block-wise: 1 or 2 blocks per tile row and smem > 0; ws: 256, 384, 512 or 640
+/// threads, 1 block per tile row, smem > 0); or one run-time variant (the i-th entry of the variant_*
 /// attributes, OPS.md).
 struct AttentionLaunch {
     KernelRef kernel;

@@ -62,6 +62,10 @@ CUfunction CudaModule::function(CUcontext ctx, CUstream stream, int smem, size_t
         failed = entries_[0];
         r = drv.FuncSetAttribute(l.fns[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
     }
+    if (r == CUDA_SUCCESS && carveout_ >= 0) {
+        failed = entries_[0];
+        r = drv.FuncSetAttribute(l.fns[0], CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout_);
+    }
     if (r != CUDA_SUCCESS) {
         drv.ModuleUnload(l.module);
         drv.check(r, ("loading " + failed + " from " + path_).c_str());

@@ -2,7 +2,8 @@
 //
 // CudaModule: a module image (cubin, or PTX) read from the package when the session
 // is created and loaded lazily into each CUDA context that runs it (the context of
-// ORT's compute stream), with its dynamic shared-memory limit raised above 48 KiB.
+// ORT's compute stream), with its dynamic shared-memory limit raised above 48 KiB and,
+// when asked, its preferred shared-memory carveout set.
 // Scratch: per-run device memory from ORT's allocator (KernelContext::GetAllocator),
 // returned when Compute ends. OrtAttrSource: node attributes for cuda_attrs.h.
 // require_not_capturing: first-use work (module loads, uploads, library handles)
@@ -40,9 +41,17 @@ class CudaModule {
     static CUcontext context_of(CUstream stream);
 
     /// Entry point `index` in `ctx`. The first call in a context loads the module there
-    /// (not while `stream` is capturing), resolves every entry and raises the main
-    /// entry's dynamic smem limit to `smem`.
+    /// (not while `stream` is capturing), resolves every entry, raises the main entry's
+    /// dynamic smem limit to `smem` and sets its carveout (set_carveout); later calls only
+    /// look the function up (no driver call: safe under CUDA graph capture).
     CUfunction function(CUcontext ctx, CUstream stream, int smem = 0, size_t index = 0);
+
+    /// The main entry's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (percent of the
+    /// SM's unified L1 / shared memory; CU_SHAREDMEM_CARVEOUT_MAX_SHARED = 100), set once per
+    /// context when the module is loaded there; -1 (the default) leaves the driver's choice.
+    /// Call before the first function(): a kernel of which several blocks must share an
+    /// SM's shared memory asks for the largest carveout (the default may give less).
+    void set_carveout(int percent) { carveout_ = percent; }
 
   private:
     struct Loaded {
@@ -53,6 +62,7 @@ class CudaModule {
     std::string path_;
     std::vector<std::string> entries_;
     std::vector<char> image_;
+    int carveout_ = -1;
     std::mutex mu_;
     std::vector<Loaded> loaded_;
 };

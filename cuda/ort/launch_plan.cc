@@ -83,7 +83,7 @@ void check_ws(AttentionPlan& p, BinaryReader& rd, const int64_t* n) {
     w.items_upto = rd.array<int32_t>(n[7], "items_upto");
     const int64_t heads = p.num_heads, R = p.tile_rows;
     if (p.tile != kWsTile) rd.fail("a warp-specialised plan has 64x64 tiles");
-    if (w.consumers < 2 || w.consumers > 4) rd.fail("a warp-specialised block has 2 to 4 consumer warpgroups");
+    if (w.consumers < 1 || w.consumers > 4) rd.fail("a warp-specialised block has 1 to 4 consumer warpgroups");
     if (w.period != 1 && w.period != 2 && w.period != 4) rd.fail("a residue split has period 1, 2 or 4");
     const int rows = ws_rows(w.consumers);
     const int walked_len = (p.seq_len + w.period - 1) / w.period;  // residue 0's rows
@@ -257,7 +257,8 @@ WsLaunchScalars ws_scalars(const AttentionPlan& p, const AttentionLaunchShape& s
     r.items = w.items_upto[r.pairs];
     // work w: head w % H, batch-and-residue (w / H) % (B P), item order[w / (H B P)]
     r.n_work = s.H * s.B * w.period * r.items;
-    r.grid = std::min(r.n_work, std::max<int64_t>(sm_count, 1));
+    // persistent: ws_blocks_per_sm(consumers) blocks on each SM (three with one consumer)
+    r.grid = std::min(r.n_work, std::max<int64_t>(sm_count, 1) * ws_blocks_per_sm(w.consumers));
     r.combine_grid = w.splits ? s.H * s.B * w.period * w.n_split * kWsCombineGroups : 0;
     const bool per_head = p.num_heads > 1;
     r.items_head_stride = per_head ? w.n_items * kWsItemFields : 0;

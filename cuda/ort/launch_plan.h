@@ -22,9 +22,10 @@
 namespace stofc_ort {
 
 /// The warp-specialised kernel's tables (plan kind 2). Per format head f: items
-/// [f * n_items, ...) of 4 ints (pair row, begin, end, slot), orders [f * orders_per_head, ...),
-/// combine rows [f * n_split, ...) of 3 ints (pair row, first slot, chunks). A pair row is
-/// the block's `consumers` (2 to 4) tile rows: ws_rows(consumers) query rows.
+/// [f * n_items, ...) of kWsItemFields ints (pair row, begin, end, slot, shared), orders
+/// [f * orders_per_head, ...), combine rows [f * n_split, ...) of 3 ints (pair row, first
+/// slot, chunks). A pair row is the block's `consumers` (1 to 4) tile rows: ws_rows(consumers)
+/// query rows.
 struct WsTables {
     int pairs = 0, slots = 0, n_items = 0, n_split = 0, split = 0, orders_per_head = 0, consumers = 0;
     int period = 1;  // residue split (1, 2 or 4): the walk is the split mask's (residue.py)
@@ -116,13 +117,14 @@ struct WsLaunchScalars {
     int64_t order_offset = 0;  // elements into each head's orders: order_ptr[pairs - 1]
     int64_t items = 0;         // items per head launched: items_upto[pairs]
     int64_t n_work = 0;        // H * B * period * items: the works of the persistent grid
-    int64_t grid = 0;          // min(n_work, sm_count): at most one block per SM
+    int64_t grid = 0;          // min(n_work, sm_count * ws_blocks_per_sm(consumers))
     int64_t combine_grid = 0;  // H * B * period * n_split * kWsCombineGroups (0: no row split)
     int items_head_stride = 0, order_head_stride = 0, combine_head_stride = 0, slots = 0;
     TensorMapShape q, k, v;
     size_t part_o_bytes = 0, part_ml_bytes = 0;  // float32 workspace (0 when no row is split)
 };
-/// `sm_count`: the GPU's multiprocessors (the persistent grid's bound).
+/// `sm_count`: the GPU's multiprocessors (the persistent grid's bound: ws_blocks_per_sm
+/// blocks on each).
 WsLaunchScalars ws_scalars(const AttentionPlan& plan, const AttentionLaunchShape& shape,
                            const AttentionLaunchScalars& base, int64_t sm_count);
 

@@ -128,7 +128,9 @@ class AttentionOp:
             compiled = compile_kernel(spec, self.target)
             smem = self.family.dynamic_smem(self.config, self.head_dim)
             entries = self.family.entry_points(spec)
-            self._kernels[key] = tuple(load_kernel(compiled, e, dynamic_smem=smem if i == 0 else 0)
+            blocks = self.family.shared_blocks_per_sm(self.config)
+            self._kernels[key] = tuple(load_kernel(compiled, e, dynamic_smem=smem if i == 0 else 0,
+                                                   shared_blocks=blocks if i == 0 else 1)
                                        for i, e in enumerate(entries))
         return self._kernels[key]
 

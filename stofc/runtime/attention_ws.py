@@ -17,6 +17,7 @@ import numpy as np
 
 from stofc.kernels.attention.ws import COMBINE_GROUPS
 from stofc.kernels.attention.ws_launch import WsLaunchPlan
+from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM
 from stofc.runtime.launches import Operands, View, launches
 from stofc.runtime.module import BoundLaunch, LoadedKernel
 from stofc.runtime.tensor_map import TensorMapCache
@@ -43,7 +44,7 @@ class WsLaunchData:
     def __init__(self, plan: WsLaunchPlan, cp, dtype: str, head_dim: int,
                  sm_count: int) -> None:
         self.plan, self.dtype, self.head_dim = plan, dtype, head_dim
-        self.sm_count = sm_count           # the persistent grid: one block per SM at most
+        self.sm_count = sm_count           # the persistent grid: WS_BLOCKS_PER_SM blocks an SM
         self._keys = cp.asarray(plan.entry_key)
         self._parts = cp.asarray(plan.entry_part)
         self._bitmaps = cp.asarray(plan.bitmaps)
@@ -68,8 +69,9 @@ class WsLaunchData:
              softcap: float, batch: int, heads: int, seq: int) -> BoundLaunch:
         """The main launch (and the combine launch after it when rows are split).
 
-        The main kernel is persistent: ``min(works, sm_count)`` blocks walk the works
-        (one item of one head and batch each) in order, block c taking c, c + grid, ...
+        The main kernel is persistent: ``min(works, sm_count x WS_BLOCKS_PER_SM)`` blocks
+        walk the works (one item of one head and batch each) in the kernel's deal
+        (``ws_work_index``: snaking waves over the grid).
         """
         cp = self._cp
         i32, i64, f32 = np.int32, np.int64, np.float32
@@ -100,7 +102,8 @@ class WsLaunchData:
                 bias, *(i64(x) for x in bias_strides),
                 part_o, part_ml, i32(slots), *tail, f32(scale), i32(kv_group), f32(softcap),
                 i32(n_work))
-        grid = min(n_work, self.sm_count)
+        # persistent: WS_BLOCKS_PER_SM blocks on each SM (three with one consumer warpgroup)
+        grid = min(n_work, self.sm_count * WS_BLOCKS_PER_SM[self.plan.consumers])
         threads = 128 * (self.plan.consumers + 1)     # a producer and the consumer warpgroups
         return BoundLaunch(kernel, grid, threads, args, result=out, then=then)
 

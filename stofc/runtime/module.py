@@ -17,6 +17,10 @@ from stofc.compile import CompiledKernel
 from stofc.errors import DeviceError
 from stofc.runtime.tensor_map import TensorMap
 
+# cuda.h's CUfunction_attribute and CUshared_carveout values (not all CuPy builds name them)
+CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+CU_SHAREDMEM_CARVEOUT_MAX_SHARED = 100
+
 _MODULES: dict[str, Any] = {}
 
 
@@ -56,8 +60,11 @@ class LoadedKernel:
                               hint="check the inputs' shapes and the GPU state") from None
 
 
-def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0) -> LoadedKernel:
-    """Load ``kernel`` (cubin or PTX) once per process and return its ``entry`` function."""
+def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0,
+                shared_blocks: int = 1) -> LoadedKernel:
+    """Load ``kernel`` (cubin or PTX) once per process and return its ``entry`` function.
+    ``shared_blocks`` > 1: that many blocks must share an SM's shared memory, so the
+    function asks for the largest carveout (the driver's default preference may give less)."""
     cupy = _cupy()
     if kernel.target.startswith("sm_") and kernel.target.rstrip("a") != device_arch():
         raise DeviceError(f"kernel {kernel.name} was built for {kernel.target}, "
@@ -78,6 +85,10 @@ def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0) ->
         driver.funcSetAttribute(function.ptr,
                                 driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 dynamic_smem)
+    if shared_blocks > 1:
+        from cupy.cuda import driver  # optional: CuPy, the GPU extras
+        driver.funcSetAttribute(function.ptr, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                CU_SHAREDMEM_CARVEOUT_MAX_SHARED)
     return LoadedKernel(entry, function, dynamic_smem)
 
 

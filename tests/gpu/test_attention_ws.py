@@ -1,8 +1,8 @@
 """GPU correctness of the warp-specialised Hopper kernel (kind "ws") against float64.
 
 Skipped on GPUs other than sm_90. Every MASKS.md family, head_dims 64/128/256 and both
-dtypes, blocks of two and three consumer warpgroups (three: head_dim 64, and 128 with Q
-read from shared memory), split rows merged
+dtypes, blocks of one to four consumer warpgroups (three: head_dim 64, and 128 with Q
+read from shared memory; four and one: head_dim 64, one with three blocks an SM), split rows merged
 by the combine kernel, ping-pong on and off, every ring depth,
 grouped-query attention, soft-capping, padding by lengths and 0/1 masks, bias, both
 layouts, packed QKV, per-head masks, rows without keys, a run shorter than L_max, and
@@ -17,6 +17,7 @@ import pytest
 
 from stofc.kernels.attention import AttentionConfig, prune, search_space
 from stofc.kernels.attention.reference import format_from_dense, from_bf16_bits, reference_attention
+from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM
 from stofc.targets import detect
 from tests.gpu.test_attention import FAMILIES, _seed, check_padding_bias_layouts
 from tests.gpu.test_attention_helpers import TOL, encoded, quantise, run_case
@@ -34,13 +35,14 @@ pytestmark = pytest.mark.skipif(not _hopper(), reason="the ws kernel needs an sm
 
 def ws(stages: int = 2, split: int = 0, pingpong: bool = True, kstep: int = 1,
        consumers: int = 2, period: int = 1) -> AttentionConfig:
+    """A ws config; one consumer warpgroup runs three blocks an SM and takes no turns."""
     return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), max(stages, 2 * kstep), 1,
-                           mma="wgmma", split=split, pingpong=pingpong, kstep=kstep,
-                           period=period)
+                           min_blocks=WS_BLOCKS_PER_SM[consumers], mma="wgmma", split=split,
+                           pingpong=pingpong and consumers > 1, kstep=kstep, period=period)
 
 
-# (kstep, consumers) of the head_dim 64 cases: three and four consumers run one tile per step
-STEPS = [(1, 2), (2, 2), (1, 3), (1, 4)]
+# (kstep, consumers) of the head_dim 64 cases: one, three and four consumers run one tile per step
+STEPS = [(1, 1), (1, 2), (2, 2), (1, 3), (1, 4)]
 
 
 def _check(res, dtype, what=""):
@@ -71,7 +73,7 @@ def test_every_family_head_dim_128_three_consumers(spec, split):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim,kstep,consumers",
-                         [(64, 1, 2), (64, 2, 2), (64, 1, 3), (64, 1, 4), (128, 1, 2),
+                         [(64, 1, 1), (64, 1, 2), (64, 2, 2), (64, 1, 3), (64, 1, 4), (128, 1, 2),
                           (128, 2, 2), (128, 1, 3), (256, 1, 2)])
 @pytest.mark.parametrize("pingpong", [True, False])
 def test_head_dims_dtypes_pingpong(head_dim, kstep, consumers, dtype, pingpong):
@@ -95,11 +97,12 @@ def test_ring_depths_on_long_rows(stages, consumers):
 @pytest.mark.parametrize("spec", ["longformer:window=100,global=20", "causal",
                                   "bigbird:block=64,window=3,global=1,random=2,seed=1"])
 @pytest.mark.parametrize("head_dim,consumers,stages,pingpong,dtype",
-                         [(64, 2, 4, True, "float16"), (64, 3, 4, False, "bfloat16"),
+                         [(64, 1, 3, False, "float16"), (64, 1, 2, False, "bfloat16"),
+                          (64, 2, 4, True, "float16"), (64, 3, 4, False, "bfloat16"),
                           (64, 4, 4, True, "float16"), (64, 4, 2, False, "bfloat16"),
                           (128, 3, 2, False, "bfloat16")])
 def test_many_works_per_block(spec, head_dim, consumers, stages, pingpong, dtype):
-    """A grid of three blocks, so each walks 8-24 works: the K/V ring continues across
+    """A grid of three blocks (nine with one consumer: three an SM), so each walks 8-24 works (3-8 with one consumer): the K/V ring continues across
     works and, where Q is read from shared memory (four consumers; three at head_dim 128),
     the two Q buffers (ws_q_buffers) each serve several works, so both buffers' mbarrier
     phases wrap, with split rows and shared chunks among the works."""
@@ -127,7 +130,7 @@ def test_padding_bias_layouts(dtype, kstep, consumers):
 
 @pytest.mark.parametrize("kv_heads,head_dim,consumers",
                          [(1, 128, 2), (2, 128, 2), (2, 64, 3), (1, 128, 3), (2, 128, 3),
-                          (2, 64, 4)])
+                          (2, 64, 4), (2, 64, 1), (1, 64, 1)])
 def test_grouped_query_attention(kv_heads, head_dim, consumers):
     fmt, dense = encoded("sliding:window=150,causal=true", 600)
     res = run_case(fmt, dense, ws(consumers=consumers), batch=2, heads=6, seq=600,
@@ -136,7 +139,8 @@ def test_grouped_query_attention(kv_heads, head_dim, consumers):
     _check(res, "bfloat16")
 
 
-@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3), (128, 3), (64, 4)])
+@pytest.mark.parametrize("head_dim,consumers", [(128, 2), (256, 2), (64, 3), (128, 3), (64, 4),
+                                                (64, 1)])
 def test_logit_softcap(head_dim, consumers):
     fmt, dense = encoded("longformer:window=64,global=8", 300)
     key_mask = np.ones((2, 300), np.int32)
@@ -148,7 +152,7 @@ def test_logit_softcap(head_dim, consumers):
     _check(res, "bfloat16")
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_per_head_masks_and_split(consumers):
     heads = 3
     rng = np.random.default_rng(_seed("wsheads"))
@@ -160,7 +164,7 @@ def test_per_head_masks_and_split(consumers):
     _check(res, "float16")
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_empty_rows_give_zeros(consumers):
     dense = np.zeros((300, 300), dtype=bool)
     dense[100:200, :50] = True                   # rows outside 100..199 have no key
@@ -192,7 +196,7 @@ def test_every_config_of_the_search_space():
 
 
 @pytest.mark.parametrize("head_dim,consumers,stages,staged", [
-    (64, 2, 4, True), (64, 3, 4, True), (128, 2, 3, True), (128, 3, 2, True),
+    (64, 1, 3, True), (64, 2, 4, True), (64, 3, 4, True), (128, 2, 3, True), (128, 3, 2, True),
     (128, 3, 4, False), (256, 2, 2, False)])            # no room beside these rings
 def test_output_rows_staged_or_direct(head_dim, consumers, stages, staged):
     """O leaves through the smem staging area (ws_stage_o) or, for an output view whose rows
@@ -228,7 +232,8 @@ def test_output_rows_staged_or_direct(head_dim, consumers, stages, staged):
     assert err <= TOL[dtype], f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("head_dim,consumers", [(64, 2), (64, 3), (64, 4), (128, 2), (128, 3)])
+@pytest.mark.parametrize("head_dim,consumers", [(64, 1), (64, 2), (64, 3), (64, 4), (128, 2),
+                                                (128, 3)])
 def test_non_finite_values_stay_in_their_rows(head_dim, consumers):
     """NaN in the values of keys 0..63 reaches only the rows whose walk holds key tile 0
     (the rows whose window holds those keys); with several works per block, every other
@@ -266,7 +271,7 @@ RESIDUE_MASKS = [("dilated:window=256,dilation=2", 1001, 2),
                  ("dilated:window=256,dilation=2,causal=true", 2000, 2)]
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 @pytest.mark.parametrize("split", [0, 8])
 @pytest.mark.parametrize("spec,L,period", RESIDUE_MASKS)
 def test_residue_split(spec, L, period, split, consumers):
@@ -276,7 +281,7 @@ def test_residue_split(spec, L, period, split, consumers):
     from stofc.kernels.attention.residue import choose_period
     fmt, dense = encoded(spec, L)
     assert choose_period(fmt)[0] == period
-    cfg = ws(stages=4, split=split, consumers=consumers, period=period)
+    cfg = ws(stages=3 if consumers == 1 else 4, split=split, consumers=consumers, period=period)
     for seq in (L, 777):
         res = run_case(fmt, dense, cfg, batch=2, heads=3, seq=seq, head_dim=64,
                        seq_lens=[seq, seq - 130],
@@ -295,7 +300,7 @@ def test_residue_split_head_dims(head_dim, consumers, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("consumers,period", [(2, 2), (3, 2)])
+@pytest.mark.parametrize("consumers,period", [(2, 2), (3, 2), (1, 2)])
 def test_residue_split_padding_bias_layouts(dtype, consumers, period):
     """0/1 key masks (the padding bits of every period-th key), lengths, bias (columns
     period apart), the bhsd layout, packed QKV, a custom scale."""
@@ -314,17 +319,23 @@ def test_residue_split_period_four_key_mask_bias_softcap_gqa():
 
 
 # ---------------------------------------------------------------- shared chunks
-@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 2, "float16"), (64, 3, "float16"),
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 1, "float16"), (64, 1, "bfloat16"),
+                                                      (64, 2, "float16"), (64, 3, "float16"),
                                                       (128, 2, "bfloat16"), (128, 3, "bfloat16")])
 def test_shared_chunks_of_global_rows(head_dim, consumers, dtype):
     """A global tile row's chunks past its band run on every warpgroup (each on every C-th
-    entry, its own slot); checked with padding bits, lengths, bias, GQA and a run shorter
-    than L_max whose last chunks are empty."""
+    entry, its own slot; with one consumer they are its ordinary works, each its own slot);
+    checked with padding bits, lengths, bias, GQA and a run shorter than L_max whose last
+    chunks are empty."""
     from stofc.kernels.attention.ws_plan import consumers_of, plan_ws
     fmt, dense = encoded("longformer:window=128,global=16", 2048)
     cfg = ws(split=8, consumers=consumers)
     plan = plan_ws(fmt, split_tiles=8, consumers=consumers_of(cfg.warps))
-    assert (plan.items[0][:, 4] > 0).sum() >= 2
+    shared, slotted = plan.items[0][:, 4] > 0, plan.items[0][:, 3] >= 0
+    if consumers > 1:
+        assert shared.sum() >= 2
+    else:
+        assert not shared.any() and slotted.sum() >= 2
     rng = np.random.default_rng(_seed("wsshared", head_dim, consumers))
     key_mask = (rng.random((2, 2048)) < 0.85).astype(np.int32)
     for seq, kw in ((2048, dict(key_mask=key_mask, bias_shape=(2, 1, 2048, 2048))),
@@ -355,8 +366,8 @@ def test_rows_cut_into_max_chunks_of_more_than_split_entries(monkeypatch):
 
 # ---------------------------------------------------------------- tail split (split_rows)
 @pytest.mark.parametrize("spec", ["dense", "causal", "sliding:window=600,causal=true"])
-@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 4, "float16"), (128, 2, "bfloat16"),
-                                                      (128, 3, "bfloat16")])
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 4, "float16"), (64, 1, "bfloat16"),
+                                                      (128, 2, "bfloat16"), (128, 3, "bfloat16")])
 def test_tail_split_rows(spec, head_dim, consumers, dtype):
     """``split_rows``: only the longest rows (the earlier first among equals) go through the
     combine, the others write O directly, in one launch; checked at L_max, with lengths,
@@ -393,9 +404,9 @@ def _mixed_tile_mask(L: int, seed: int) -> np.ndarray:
     return full | part
 
 
-@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 2, "float16"), (64, 3, "float16"),
-                                                      (64, 4, "float16"), (128, 2, "bfloat16"),
-                                                      (128, 3, "bfloat16")])
+@pytest.mark.parametrize("head_dim,consumers,dtype", [(64, 1, "float16"), (64, 2, "float16"),
+                                                      (64, 3, "float16"), (64, 4, "float16"),
+                                                      (128, 2, "bfloat16"), (128, 3, "bfloat16")])
 def test_lean_full_steps(head_dim, consumers, dtype):
     """Full tiles take the lean path (no entry, no mask decision) only where every key of
     the tile is in the run: a length ending inside a full tile, 0/1 key bits and a bias
@@ -420,3 +431,41 @@ def test_lean_full_steps(head_dim, consumers, dtype):
                            seq=L, head_dim=head_dim, dtype=dtype,
                            seed=_seed("wslean", head_dim, consumers, i, split), **kw)
             _check(res, dtype, f"{kw} split={split}")
+
+
+# ---------------------------------------------------------------- one consumer, three blocks an SM
+@pytest.mark.parametrize("stages", [2, 3])
+def test_one_consumer_runs_three_blocks_an_sm(stages):
+    """A one-consumer block (256 threads, 80 registers at entry, ~54-71 KB of shared memory)
+    is launched on a persistent grid of three blocks an SM, and the driver holds three on
+    one SM once the loader asked for the largest shared-memory carveout; its output is
+    right on a launch with more works than blocks."""
+    import cupy as cp
+    from cupy.cuda import driver
+
+    from stofc.kernels.attention.ws_smem import ws_smem_bytes
+    from stofc.runtime.attention import AttentionOp
+
+    profile = detect()
+    dtype, B, H, L = "float16", 2, 12, 4096
+    fmt, dense = encoded("bigbird:block=64,window=3,global=1,random=2,seed=3", L)
+    cfg = ws(stages=stages, split=16, consumers=1)
+    assert prune(cfg, 64, profile) is None
+    op = AttentionOp(fmt, cfg, dtype, 64, profile)
+    rng = np.random.default_rng(_seed("wsc1x3", stages))
+    q, k, v = (cp.asarray(rng.standard_normal((B, L, H, 64)).astype(np.float16)) for _ in range(3))
+    out = cp.full((B, L, H, 64), np.float16(np.nan), dtype=np.float16)
+    bound = op.bind(q, k, v, out)
+    n_work = int(bound._keep[-1])
+    assert n_work > 3 * profile.sm_count
+    assert (bound.grid, bound.block) == (3 * profile.sm_count, 256)
+    main = op._kernels[(False, False, False)][0]
+    resident = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        main.function.ptr, 256, ws_smem_bytes(stages, 64, 1))
+    assert resident == 3
+    bound.launch()
+    cp.cuda.runtime.deviceSynchronize()
+    res = run_case(fmt, dense, cfg, batch=B, heads=H, seq=L, head_dim=64, dtype=dtype,
+                   seed=_seed("wsc1x3run", stages))
+    _check(res, dtype, f"stages={stages}")
+    assert not cp.isnan(out).any()

@@ -479,10 +479,13 @@ LONGFORMER = "longformer:window=64,global=16"
     ("fp16", ws_config(stages=4, split=8, period=2), "dilated:window=128,dilation=2", 2),
     ("fp16", ws_config(warps=20, stages=4, split=8), LONGFORMER, 4),
     ("bf16", ws_config(warps=20, stages=4, pingpong=False), "causal", 4),
-    ("bf16", ws_config(warps=16, split=8, split_rows=2), "causal", 2)],
+    ("bf16", ws_config(warps=16, split=8, split_rows=2), "causal", 2),
+    ("fp16", ws_config(warps=8, stages=3, split=8, min_blocks=3, pingpong=False), LONGFORMER, 4),
+    ("bf16", ws_config(warps=8, stages=2, split=8, min_blocks=3, pingpong=False),
+     "bigbird:block=64,window=3,global=1,random=2,seed=0", 4)],
     ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers",
          "fp16-residue-split", "fp16-4consumers-split-d64", "bf16-4consumers-causal-d64",
-         "bf16-3consumers-tail-split"])
+         "bf16-3consumers-tail-split", "fp16-1consumer-split-d64", "bf16-1consumer-bigbird-d64"])
 def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
                                                  config, mask, heads):
     """A package whose attention is the warp-specialised kernel (head_dim 128 with two heads,

@@ -30,6 +30,7 @@ from stofc.kernels.attention.ws_plan import (
     FULL,
     MAX_CHUNKS,
     SKIP,
+    WS_BLOCKS_PER_SM,
     default_split,
     format_bitmaps,
     fragment_bitmaps,
@@ -57,8 +58,10 @@ MASKS = [("causal", 1000), ("longformer:window=128,global=32", 2048),
 
 
 def ws(stages=2, split=0, pingpong=True, kstep=1, consumers=2, period=1) -> AttentionConfig:
-    return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1, mma="wgmma",
-                           split=split, pingpong=pingpong, kstep=kstep, period=period)
+    """A ws config; one consumer warpgroup runs three blocks an SM and takes no turns."""
+    return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1,
+                           min_blocks=WS_BLOCKS_PER_SM[consumers], mma="wgmma", split=split,
+                           pingpong=pingpong and consumers > 1, kstep=kstep, period=period)
 
 
 def decode(plan, fmt) -> np.ndarray:
@@ -90,7 +93,7 @@ def decode(plan, fmt) -> np.ndarray:
     return out[:, :fmt.seq_len, :fmt.seq_len]
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 @pytest.mark.parametrize("split", [0, 8, 16])
 @pytest.mark.parametrize("spec,L", MASKS)
 def test_plan_covers_every_allowed_element_once(spec, L, split, consumers):
@@ -161,7 +164,20 @@ def test_global_rows_past_their_band_are_shared_chunks(L, split, consumers):
     assert (plain.items[0][:, 4] == 0).all() and plain.slots == chunk_slots
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("L,split", [(2048, 8), (8192, 16)])
+def test_one_consumer_shares_no_chunk(L, split):
+    """With one consumer warpgroup a split row's chunks are ordinary works (its own walk:
+    nothing to share), each one chunk of the combine, covering every allowed element once."""
+    fmt = encode("longformer:window=256,global=16", L)
+    plan = plan_ws(fmt, split_tiles=split, consumers=1)
+    items = plan.items[0]
+    row0 = items[items[:, 0] == 0]
+    assert len(row0) == -(-L // 64 // split) and (items[:, 4] == 0).all()
+    assert row0[:, 3].tolist() == list(range(len(row0)))
+    assert np.array_equal(decode(plan, fmt), dense_from_format(fmt))
+
+
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_plan_per_head_masks(consumers):
     rng = np.random.default_rng(0)
     dense = np.stack([np.tril(np.ones((700, 700), bool)), rng.random((700, 700)) < 0.1])
@@ -171,8 +187,21 @@ def test_plan_per_head_masks(consumers):
 
 
 def test_plan_refuses_other_consumer_counts():
-    with pytest.raises(ValueError, match="2 to 4 consumer"):
-        plan_ws(encode("causal", 256), consumers=5)
+    for consumers in (0, 5):
+        with pytest.raises(ValueError, match="1 to 4 consumer"):
+            plan_ws(encode("causal", 256), consumers=consumers)
+
+
+def test_one_consumer_walks_its_own_tile_row():
+    """With one consumer a work is one tile row: the walk is that row's own list (no union,
+    no entry it skips), so BigBird's random blocks cost no skipped steps."""
+    fmt = encode("bigbird:block=64,window=3,global=2,random=3,seed=0", 4096)
+    one, four = plan_ws(fmt, consumers=1), plan_ws(fmt, consumers=4)
+    assert one.rows == 64 and one.pairs == 64
+    assert not (np.asarray(one.entry_part) == SKIP)[:-1].any()
+    assert one.work() == fmt.load_col_idx.size            # every tile once, none skipped
+    skipped = (np.asarray(four.entry_part[:-4]).reshape(-1, 4) == SKIP).mean()
+    assert skipped > 0.4
 
 
 def test_plan_bitmaps_are_in_fragment_order():
@@ -197,7 +226,7 @@ def test_plan_bitmaps_are_in_fragment_order():
     assert np.array_equal(got.astype(bool), tiles[:, rows, keys])
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_orders_are_longest_first_for_every_run_length(consumers):
     fmt = encode("longformer:window=128,global=32", 2048)
     plan = plan_ws(fmt, split_tiles=8, consumers=consumers)
@@ -264,18 +293,49 @@ def test_prune_and_search_space():
     assert prune(ws(consumers=3), 256, H100) is not None      # shared memory, then registers
     assert ws_registers(256, 1, 3) > 160
     assert "160 with 3 consumer" in prune(ws(consumers=3, stages=4, kstep=2), 64, H100)
-    assert "2 to 4 consumer" in prune(AttentionConfig("ws", 64, 16, 24, 2, 1, mma="wgmma"),
+    assert "1 to 4 consumer" in prune(AttentionConfig("ws", 64, 16, 24, 2, 1, mma="wgmma"),
                                       64, H100)
     # four consumer warpgroups: head_dim 64 only, one tile per step, Q in shared memory
     assert prune(ws(consumers=4), 64, H100) is None and not ws_q_in_regs(64, 1, 4)
     assert ws_reg_split(4) == (24, 112) and 24 * 128 + 4 * 112 * 128 <= 96 * 640
     assert "112 with 4 consumer" in prune(ws(consumers=4), 128, H100)
     assert "with 4 consumer" in prune(ws(consumers=4, stages=4, kstep=2), 64, H100)
-    assert {c.warps for c in search_space("ws", 64, "float16", H100)} == {12, 16, 20}
+    assert {c.warps for c in search_space("ws", 64, "float16", H100)} == {8, 12, 16, 20}
     assert {c.warps for c in space} == {12, 16}
     assert {c.warps for c in search_space("ws", 256, "bfloat16", H100)} == {12}
     src = render_kernel(KernelSpec(ws(consumers=3), "bfloat16", 128)).code
     assert "constexpr bool Q_IN_REGS = false;" in src and "constexpr int CONSUMERS = 3;" in src
+    assert "constexpr int MIN_BLOCKS = 1;" in src
+
+
+def test_one_consumer_runs_three_blocks_an_sm_at_head_dim_64_only():
+    """One consumer warpgroup: three blocks an SM (min_blocks 3, the kernel's launch bounds),
+    Q in its 136 registers, no turns, rings of two or three stages (three blocks' shared
+    memory with the system's reserve must fit the SM's 228 KB), head_dim 64 only."""
+    one = ws(stages=3, consumers=1)
+    assert (one.warps, one.min_blocks, one.pingpong) == (8, 3, False)
+    assert prune(one, 64, H100) is None and prune(ws(stages=2, consumers=1), 64, H100) is None
+    assert ws_q_in_regs(64, 1, 1) and ws_reg_split(1) == (24, 136)
+    assert "blocks/SM=3" in one.describe()
+    assert "not 1" in prune(AttentionConfig("ws", 64, 16, 8, 3, 1, mma="wgmma", pingpong=False),
+                            64, H100)
+    assert "run 1 to an SM" in prune(AttentionConfig("ws", 64, 16, 12, 3, 1, min_blocks=3,
+                                                     mma="wgmma"), 64, H100)
+    assert "head_dim 64 only" in prune(one, 128, H100)
+    assert "turns" in prune(AttentionConfig("ws", 64, 16, 8, 3, 1, min_blocks=3, mma="wgmma",
+                                            pingpong=True), 64, H100)
+    four_stages = prune(ws(stages=4, consumers=1), 64, H100)
+    assert "3 blocks of" in four_stages and "228" not in four_stages    # bytes, not KB
+    assert 3 * (ws_smem_bytes(3, 64, 1) + 1024) <= H100.smem_per_sm
+    assert 3 * (ws_smem_bytes(4, 64, 1) + 1024) > H100.smem_per_sm
+    space = search_space("ws", 64, "float16", H100)
+    assert {(c.stages, c.kstep, c.pingpong, c.min_blocks) for c in space if c.warps == 8} == {
+        (2, 1, False, 3), (3, 1, False, 3)}
+    assert all(c.min_blocks == 1 for c in space if c.warps != 8)
+    assert not [c for c in search_space("ws", 128, "bfloat16", H100) if c.warps == 8]
+    src = render_kernel(KernelSpec(one, "float16", 64)).code
+    assert "constexpr int MIN_BLOCKS = 3;" in src and "constexpr int CONSUMERS = 1;" in src
+    assert "constexpr int CONSUMER_REGS = 136;" in src and "constexpr bool Q_IN_REGS = true;" in src
 
 
 def test_rendered_source_substitutes_only():
@@ -315,6 +375,9 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
     for s, pp, b, k, c in ((4, True, False, True, False),          # four consumers: head_dim 64
                            (6, False, True, True, True),           # (their six-stage ring)
                            (3, False, True, True, True))] + [
+    KernelSpec(ws(stages=s, consumers=1), dt, 64, False, k, has_softcap=c)   # one consumer
+    for s, dt, k, c in ((3, "float16", True, False), (2, "bfloat16", False, True),
+                        (3, "bfloat16", True, True))] + [
     KernelSpec(ws(stages=s, consumers=c, period=p), dt, d, b, k)     # residue splits
     for s, c, p, dt, d, b, k in ((4, 2, 2, "float16", 64, True, True),
                                  (4, 3, 4, "float16", 64, False, True),
@@ -354,7 +417,7 @@ def test_every_variant_compiles_without_spills_or_serialised_wgmma(spec):
     assert not re.search(r"C75(0[89]|1\d|20)", report), report
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_launch_arguments_match_the_template(monkeypatch, consumers):
     fake = types.SimpleNamespace(**vars(FAKE_CUPY), float32=np.float32)
     monkeypatch.setattr(rt, "_cupy", lambda: fake)
@@ -378,7 +441,8 @@ def test_launch_arguments_match_the_template(monkeypatch, consumers):
     assert plan.consumers == consumers and plan.pairs == -(-1024 // (64 * consumers))
     assert np.asarray(args["part_o"]).size == 2 * 2 * plan.slots * 64 * consumers * 64
     _, count = op._launch.ws.plan.launch_items(900)
-    assert launch.grid == min(2 * 2 * count, H100.sm_count)     # persistent
+    # persistent: three blocks an SM with one consumer, else one
+    assert launch.grid == min(2 * 2 * count, H100.sm_count * (3 if consumers == 1 else 1))
     assert int(args["n_work"]) == 2 * 2 * count
     assert int(args["kv_group"]) == 1 and int(args["slots"]) == op._launch.ws.plan.slots
     combine = launch.then
@@ -528,14 +592,17 @@ def test_row_sum_descriptors_reach_the_ones_from_every_slot():
     assert ONES_PANEL_BYTES == 16 * 128
 
 
-@pytest.mark.parametrize("consumers", [2, 3, 4])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_register_split_fits_the_pool_the_block_gets_at_entry(consumers):
     """setmaxnreg only moves registers inside what the block got at launch (ptxas: 65536 /
-    threads, rounded down to 8, per thread); asking for more hung every four-consumer block
-    (24 / 120, H100, 2026-11-27). The template asserts the same at compile time."""
-    threads = 128 * (consumers + 1)
+    (threads x resident blocks), rounded down to 8, per thread); asking for more hung every
+    four-consumer block (24 / 120, H100, 2026-11-27). The template asserts the same at
+    compile time."""
+    threads, blocks = 128 * (consumers + 1), WS_BLOCKS_PER_SM[consumers]
     producer, consumer = ws_reg_split(consumers)
-    assert producer * 128 + consumer * 128 * consumers <= 65536 // threads // 8 * 8 * threads
+    pool = 65536 // (threads * blocks) // 8 * 8 * threads
+    assert producer * 128 + consumer * 128 * consumers <= pool
     assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= producer <= consumer <= 256
     src = render_kernel(KernelSpec(ws(consumers=consumers), "float16", 64)).code
-    assert "65536 / NT / 8 * 8 * NT" in src
+    assert "65536 / (NT * MIN_BLOCKS) / 8 * 8 * NT" in src
+    assert f"constexpr int MIN_BLOCKS = {blocks};" in src

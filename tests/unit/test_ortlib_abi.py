@@ -10,6 +10,7 @@ arrays of a package's ``*.plan.bin`` must equal what ``AttentionOp`` uploads.
 from __future__ import annotations
 
 import re
+import subprocess
 import types
 from pathlib import Path
 
@@ -232,3 +233,32 @@ def test_ws_launch_constants_match_the_abi_header():
     # the most chunks of a split row: ws_plan cuts no more, the twin's plan reader refuses more
     plan_reader = (ROOT / "cuda" / "ort" / "launch_plan.cc").read_text()
     assert int(re.search(r"constexpr int kWsMaxChunks = (\d+);", plan_reader).group(1)) == MAX_CHUNKS
+
+
+WS_SHAPES = r"""
+#include <cstdio>
+#include "attention_abi.h"
+int main() {  // consumers, blocks per SM, threads
+    for (int c = 1; c <= 4; ++c)
+        std::printf("%d %d %d\n", c, stofc_ort::ws_blocks_per_sm(c), stofc_ort::ws_threads(c));
+}
+"""
+
+
+def test_ws_block_shapes_match_the_abi_header(tmp_path):
+    """Blocks per SM and threads of each ws block shape, compiled from attention_abi.h: the
+    twin's persistent grid (SMs * ws_blocks_per_sm) and its carveout must follow the Python
+    runtime's WS_BLOCKS_PER_SM, or one side launches a third of the other's blocks."""
+    from stofc.kernels.attention.ws_plan import CONSUMERS, WS_BLOCKS_PER_SM
+
+    (tmp_path / "shapes.cc").write_text(WS_SHAPES)
+    exe = tmp_path / "shapes"
+    res = subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", "-I", str(ABI_HEADER.parent),
+                          str(tmp_path / "shapes.cc"), "-o", str(exe)],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    rows = {int(c): (int(b), int(t)) for c, b, t in (line.split() for line in out.splitlines())}
+    assert tuple(rows) == CONSUMERS == (1, 2, 3, 4)
+    assert {c: b for c, (b, _) in rows.items()} == WS_BLOCKS_PER_SM
+    assert {c: t for c, (_, t) in rows.items()} == {c: 128 * (c + 1) for c in CONSUMERS}

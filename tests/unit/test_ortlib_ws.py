@@ -404,9 +404,10 @@ def test_package_compiles_every_ws_variant_for_sm_90a():
     TMA need it), both entry points in the cubin and the PTX."""
     specs = _every_ws_variant()
     # 22 two-consumer shapes (head_dims 64/128/256), 14 three-consumer ones (head_dim 64,
-    # and 128 with Q in shared memory) and 8 four-consumer ones (head_dim 64); the six-stage
-    # ring only at head_dim 64 (pruned elsewhere by shared memory)
-    assert len(specs) == 44 and len({(s.dtype, s.has_bias, s.has_key_bits, s.has_softcap)
+    # and 128 with Q in shared memory), 8 four-consumer ones (head_dim 64) and 2 one-consumer
+    # ones (head_dim 64, rings of two and three: three blocks an SM); the six-stage ring only
+    # at head_dim 64 (pruned elsewhere by shared memory)
+    assert len(specs) == 46 and len({(s.dtype, s.has_bias, s.has_key_bits, s.has_softcap)
                                      for s in specs}) == 16
     family, fmt, targets = attention_family("ws"), encode("causal", 256), ("sm_90", "compute_90")
     rendered = [render_kernel(family.kernels(AttentionProblem(

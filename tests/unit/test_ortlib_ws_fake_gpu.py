@@ -5,12 +5,14 @@ The test build of ``libstofc_ort.so`` runs SparseAttention nodes whose kernel is
 driver whose ``cuTensorMapEncodeTiled`` writes its arguments into the map. Python's
 ``stofc.runtime.tensor_map`` is pointed at the same fake library, so ``WsLaunchData.bind``
 (``AttentionOp`` on the CPU with numpy for CuPy) encodes its maps through it too. Each
-run must launch exactly what ``bind`` launches: the main kernel (grid, 384 threads,
-dynamic shared memory, every scalar, the plan's device arrays, the q/k/v tensor maps for
-separate and packed QKV and grouped-query K/V), then the combine kernel when the plan
-splits rows, after the key-prep kernel and nothing else; later runs upload and load
-nothing. Mismatched plan and kernel kinds, and ws launch attributes other than the
-kernel's, fail session creation with one line.
+run must launch exactly what ``bind`` launches: the main kernel (persistent grid of
+``WS_BLOCKS_PER_SM`` blocks an SM, ``128 * (consumers + 1)`` threads, dynamic shared
+memory, every scalar, the plan's device arrays, the q/k/v tensor maps for separate and
+packed QKV and grouped-query K/V), then the combine kernel when the plan splits rows,
+after the key-prep kernel and nothing else; later runs upload and load nothing. A kernel
+of three blocks an SM (one consumer warpgroup) is loaded with the largest shared-memory
+carveout, others with the driver's. Mismatched plan and kernel kinds, and ws launch
+attributes other than the kernel's, fail session creation with one line.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import stofc.runtime.attention as rt
 import stofc.runtime.attention_ws as rws
 from stofc.kernels.attention import AttentionConfig, KernelSpec
 from stofc.kernels.attention.launch import launch_data
+from stofc.kernels.attention.ws import ws_consumers
+from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM
 from stofc.lower.twins import KERNEL_ABI
 from stofc.masks import encode
 from stofc.package.maskbin import write_attention_plan, write_mask_binary
@@ -48,6 +52,11 @@ FAKE_MAP = np.dtype([("tag", "<u4"), ("dtype", "<u4"), ("rank", "<u4"), ("interl
                      ("box", "<u4", 4), ("element_strides", "<u4", 4)])
 PLAN_ARRAYS = {"entry_key": np.int32, "entry_part": np.int32, "bitmaps": np.uint64,
                "items": np.int32, "item_order": np.int32}
+# cuda.h: CUfunction_attribute CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, and
+# CU_SHAREDMEM_CARVEOUT_MAX_SHARED (the whole unified L1 / shared memory as shared)
+CARVEOUT_ATTR, CARVEOUT_MAX_SHARED = 9, 100
+# one consumer warpgroup: 256 threads, three blocks an SM (ws_plan.WS_BLOCKS_PER_SM)
+WS1 = AttentionConfig("ws", 64, 16, 8, 2, 1, min_blocks=3, mma="wgmma", split=8, pingpong=False)
 
 
 FAKE_MAP_TAG = 0x50414D54           # "TMAP": written by the fake encoder (logged as tag 1)
@@ -153,8 +162,11 @@ def check_ws_launches(records, recs, fmt, config, f, B, S, H, Hkv, *, packed, sm
     assert prep["fn"] == "stofc_key_prep" and prep["grid"] == [B, 1, 1]
     spec = KernelSpec(config, "float16", D, has_bias="bias" in f, has_key_bits="kpm" in f)
     assert main["fn"] == spec.name
-    assert main["grid"] == [want.grid, 1, 1] and main["block"] == [384, 1, 1] == [want.block, 1, 1]
-    assert want.grid == min(int(w["n_work"]), sm_count)      # persistent: <= one block per SM
+    consumers = ws_consumers(config)
+    assert main["grid"] == [want.grid, 1, 1]
+    assert main["block"] == [128 * (consumers + 1), 1, 1] == [want.block, 1, 1]
+    # persistent: WS_BLOCKS_PER_SM blocks on each SM at most (three with one consumer)
+    assert want.grid == min(int(w["n_work"]), sm_count * WS_BLOCKS_PER_SM[consumers])
     assert main["smem"] == launch_numbers(config, D)[2]
     a = main["args"]
     for name, kind in WS_NAMES.items():
@@ -223,6 +235,9 @@ CASES = [  # id, format, config, H, Hkv, kpm, bias, packed, SMs
     # the tail split: one pair row cut, the others written directly
     ("tail-split", lambda: encode("dense", 1024), replace(ws(split=8), split_rows=1),
      2, 2, True, False, False, 132),
+    # one consumer warpgroup: 256 threads, up to three blocks an SM
+    ("one-consumer", lambda: encode("longformer:window=64,global=16", 1024), WS1,
+     2, 2, True, False, False, 5),
 ]
 
 
@@ -273,6 +288,41 @@ def test_ws_kernels_launch_with_pdl_when_their_ptx_waits(fake, ws_runtime, tmp_p
     assert len(ws_launches) == 4                                        # main + combine, twice
     assert [r["pdl"] for r in ws_launches] == [pdl] * 4
     assert [r["pdl"] for r in launches if r["fn"] == "stofc_key_prep"] == [False, False]
+
+
+@pytest.mark.parametrize("config,blocks_per_sm", [(WS1, 3), (ws(split=8), 1)],
+                         ids=["one-consumer", "two-consumers"])
+def test_ws_grid_and_carveout_follow_blocks_per_sm(fake, tmp_path, config, blocks_per_sm):
+    """One consumer warpgroup: a persistent grid of min(n_work, 3 SMs) blocks of 256 threads,
+    and the main kernel asks for the largest shared-memory carveout (three blocks share an
+    SM's shared memory) once, when its module is loaded, not per launch. Wider blocks: one
+    block an SM and the driver's carveout."""
+    fmt = encode("longformer:window=64,global=16", 1024)
+    assert WS_BLOCKS_PER_SM[ws_consumers(config)] == blocks_per_sm
+    model = ws_package(tmp_path, fmt, config, kpm=True)
+    rng = np.random.default_rng(7)
+    shapes = [(2, 1024), (1, 60)]                        # n_work above 3 x 5 SMs, below 5
+    feeds = [ws_feeds(rng, B, S, 2, 2, kpm=True, bias=False, packed=False) for B, S in shapes]
+    sms = 5
+    code, out, records = run(fake, tmp_path, model, feeds, STOFC_FAKE_SM_COUNT=str(sms))
+    assert code == 0, out
+    threads = 128 * (ws_consumers(config) + 1)
+    main_fn = KernelSpec(config, "float16", D, has_key_bits=True).name
+    grids = []
+    for recs in per_run(records):
+        (main,) = [r for r in recs if r["call"] == "launch" and r["fn"] == main_fn]
+        n_work = int(main["args"]["n_work"])
+        assert main["grid"] == [min(n_work, blocks_per_sm * sms), 1, 1]
+        assert main["block"] == [threads, 1, 1]
+        grids.append((n_work, main["grid"][0]))
+    assert any(n > 3 * sms for n, _ in grids) and any(n <= sms for n, _ in grids)
+    carveouts = [r for r in records if r["call"] == "func_attr" and r["attr"] == CARVEOUT_ATTR]
+    if blocks_per_sm > 1:              # once: on the main kernel, when its module is loaded
+        assert [(r["fn"], r["value"]) for r in carveouts] == [(main_fn, CARVEOUT_MAX_SHARED)]
+        calls = [(r["call"], r.get("fn")) for r in per_run(records)[0]]
+        assert calls.index(("func_attr", main_fn)) < calls.index(("launch", main_fn))
+    else:
+        assert carveouts == []
 
 
 def test_repeated_buffers_reuse_their_tensor_maps(fake, tmp_path):
@@ -340,10 +390,12 @@ BAD = [  # (kernel config, plan config, override, message)
                       "stofc_attn_block_f16_d64_t64_w4_m16_s2_q1_o1_b0_k0, a block-wise kernel"),
     (ws(), ws(), {"blocks_per_tile_row": 2}, "attribute 'blocks_per_tile_row' = 2 but a "
                                              "warp-specialised kernel takes 1"),
-    (ws(), ws(), {"block_threads": 256}, "attribute 'block_threads' = 256 but a warp-specialised "
-                                         "kernel runs 384, 512 or 640 threads"),
+    (ws(), ws(), {"block_threads": 768}, "attribute 'block_threads' = 768 but a warp-specialised "
+                                         "kernel runs 256, 384, 512 or 640 threads"),
     (ws(), ws(consumers=3), {}, "attribute 'block_threads' = 384 but launch plan"),
     (ws(consumers=3), ws(), {}, "attribute 'block_threads' = 512 but launch plan"),
+    (ws(), WS1, {}, "attribute 'block_threads' = 384 but launch plan"),
+    (WS1, ws(), {}, "attribute 'block_threads' = 256 but launch plan"),
     (ws(), ws(), {"smem_bytes": 0}, "attribute 'smem_bytes' is required (> 0) for a "
                                     "warp-specialised attention kernel"),
     (ws(), ws(), {"head_dim": 128, "kernel": "k.cubin:stofc_attn_ws_f16_d64_t64_w12_m16_s2_q1_o1_pp_b0_k0"},

@@ -140,4 +140,5 @@ def test_package_for_8192_launches_the_bucket_pick_of_the_run_length(fake, tmp_p
     kinds = [name.split("_")[2] for name in launched]
     assert kinds == ["block", "ws", "ws", "ws"]             # 100: block, 1000/2000/8192: ws
     assert launched[1] == launched[3] != launched[2]        # 1000 and 2000: the 2048 bucket's
-    assert "_w12_" in launched[1] and "_w20_" in launched[2]   # two consumers; 8192: four
+    # 2048: one consumer, three blocks an SM (o3); 8192: four consumers
+    assert "_w8_" in launched[1] and "_o3_" in launched[1] and "_w20_" in launched[2]

@@ -41,6 +41,8 @@ LONG, SHORT = (2, 12, 16384), (4, 12, 2048)
 
 
 def ws(consumers: int) -> AttentionConfig:
+    if consumers == 1:                          # three blocks an SM, no turns
+        return AttentionConfig("ws", 64, 16, 8, 3, 1, min_blocks=3, mma="wgmma", pingpong=False)
     return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), 6 if consumers == 4 else 4, 1,
                            mma="wgmma")
 
@@ -63,6 +65,16 @@ def test_the_rule_refuses_four_consumers_with_a_bias():
     assert ws_spills(ws(4), 64, SOFTCAP) is None           # 8 bytes, and still faster
     assert ws_spills(ws(4), 64, KEY_BITS) is None          # key bits alone: no spill
     assert ws_spills(ws(4), 64, ExtraInputs()) is None
+
+
+def test_the_rule_refuses_one_consumer_with_a_bias():
+    """One consumer warpgroup (136 registers) spills 20 bytes with a bias: refused, with the
+    reason; key bits and soft-capping keep it."""
+    for extras in (BIAS, ExtraInputs(True, True, True)):
+        why = ws_spills(ws(1), 64, extras)
+        assert why and "one consumer warpgroup" in why and "20 bytes" in why
+    for extras in (SOFTCAP, KEY_BITS, ExtraInputs()):
+        assert ws_spills(ws(1), 64, extras) is None
 
 
 @pytest.mark.parametrize("mask", ["dense", "causal"])
@@ -129,10 +141,10 @@ def test_the_tuner_space_leaves_out_the_spilling_configs():
     fmt = encode("causal", SHORT[2], tile=64)
     bare = _attention_space(bert_layer(768, 12, 3072), fmt)
     ws_warps = {c["warps"] for c in bare.configs() if c["kind"] == "ws"}
-    assert ws_warps == {12, 16, 20} and bare.default_config()["warps"] == 20
+    assert ws_warps == {8, 12, 16, 20} and bare.default_config()["warps"] == 20
     assert not any("spill" in k for k in bare.prune_reasons())
     softcapped = _attention_space(_bias_layer(softcap=30.0), fmt)
-    assert {c["warps"] for c in softcapped.configs() if c["kind"] == "ws"} == {12, 16, 20}
+    assert {c["warps"] for c in softcapped.configs() if c["kind"] == "ws"} == {8, 12, 16, 20}
     assert softcapped.problem != bare.problem       # its own records: its kernels differ
     for attention, what in ((T5_LIKE, "a bias"),
                             ({**T5_LIKE, "softcap": 30.0}, "a bias")):
@@ -140,8 +152,9 @@ def test_the_tuner_space_leaves_out_the_spilling_configs():
         configs = [c for c in space.configs() if c["kind"] == "ws"]
         assert configs and {c["warps"] for c in configs} == {12, 16}
         assert space.default_config()["warps"] == 16
-        why = next(k for k in space.prune_reasons() if "spill" in k)
-        assert what in why and space.prune_reasons()[why] > 0
+        whys = [k for k in space.prune_reasons() if "spill" in k]    # four and one consumer
+        assert len(whys) == 2 and all(what in why and space.prune_reasons()[why] > 0
+                                      for why in whys)
         assert space.problem != bare.problem        # separate tuning database records
 
 

@@ -268,6 +268,12 @@ class AttentionFamily(KernelFamily[AttentionProblem, AttentionConfig]):
         """Dynamic shared memory the launch asks for (0: the kernel's is static)."""
         return self.smem_bytes(config, head_dim)
 
+    def shared_blocks_per_sm(self, config: AttentionConfig) -> int:
+        """Blocks of the main kernel that must share one SM's shared memory (a persistent
+        grid of several blocks an SM): where more than one, the loader asks the driver for
+        the largest shared-memory carveout, which the default preference need not give."""
+        return 1
+
     def launch(self, config: AttentionConfig, head_dim: int) -> tuple[tuple[str, int], ...]:
         """SparseAttention's launch attributes (OPS.md): threads, blocks per tile row, smem."""
         return (("block_threads", config.threads),

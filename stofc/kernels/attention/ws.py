@@ -1,9 +1,10 @@
 """The warp-specialised Hopper kernel (``kind="ws"``): its shape, resources and pruning.
 
 ``templates/attention/block_ws.cu.j2`` runs a producer warpgroup that keeps few
-registers per thread and streams K/V with the Tensor Memory Accelerator, and two to
-four consumer warpgroups (``warps`` 12, 16 or 20) that take the rest (``setmaxnreg``:
-40 / 232 with two, 32 / 160 with three, FlashAttention-3's split; 24 / 112 with four),
+registers per thread and streams K/V with the Tensor Memory Accelerator, and one to
+four consumer warpgroups (``warps`` 8, 12, 16 or 20) that take the rest (``setmaxnreg``:
+40 / 232 with two, 32 / 160 with three, FlashAttention-3's split; 24 / 112 with four;
+24 / 136 with one, whose blocks run three to an SM, :data:`~.ws_plan.WS_BLOCKS_PER_SM`),
 own 64 query rows each and walk the pair rows of :mod:`.ws_plan`. Three consumers put
 three warps of softmax on each scheduler instead of two (more latency hidden;
 FlashAttention-3 runs head_dim 64 so); their 160 registers hold head_dim 64's arrays,
@@ -11,11 +12,17 @@ and head_dim 128's once Q is read from shared memory (:func:`ws_q_in_regs`; 256'
 pruned by :func:`ws_registers`). Four (head_dim 64 only, Q in shared memory) put four:
 dense and causal rows ran 8-13% faster than three (H100,
 ``bench/results/ws-variants-c4-h100-2026-11-27.jsonl``); not with a bias (four spill then
-and run slower: :func:`~.ws_cost.ws_spills`). Shared memory holds Q for the block's
+and run slower: :func:`~.ws_cost.ws_spills`). One consumer (head_dim 64 only) walks its
+own tile row with no union and no skipped step, three blocks an SM interleaving three
+such walks: BigBird ran 11-22% faster than the best of two to four consumers, Longformer
+5-12% at B=1, dense, causal and long windows 12-39% slower (H200,
+``bench/results/ws-variants-c1x3-h200-2026-11-29.jsonl``; the cost model keeps it to the
+masks it wins).
+Shared memory holds Q for the block's
 rows (two buffers where S reads Q from it and they fit: :func:`ws_q_buffers`), ``stages`` K and V
 tiles of 64 keys (128-byte swizzled panels), one part-tile bitmap per consumer and
 stage, the ring's mbarriers and, where it fits, an area that stages O for 16-byte
-stores (:func:`ws_stage_o`). One block per SM.
+stores (:func:`ws_stage_o`). One block per SM, three with one consumer.
 
 Registered as the family ``attention_ws`` (:class:`AttentionWs`). Its launch data is
 the pair-row walk of :mod:`.ws_plan` (:class:`~.ws_launch.WsLaunchPlan`): the CuPy
@@ -38,8 +45,15 @@ from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
 from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
-from stofc.kernels.attention.ws_plan import ITEM_FIELDS, MAX_CHUNKS, MIN_SPLIT, consumers_of
+from stofc.kernels.attention.ws_plan import (
+    ITEM_FIELDS,
+    MAX_CHUNKS,
+    MIN_SPLIT,
+    WS_BLOCKS_PER_SM,
+    consumers_of,
+)
 from stofc.kernels.attention.ws_smem import (
+    SMEM_RESERVED_PER_BLOCK,
     WORK_RECORD_BYTES,
     WS_ROWSUM_MMA,
     WS_TILE,
@@ -56,14 +70,19 @@ from stofc.targets import GpuProfile
 
 WS_CC = (9, 0)                 # setmaxnreg, wgmma and the TMA path: sm_90a only
 WS_HEAD_DIMS = (64, 128, 256)  # whole 128-byte swizzle panels
-WS_WARPS = (12, 16, 20)        # producer + two, three or four consumer warpgroups
+WS_WARPS = (8, 12, 16, 20)     # producer + one, two, three or four consumer warpgroups
 # ring depths: 5 ran level with 6 where both fit (four consumers at head_dim 64,
 # ws-variants-stages-c4-h100-2026-11-27.jsonl), so the search space keeps one of them
 WS_STAGES = (2, 3, 4, 6)
 # consumers -> (producer, consumer) registers; the sum never exceeds the block's registers at
-# entry (ptxas: 65536 / threads, rounded down to 8: 168, 128, 96), which setmaxnreg only moves
-# (four: 24 x 128 + 4 x 112 x 128 <= 96 x 640; 120 each hung the block in setmaxnreg)
-REG_SPLITS = {2: (40, 232), 3: (32, 160), 4: (24, 112)}
+# entry (ptxas: 65536 / (threads x resident blocks), rounded down to 8: 168, 128, 96; 80 for
+# one consumer's three blocks of 256), which setmaxnreg only moves (four: 24 x 128 +
+# 4 x 112 x 128 <= 96 x 640; 120 each hung the block in setmaxnreg; one: 24 x 128 + 136 x 128
+# = 80 x 256)
+REG_SPLITS = {1: (24, 136), 2: (40, 232), 3: (32, 160), 4: (24, 112)}
+# One consumer's three blocks an SM compile at head_dim 64 only: at 128, ptxas needs 94
+# registers in the code before setmaxnreg where the block's entry share is 80 (C7602)
+WS_ONE_CONSUMER_HEAD_DIM = 64
 COMBINE_GROUPS = 16            # combine blocks per split pair row (kWsCombineGroups)
 SPLITS = (0, 8, 16, 32, 64)    # search-space values of ``split`` (tiles per chunk)
 KSTEPS = (1, 2)                # 64-key tiles per softmax step
@@ -102,9 +121,18 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
         return "ws: head_dim must be 64, 128 or 256 (whole 128-byte swizzle panels)"
     if c.tile != WS_TILE:
         return "ws: a consumer warpgroup owns one 64-row tile row (mask tile 64)"
-    if c.warps not in WS_WARPS or (c.warp_m, c.q_split, c.min_blocks) != (16, 1, 1):
-        return ("ws: a producer and 2 to 4 consumer warpgroups (12, 16 or 20 warps) of 64 "
-                "rows each, one block per SM")
+    if c.warps not in WS_WARPS or (c.warp_m, c.q_split) != (16, 1):
+        return ("ws: a producer and 1 to 4 consumer warpgroups (8, 12, 16 or 20 warps) of 64 "
+                "rows each")
+    consumers = ws_consumers(c)
+    if c.min_blocks != WS_BLOCKS_PER_SM[consumers]:
+        return (f"ws: blocks of {consumers} consumer warpgroup(s) run "
+                f"{WS_BLOCKS_PER_SM[consumers]} to an SM (min_blocks), not {c.min_blocks}")
+    if consumers == 1 and head_dim != WS_ONE_CONSUMER_HEAD_DIM:
+        return ("ws: one consumer warpgroup (three blocks an SM) at head_dim 64 only: a block's "
+                "80 registers at entry do not compile head_dim 128's code before setmaxnreg")
+    if consumers == 1 and c.pingpong:
+        return "ws: ping-pong turns need two or more consumer warpgroups"
     if c.gather or c.permute:
         return "ws: the TMA producer loads contiguous 64-key tiles (no gathered or permuted walk)"
     if c.stages not in WS_STAGES:
@@ -124,6 +152,9 @@ def ws_prune(c: AttentionConfig, head_dim: int, profile: GpuProfile) -> str | No
     smem = ws_smem_bytes(c.stages, head_dim, ws_consumers(c), c.kstep)
     if smem > profile.smem_per_block:
         return f"needs {smem} B of shared memory, the GPU allows {profile.smem_per_block} per block"
+    if c.min_blocks * (smem + SMEM_RESERVED_PER_BLOCK) > profile.smem_per_sm:
+        return (f"ws: {c.min_blocks} blocks of {smem} B (and {SMEM_RESERVED_PER_BLOCK} B the "
+                f"system reserves each) do not fit the SM's {profile.smem_per_sm} B of shared memory")
     regs, cap = ws_registers(head_dim, c.kstep, ws_consumers(c)), ws_reg_split(ws_consumers(c))[1]
     if regs > cap:
         return (f"needs about {regs} registers per consumer thread (> {cap} with "
@@ -168,7 +199,7 @@ class AttentionWs(AttentionFamily):
     def describe(self, config: AttentionConfig) -> str:
         c = config
         return (f"warp-specialised T={c.tile} rows/block={self.rows_per_block(c)} "
-                f"stages={c.stages}"
+                f"{f'blocks/SM={c.min_blocks} ' if c.min_blocks > 1 else ''}stages={c.stages}"
                 f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
                 f"{f' split={c.split}' if c.split else ''}"
                 f"{f' (the {c.split_rows} longest rows per head: a tail split)' if c.split_rows else ''}"
@@ -190,7 +221,8 @@ class AttentionWs(AttentionFamily):
             return out
         for warps, stages, pingpong, split, kstep in itertools.product(
                 WS_WARPS, WS_STAGES, (True, False), SPLITS, KSTEPS):
-            cfg = AttentionConfig("ws", WS_TILE, 16, warps, stages, 1, mma="wgmma",
+            cfg = AttentionConfig("ws", WS_TILE, 16, warps, stages, 1,
+                                  min_blocks=WS_BLOCKS_PER_SM[consumers_of(warps)], mma="wgmma",
                                   split=split, pingpong=pingpong, kstep=kstep)
             if prune(cfg, head_dim, profile) is None:
                 out.append(cfg)
@@ -241,7 +273,7 @@ class AttentionWs(AttentionFamily):
         producer, consumer = ws_reg_split(ws_consumers(c))
         return dict(kernel_name=spec.name, dtype=DTYPES[spec.dtype], head_dim=spec.head_dim,
                     stages=c.stages, pingpong=FLAG[c.pingpong], kstep=c.kstep,
-                    consumers=ws_consumers(c),
+                    consumers=ws_consumers(c), min_blocks=c.min_blocks,
                     producer_regs=producer, consumer_regs=consumer, max_chunks=MAX_CHUNKS,
                     combine_groups=COMBINE_GROUPS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
@@ -284,8 +316,12 @@ class AttentionWs(AttentionFamily):
     # -- launch: 384 or 512 threads, one block per work item (the plan's), the ws walk --
     def blocks_per_tile_row(self, config: AttentionConfig) -> int:
         """1: the attribute's fixed value for ws, whose grid is set by the plan's work
-        items (``H * B * items_upto[P]``, at most one block per SM), not by tile rows."""
+        items (``H * B * items_upto[P]``, at most WS_BLOCKS_PER_SM blocks an SM), not by tile rows."""
         return 1
+
+    def shared_blocks_per_sm(self, config: AttentionConfig) -> int:
+        """The persistent grid's blocks an SM (three with one consumer warpgroup)."""
+        return WS_BLOCKS_PER_SM[ws_consumers(config)]
 
     def launch_data(self, fmt: MaskFormat, config: AttentionConfig) -> LaunchData:
         return ws_launch_data(fmt, config)

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stofc.kernels.attention.ws_plan import MAX_CHUNKS, MIN_SPLIT, WsPlan, split_pairs
+from stofc.kernels.attention.ws_plan import (
+    MAX_CHUNKS,
+    MIN_SPLIT,
+    WS_BLOCKS_PER_SM,
+    WsPlan,
+    split_pairs,
+)
 from stofc.targets import GpuProfile
 
 # The combine kernel of a launch that splits rows: CUPTI put it at 5.4 / 6.1 us per launch in
@@ -45,6 +51,29 @@ def dealt_loads(plan: WsPlan, per_item: list[np.ndarray], seq_len: int, *, heads
     off, n = plan.launch_items(seq_len)
     ordered = [v[plan.orders[h, off:off + n]] for h, v in enumerate(per_item)]
     return deal(ordered, heads=heads, batch=batch, sm_count=sm_count)
+
+
+def ws_grid_blocks(profile: GpuProfile, consumers: int) -> int:
+    """The persistent grid's blocks when works are plenty: WS_BLOCKS_PER_SM on every SM."""
+    return profile.sm_count * WS_BLOCKS_PER_SM[consumers]
+
+
+def sm_walk_ns(loads: np.ndarray, blocks_per_sm: int, sm_count: int,
+               pace: tuple[float, ...] = ()) -> float:
+    """The busiest SM's walk, from each block's dealt load (ns at the pace of every resident
+    block walking). One block an SM: the busiest block. Several (block ``k * sm_count + s`` on
+    SM ``s``): while all of an SM's blocks walk, at that pace; once fewer do, at ``pace[i]``
+    of it per entry while ``i + 1`` still walk (the last block alone first)."""
+    loads = np.asarray(loads, np.float64)
+    if blocks_per_sm == 1 or loads.size <= 1:
+        return float(loads.max()) if loads.size else 0.0
+    if len(pace) != blocks_per_sm - 1:
+        raise ValueError(f"{blocks_per_sm} blocks an SM need {blocks_per_sm - 1} paces")
+    per_sm = np.zeros(blocks_per_sm * sm_count)
+    per_sm[:loads.size] = loads
+    grid = -np.sort(-per_sm.reshape(blocks_per_sm, sm_count), axis=0)   # l1 >= l2 >= ...
+    steps = np.vstack([grid[:-1] - grid[1:], grid[-1:]])
+    return float((np.asarray((*pace, 1.0))[:, None] * steps).sum(axis=0).max())
 
 
 def deal(ordered: list[np.ndarray], *, heads: int, batch: int, sm_count: int) -> np.ndarray:
@@ -90,7 +119,8 @@ def launch_order(rows: np.ndarray, index: np.ndarray, entries: np.ndarray) -> np
 
 
 def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfile, *,
-               batch: int, heads: int, seq_len: int, head_dim: int) -> tuple[int, int]:
+               batch: int, heads: int, seq_len: int, head_dim: int,
+               grid_blocks: int = 0) -> tuple[int, int]:
     """``(split, split_rows)`` that fill a launch's last wave, or ``(0, 0)``.
 
     ``plan`` is the unsplit walk, ``cum`` its entries' cumulative per-SM ns in the run of
@@ -111,7 +141,9 @@ def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfil
     shared chunk, whose walk costs as much as anyone's (:func:`~.ws_cost._item_ns`). Taken
     only where it is estimated TAIL_MIN_GAIN faster than no split (the combine, the fp32
     partials and the estimate's error are what it must beat); launches whose busiest block
-    is within that of the mean are not searched."""
+    is within that of the mean are not searched. ``grid_blocks``: the persistent grid's
+    blocks (0: one per SM; ``cum`` and ``item_ns`` are then per block)."""
+    blocks = grid_blocks or profile.sm_count
     per_fmt_head = heads if plan.num_heads == 1 else 1
     rows_of = np.arange(plan.pairs)
     launched = rows_of * plan.rows < seq_len
@@ -137,13 +169,13 @@ def tail_split(plan: WsPlan, cum: np.ndarray, item_ns: float, profile: GpuProfil
                 chunks += int(sel.sum())
             row, idx, ent, cost = (np.concatenate(x) for x in zip(*parts, strict=True))
             ordered.append(cost[launch_order(row, idx, ent)] + item_ns)
-        total = deal(ordered, heads=heads, batch=batch, sm_count=profile.sm_count)
+        total = deal(ordered, heads=heads, batch=batch, sm_count=blocks)
         return float(total.max()), chunks * per_fmt_head * batch
 
     base, _ = busiest(0, 0, None)
     works = int(launched.sum()) * plan.num_heads * per_fmt_head * batch
     walk = sum(float(w[launched].sum()) for w in whole) * per_fmt_head * batch
-    mean = (walk + item_ns * works) / profile.sm_count
+    mean = (walk + item_ns * works) / blocks
     if works == 0 or base <= mean * (1.0 + TAIL_MIN_GAIN):
         return 0, 0
     longest = max(int(n[launched].max()) for n in lengths)

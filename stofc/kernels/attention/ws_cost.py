@@ -19,23 +19,16 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   walk time is the busiest block's under the kernel's deal (:func:`~.ws_balance.dealt_loads`), not the
   mean, which put three consumers at B=1 H=4 L=8192 (172 works on 132 SMs) 1.4x short.
   Within 0.89-1.06x (two), 0.89-1.10x (three) and 0.88-1.07x (four) of those 35 runs each.
-  The selector's pick over the 35 rows: 0.6% slower than the fastest of the three on
-  average, 11.5% at worst (H=4 Longformer, four picked where three were faster); the 11-26
-  model, with two and three consumers and turns, was 6.2% / 61.5% behind the same runs'
-  fastest. Four consumers refitted once they read Q from two buffers
-  (``ws-variants-d64-consumers-qbufs-h100-2026-11-27.jsonl``, the same 35 shapes and masks,
-  ``--column c4``): within 0.86-1.07x; the pick there is 0.6% behind the fastest on average,
-  12.8% at worst (the same H=4 Longformer row). Longformer is the family the form misses
-  most (0.86-1.02x with four, 0.89-1.08x with three, in both directions at H=4): its global
-  rows' shared chunks merge their warpgroups' partials in the block, which no term charges;
-  five Longformer rows per count do not determine such a term. (Since 11-28 a shared chunk
-  costs its whole walk instead of a C-th of it, :func:`_item_ns`, which fixed the worst of
-  those picks.) All three counts refitted
-  on the kernel with part tiles in fragment order and four consumers on six stages
+  The 11-26 model was 6.2% / 61.5% behind the same runs' fastest. Four were refitted once
+  they read Q from two buffers (``ws-variants-d64-consumers-qbufs-h100-2026-11-27.jsonl``,
+  ``--column c4``: 0.86-1.07x). Longformer is the family the form misses most (0.86-1.08x,
+  both ways at H=4): its shared chunks' in-block merge has no term (since 11-28 a shared
+  chunk costs its whole walk, :func:`_item_ns`). All three counts were refitted on the
+  kernel with part tiles in fragment order and four consumers on six stages
   (``ws-variants-d64-consumers-fragbits-h100-2026-11-27.jsonl``, ``--column c2d|c3d|c4d``):
   within 0.92-1.06x (two), 0.92-1.11x (three), 0.87-1.06x (four); the picks over the 35 rows
-  are the old constants' (0.8% behind the fastest on average, 10.1% at worst: the H=4
-  Longformer row; +-64 windows at (2, 16384) take three where four are 4.6% faster).
+  were 0.8% behind the fastest on average, 10.1% at worst (H=4 Longformer). One consumer
+  (three blocks an SM, 2026-11-29): ``D64_COSTS[1]`` below.
 * **head_dim 128** (``D128_COSTS``, per consumer count, the same form without the
   per-warpgroup term). Two consumers: ``bench/ws_calibrate.py --mha`` over the ws rows of
   ``bench/results/mha-hopper-h100-2026-11-26-{c3,prefetch}.json``, B=1 H=16 L=8K/16K bf16,
@@ -55,7 +48,9 @@ Three calibrations, all from H100 runs of the kernel on the MASKS.md families:
   MASKED_TILE_COST full ones, each block pays WS_BLOCK_US.
 
 All are per-SM times on the calibration H100; another Hopper GPU scales them by its
-per-SM tensor rate. The grid runs one block per SM; the longest item bounds the time
+per-SM tensor rate. One consumer (``D64_COSTS[1]``) is per block of three sharing an SM,
+which :func:`~.ws_balance.sm_walk_ns` turns into the SM's time. The grid runs one block per SM (three
+with one consumer); the longest item bounds the time
 from below, which the row split (:func:`~stofc.kernels.attention.ws_plan.default_split`)
 keeps short. Where no row is an outlier but the works leave a partial last wave (dense
 rows at (1, 16, 8192) head_dim 128: 688 works on 132 SMs), :func:`ws_split` cuts a few
@@ -73,10 +68,17 @@ import numpy as np
 
 from stofc.kernels.attention.config import NO_EXTRAS, AttentionConfig, ExtraInputs, prune
 from stofc.kernels.attention.residue import choose_period, split_format
-from stofc.kernels.attention.ws_balance import COMBINE_US, dealt_loads, tail_split
+from stofc.kernels.attention.ws_balance import (
+    COMBINE_US,
+    dealt_loads,
+    sm_walk_ns,
+    tail_split,
+    ws_grid_blocks,
+)
 from stofc.kernels.attention.ws_plan import (
     CONSUMERS,
     SKIP,
+    WS_BLOCKS_PER_SM,
     WsPlan,
     consumers_of,
     default_split,
@@ -124,7 +126,11 @@ class EntryCost:
 # got six stages: ws-variants-d64-consumers-fragbits-h100-2026-11-27 (the same 35 runs, each
 # count at its ws_stages ring, columns c2dpp / c3dnp / c4dpp or c4dnp); the entry and
 # per-warpgroup terms moved by <= 22 ns, the part-tile terms fell from 248 / 236 / 341 ns.
-D64_COSTS = {2: EntryCost(619.0, 75.0, 136.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
+# 1: one consumer, three blocks an SM (per block while three share it), bench/ws_fit_one_consumer.py
+#    over the 192 c1x3 runs of ws-variants-c1x3-h200-2026-11-29, put on the H100 scale by the
+#    median measured / estimated of its two- to four-consumer runs (0.943): within 0.79-1.24x.
+D64_COSTS = {1: EntryCost(1250.0, 0.0, 0.0, 1.5, 10.37 - BLOCK_SHORT_BIAS_US),
+             2: EntryCost(619.0, 75.0, 136.0, 0.69, 9.72 - BLOCK_SHORT_BIAS_US),
              3: EntryCost(515.0, 155.0, 144.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US),
              4: EntryCost(466.0, 184.0, 211.0, 0.69, 10.37 - BLOCK_SHORT_BIAS_US)}
 # 2: bench/ws_calibrate.py --mha over mha-hopper-h100-2026-11-26-{c3,prefetch} (2-stage ring)
@@ -135,7 +141,11 @@ D128_COSTS = {2: EntryCost(1059.0, 0.0, 71.0, 4.53), 3: EntryCost(1444.0, 0.0, 7
 # (ws_pingpong); at 8K they skip 0 (dense), 1-5% (causal), 25% (bands), 35% (Longformer), 57%
 # (BigBird)
 PINGPONG_MAX_SKIPPED = 0.10
+# One consumer: an entry's cost, relative to three blocks sharing the SM, once one (0.4) or two
+# (0.67) still walk (fitted with D64_COSTS[1]: a block alone is not three times faster)
+ONE_CONSUMER_PACE = (0.4, 0.67)
 D64_STAGES = 4          # head_dim 64, two or three consumers: see ws_stages
+D64_C1_STAGES = 3       # head_dim 64, one consumer (three blocks an SM): see ws_stages
 D64_C4_STAGES = 6       # head_dim 64, four consumers: see ws_stages
 D128_STAGES = 3         # head_dim 128, two consumers: see ws_stages
 STAGES = 2              # head_dim 256 (three stages do not fit), and 128 with three consumers
@@ -147,6 +157,8 @@ def ws_stages(head_dim: int, consumers: int) -> int:
     * head_dim 64: four. Three ran 1-10% faster than two (ws-diag); four against three is
       level on dense and causal rows (+-0.5%) and 1-6% faster on windows, Longformer,
       BigBird and dilated bands (ws-variants-stages, ws-variants-consumers-stages-d64);
+    * head_dim 64 with one consumer (three blocks an SM): three; two ran level
+      (ws-variants-c1x3-h200-2026-11-29), four do not fit three blocks' shared memory;
     * head_dim 64 with four consumers: six (214.5 KB with two Q buffers). Their tile rows'
       walks are offset by up to three entries (a band's union walk), so four slots left the
       producer nothing to load ahead for the leading warpgroup: at (1, 12, 8192) six ran
@@ -159,7 +171,7 @@ def ws_stages(head_dim: int, consumers: int) -> int:
       (ws-variants-d128-c3); head_dim 256: two (three do not fit in shared memory).
     """
     if head_dim <= 64:
-        return D64_C4_STAGES if consumers == 4 else D64_STAGES
+        return {1: D64_C1_STAGES, 4: D64_C4_STAGES}.get(consumers, D64_STAGES)
     if head_dim <= 128 and consumers == 2:
         return D128_STAGES
     return STAGES
@@ -225,10 +237,12 @@ def ws_estimate(fmt: MaskFormat, profile: GpuProfile, cfg: AttentionConfig, *, b
     sm_tflops = profile.fp16_tflops / profile.sm_count
     costs = [_item_ns(plan, h, seq_len, head_dim, sm_tflops) for h in range(plan.num_heads)]
     blocks = sum(int((c > 0).sum()) for c in costs) * per_fmt_head * batch
-    waves = math.ceil(blocks / profile.sm_count) if blocks else 0
+    grid = ws_grid_blocks(profile, consumers)
+    waves = math.ceil(blocks / grid) if blocks else 0
     if head_dim <= 64:          # the busiest block's time, the form D64_COSTS was fitted in
-        walk = float(dealt_loads(plan, costs, seq_len, heads=heads, batch=batch,
-                                 sm_count=profile.sm_count).max())
+        loads = dealt_loads(plan, costs, seq_len, heads=heads, batch=batch, sm_count=grid)
+        walk = sm_walk_ns(loads, WS_BLOCKS_PER_SM[consumers], profile.sm_count,
+                          ONE_CONSUMER_PACE)
     else:                       # the mean (or the longest item), head_dim 128's fitted form
         total = sum(float(c.sum()) for c in costs) * per_fmt_head * batch
         longest = max(float(c.max()) if c.size else 0.0 for c in costs)
@@ -253,13 +267,14 @@ def ws_split(fmt: MaskFormat, profile: GpuProfile, *, consumers: int, batch: int
     ``batch`` counting its residues): :func:`~.ws_plan.default_split` where some row is an
     outlier, else :func:`~.ws_balance.tail_split` (0, 0 where neither pays)."""
     plan = plan_ws(fmt, consumers=consumers)           # the unsplit walk, planned once
-    split = default_split(fmt, batch=batch, heads=heads, sm_count=profile.sm_count,
+    grid = ws_grid_blocks(profile, consumers)
+    split = default_split(fmt, batch=batch, heads=heads, sm_count=grid,
                           consumers=consumers, plan=plan)
     if split:
         return split, 0
     cum = _entry_cum_ns(plan, seq_len, head_dim, profile.fp16_tflops / profile.sm_count)
     return tail_split(plan, cum, _item_overhead_ns(plan, head_dim), profile, batch=batch,
-                      heads=heads, seq_len=seq_len, head_dim=head_dim)
+                      heads=heads, seq_len=seq_len, head_dim=head_dim, grid_blocks=grid)
 
 
 def skipped_share(plan: WsPlan) -> float:
@@ -289,8 +304,9 @@ def ws_pingpong(plan: WsPlan) -> bool:
       skipped steps were slower still, ``ws-variants-own-turns-tried-h100-2026-11-27.jsonl``);
     * two: -2.4% to +2.4% at head_dim 64 and level on head_dim 128's sparse masks (1-5% in
       favour of turns on 11-26's kernel, ``ws-variants-pingpong-h100-2026-11-26.jsonl``):
-      always taken, as before."""
-    if plan.consumers == 3:
+      always taken, as before;
+    * one: no other warpgroup to take turns with."""
+    if plan.consumers in (1, 3):
         return False
     if plan.consumers == 2:
         return True
@@ -310,11 +326,17 @@ def ws_spills(config: AttentionConfig, head_dim: int, extras: ExtraInputs) -> st
     (``bench/results/ws-variants-bias-h100-2026-11-28.jsonl``, fp16, B=2 H=12 at 4K and 16K,
     dense and causal), four ran 17-22% slower than three. With soft-capping alone they spill
     8 bytes and still ran 2-12% faster than three (``ws-variants-softcap-h100-2026-11-28``),
-    and with key-padding bits alone they do not spill: both keep four. Two and three
-    consumers spill with none of these (``NOTES.md``, "Known spills";
+    and with key-padding bits alone they do not spill: both keep four. One consumer
+    (136 registers, three blocks an SM) spills 20 bytes with a bias (ptxas 13.0, head_dim 64,
+    both dtypes, rings of two and three; none with key bits or soft-capping alone), untimed,
+    so it is refused with a bias too. Two and three consumers spill with none of these (``NOTES.md``, "Known spills";
     ``tests/unit/test_attention_ws.py``, ``KNOWN_SPILLS``)."""
-    if consumers_of(config.warps) < 4 or not extras.has_bias:
+    consumers = consumers_of(config.warps)
+    if consumers in (2, 3) or not extras.has_bias:
         return None
+    if consumers == 1:
+        return (f"ws: one consumer warpgroup (136 registers, three blocks an SM) spills with a "
+                f"bias at head_dim {head_dim} (ptxas: 20 bytes of spill stores; not timed)")
     return (f"ws: four consumer warpgroups (112 registers each) spill with a bias at "
             f"head_dim {head_dim} (ptxas: 84-108 bytes of spill stores) and ran 17-22% "
             f"slower than three; two and three do not spill")
@@ -335,8 +357,8 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     """The starting ws config: one tile per step, the ring depth measured fastest for the
     head_dim and consumer count (:func:`ws_stages`), ping-pong turns where
     :func:`ws_pingpong` takes them, and of the consumer counts that
-    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128, four at
-    64) and that :func:`ws_spills` keeps for the node's ``extras`` (not four with a bias),
+    :func:`~stofc.kernels.attention.config.prune` allows (three up to head_dim 128, four and
+    one at 64) and that :func:`ws_spills` keeps for the node's ``extras`` (not four with a bias),
     with and
     without the mask's residue split (:func:`~.residue.choose_period`, where it has one),
     the one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
@@ -349,8 +371,9 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     periods = [(1, fmt)] + ([chosen] if chosen is not None else [])
     for (period, walked), consumers in itertools.product(periods, CONSUMERS):
         probe = AttentionConfig("ws", 64, 16, 4 * (consumers + 1),
-                                ws_stages(head_dim, consumers), 1, mma="wgmma", pingpong=True,
-                                period=period)
+                                ws_stages(head_dim, consumers), 1,
+                                min_blocks=WS_BLOCKS_PER_SM[consumers], mma="wgmma",
+                                pingpong=consumers > 1, period=period)
         if (prune(probe, head_dim, profile) is not None     # before the split's plan_ws
                 or ws_spills(probe, head_dim, extras) is not None):
             continue

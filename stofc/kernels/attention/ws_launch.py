@@ -57,7 +57,7 @@ class WsLaunchPlan(LaunchData):
     n_split: int             # combine rows per format head (padded, >= 1)
     split: int               # the config's split (tiles per chunk; 0 = none)
     orders_per_head: int     # order_ptr[-1]
-    consumers: int           # consumer warpgroups per block (2 to 4)
+    consumers: int           # consumer warpgroups per block (1 to 4)
     period: int              # residue split (1: none): the walk is the split mask's
     entry_key: np.ndarray
     entry_part: np.ndarray

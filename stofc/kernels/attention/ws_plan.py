@@ -1,7 +1,7 @@
 """The warp-specialised kernel's walk: block rows of tile rows, work items and their split.
 
 The warp-specialised (``ws``) kernel gives a thread block ``64 * C`` query rows: the
-``C`` consumer warpgroups (``consumers``, 2 to 4) each own one 64-row mask tile row,
+``C`` consumer warpgroups (``consumers``, 1 to 4) each own one 64-row mask tile row,
 ``C p .. C p + C - 1`` for the block's *pair row* ``p`` (the name of the two-consumer
 case, kept for every ``C``). The warpgroups read the K/V tiles one producer warp
 streams through a shared-memory ring, so they walk ONE list: the union of their tile
@@ -30,6 +30,13 @@ the chunk does not compute), and warpgroup 0 merges them in the block, writes ti
 no slot more than an ordinary chunk (the earlier C - 1 scratch slots per shared chunk
 made a Longformer launch at 32K rows with four consumers take 61 slots, not 16).
 
+*One consumer, three blocks an SM.* With ``C = 1`` a block walks one tile row's own list
+(no union, no step a warpgroup skips), and three such blocks share an SM
+(:data:`WS_BLOCKS_PER_SM`): the hardware interleaves three independent walks, each with
+its own ring, where a block of four consumers steps them through one union list. Scattered
+masks lose less to skipped steps that way (BigBird's union walks skip 46-57% of the pairs
+with four consumers); dense and causal rows lose the K/V reuse of a wide block.
+
 Only contiguous 64-key tiles are walked (the producer loads them with the Tensor
 Memory Accelerator); gathered walks stay with the block-wise kernels. A dilated mask is
 walked by residue instead (:mod:`.residue`): the plan is this walk of the split mask, and
@@ -46,7 +53,11 @@ import numpy as np
 from stofc.masks.format import MaskFormat
 
 WS_TILE = 64          # mask tile of the ws kernel: a warpgroup's 64 query rows, 64-key steps
-CONSUMERS = (2, 3, 4)    # consumer warpgroups per block (64 query rows each)
+CONSUMERS = (1, 2, 3, 4)    # consumer warpgroups per block (64 query rows each)
+# consumer warpgroups -> blocks resident on one SM (the kernel's __launch_bounds__ minimum
+# and the persistent grid's blocks per SM; the ORT twin's ws_blocks_per_sm): one consumer
+# runs three blocks an SM (module doc), wider blocks one
+WS_BLOCKS_PER_SM = {1: 3, 2: 1, 3: 1, 4: 1}
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
 MIN_SPLIT = 8         # the fewest entries a chunk of a split row has (its combine traffic)
@@ -185,7 +196,7 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
     if fmt.tile != WS_TILE:
         raise ValueError(f"the ws kernel walks 64x64 tiles, the format has T={fmt.tile}")
     if consumers not in CONSUMERS:
-        raise ValueError(f"a ws block has 2 to 4 consumer warpgroups, not {consumers}")
+        raise ValueError(f"a ws block has 1 to 4 consumer warpgroups, not {consumers}")
     heads, pairs = fmt.num_heads, -(-fmt.seq_len // (WS_TILE * consumers))
     ptr = np.zeros((heads, pairs + 1), np.int64)
     keys: list[np.ndarray] = []
@@ -214,7 +225,8 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
             else:
                 head_combine.append((p, slot, len(chunks)))
                 for a, b in chunks:
-                    w0 = _sole_warpgroup(pt[a:b]) if share else -1
+                    # one consumer: every chunk is its warpgroup's own walk (nothing to share)
+                    w0 = _sole_warpgroup(pt[a:b]) if share and consumers > 1 else -1
                     head_items.append((p, total + a, total + b, slot, w0))
                     slot += 1
             total += n

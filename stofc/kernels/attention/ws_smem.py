@@ -9,6 +9,9 @@ from __future__ import annotations
 WS_TILE = 64
 Q_REGS_MAX_HEAD_DIM = 128      # above, S = Q K^T reads Q from shared memory
 SM90_SMEM_PER_BLOCK = 227 * 1024   # the opt-in limit of every sm_90 part (H100, H200, H800)
+# shared memory the system reserves for each resident block (sm_80 on): blocks sharing an SM
+# fit only if theirs and this together stay within the SM's
+SMEM_RESERVED_PER_BLOCK = 1024
 
 
 # A work as the producer resolved it, handed to the consumers beside its Q buffer (twelve

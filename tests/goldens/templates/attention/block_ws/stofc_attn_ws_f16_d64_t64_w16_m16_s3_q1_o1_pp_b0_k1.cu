@@ -1,6 +1,7 @@
 // stofc warp-specialised block-wise sparse attention (Hopper, sm_90a), generated.
 //
-// One thread block = a producer warpgroup and CONSUMERS (2 to 4) consumer warpgroups.
+// One thread block = a producer warpgroup and CONSUMERS (1 to 4) consumer warpgroups;
+// MIN_BLOCKS of them share an SM (three with one consumer: ws_plan.WS_BLOCKS_PER_SM).
 // It owns one work item of stofc.kernels.attention.ws_plan: 64 * CONSUMERS query rows
 // (pair row p: mask tile rows C p .. C p + C - 1, one per consumer warpgroup) and a
 // range of the pair row's merged walk list. One producer thread resolves each work and
@@ -81,6 +82,7 @@ constexpr int KC = D / 16;                 // k16 steps of Q K^T
 constexpr int ND = D / 8;                  // n8 blocks of O
 constexpr int PANELS = D / 64;             // 64-column swizzle panels per row
 constexpr int NT = 128 * (CONSUMERS + 1);
+constexpr int MIN_BLOCKS = 1;  // blocks resident on one SM (__launch_bounds__)
 constexpr int ROWS = TILE * CONSUMERS;     // query rows per block
 constexpr int Q_PANEL = ROWS * 128;        // bytes of one Q panel (every warpgroup's rows)
 constexpr int Q_WG = TILE * 128;           // bytes of one warpgroup's rows of a Q panel
@@ -127,10 +129,14 @@ static_assert(!ROWSUM_IN_PV || (OFF_ONES - OFF_V >= STAGES * KV_BYTES && OFF_ONE
               "the V descriptors' leading byte offset (14 bits of 16 bytes) reaches the ones "
               "from every slot and k-step (desc_at_ones)");
 static_assert(KSTEP == 1 || STAGES % 2 == 0, "two-tile steps take slot pairs 2i, 2i+1");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536 / NT / 8 * 8 * NT,
-              "setmaxnreg only moves the registers the block got at entry (ptxas: 65536 / NT, "
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <=
+                  65536 / (NT * MIN_BLOCKS) / 8 * 8 * NT,
+              "setmaxnreg only moves the registers the block got at entry (ptxas: 65536 / "
+              "(NT x MIN_BLOCKS), "
               "rounded down to 8, per thread): asking for more hangs every block");
-static_assert(CONSUMERS >= 2 && CONSUMERS <= 4, "two to four consumer warpgroups");
+static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "one to four consumer warpgroups");
+static_assert(MIN_BLOCKS == 1 || (CONSUMERS == 1 && !PINGPONG),
+              "blocks share an SM only with one consumer warpgroup, which takes no turns");
 static_assert(PERIOD == 1 || PERIOD == 2 || PERIOD == 4, "a TMA box spans <= 256 rows: PERIOD 1, 2 or 4");
 constexpr int QF = Q_IN_REGS ? KC : 1;     // Q fragments held in registers
 constexpr int H1 = KSTEP == 2 ? 1 : 0;     // the second tile of a step (never used if KSTEP 1)
@@ -254,7 +260,7 @@ constexpr int TRACE_STEPS = 32;
 extern "C" __device__ unsigned stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1_steps[
     TRACE ? TRACE_BLOCKS * CONSUMERS * TRACE_WORKS * TRACE_STEPS * 2 : 1];
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaDesc tma_q, const __grid_constant__ TmaDesc tma_k,
                   const __grid_constant__ TmaDesc tma_v,
                   T* __restrict__ o, long long o_sb, long long o_ss, long long o_sh,
@@ -277,7 +283,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
     auto bar = [&](int i) { return base + OFF_BAR + 8u * static_cast<u32>(i); };
 
     // Work w -> (head, batch, item): heads of one batch are neighbours, items longest first.
-    // The grid is persistent (at most one block per SM) and deals the works, longest first,
+    // The grid is persistent (at most MIN_BLOCKS blocks an SM) and deals the works, longest first,
     // in snaking waves (ws_work_index: a plain deal gave block 0 the longest work of every
     // wave, causal rows 19% above the mean at B=1, L=8192). Producer and consumers walk the
     // same sequence, so the ring continues across works and the next work's loads overlap
