@@ -155,6 +155,18 @@ def test_head_dim_64_consumer_count_follows_the_measured_faster(spec, B, H, L, c
     assert cfg is not None and consumers_of(cfg.warps) == consumers
 
 
+@pytest.mark.parametrize("B,H,L,split", [(1, 12, 8192, 16), (1, 4, 8192, 16), (1, 12, 16384, 16),
+                                         (2, 12, 16384, 32)])
+def test_one_consumer_bigbird_chunks_of_at_least_sixteen(B, H, L, split):
+    """One consumer cuts BigBird's global rows into chunks of 16 or more (ws_plan
+    .ONE_CONSUMER_MIN_SPLIT): at (1, 12, 8192) 60.0-60.3 us against 62.5-62.7 in chunks of
+    8 (H200, three calls); the other rows keep the chunks measured fastest there
+    (ws-variants-c1x3-h200-2026-11-29: 16 at (1, 4, 8192) and (1, 12, 16384), 32 at B=2)."""
+    cfg = ws_config(encode("bigbird:block=64,window=3,global=2,random=3,seed=0", L),
+                    get_profile("h200"), batch=B, heads=H, head_dim=64)
+    assert cfg is not None and consumers_of(cfg.warps) == 1 and cfg.split == split
+
+
 @pytest.mark.parametrize("spec,L,B,H,D,kind", [
     ("dense", 8192, 1, 16, 128, "ws"),            # measured 1.9x the wgmma block kernel (H100)
     ("causal", 8192, 1, 16, 128, "ws"),

@@ -61,6 +61,11 @@ WS_BLOCKS_PER_SM = {1: 3, 2: 1, 3: 1, 4: 1}
 SKIP, FULL = -2, -1   # entry_part values besides part-tile rows
 ITEM_FIELDS = 5       # (pair row, begin, end, slot, shared); slot -1 writes the output directly
 MIN_SPLIT = 8         # the fewest entries a chunk of a split row has (its combine traffic)
+# ... that default_split cuts for one consumer warpgroup: its chunks are works of their own
+# (a Q load, an epilogue and a combine slot each, no ring shared with a neighbour), and
+# BigBird at (1, 12, 8192) ran 60.0-60.3 us in chunks of 16 against 62.5-62.7 in chunks of 8
+# (three H200 calls, ws-variants-c1x3-{probe,splits-deal}-h200-2026-11-29)
+ONE_CONSUMER_MIN_SPLIT = 16
 MAX_CHUNKS = 64       # the most chunks of one split row (the combine kernel merges no more)
 
 
@@ -327,7 +332,8 @@ def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
     traffic stays small, and no fewer than the longest ordinary row (at most twice the
     mean), so only the outliers are split: with three consumers at B=1 8K a Longformer
     chunk of 8 split nearly every 13-entry pair row in two and the launch ran 121 us
-    against 91 with two consumers (ws-variants-d64-consumers-h100-2026-11-26).
+    against 91 with two consumers (ws-variants-d64-consumers-h100-2026-11-26); with one
+    consumer at least ONE_CONSUMER_MIN_SPLIT entries.
     ``plan``: ``fmt``'s unsplit walk for ``consumers``, where the caller has it already."""
     plan = plan if plan is not None else plan_ws(fmt, consumers=consumers)
     per_head = heads if fmt.num_heads == 1 else 1
@@ -336,7 +342,7 @@ def default_split(fmt: MaskFormat, *, batch: int, heads: int, sm_count: int,
     tiles = plan.tiles_per_pair
     longest = int(tiles.max()) if tiles.size else 0
     mean = float(tiles.mean()) if tiles.size else 0.0
-    limit = max(MIN_SPLIT, int(share // 4))
+    limit = max(ONE_CONSUMER_MIN_SPLIT if consumers == 1 else MIN_SPLIT, int(share // 4))
     if longest <= limit or longest <= 2 * mean:
         return 0
     split = 1 << (limit.bit_length() - 1)           # a power of two <= limit
