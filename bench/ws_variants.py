@@ -136,7 +136,7 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # one consumer warpgroup a block, three blocks an SM (ws_plan.WS_BLOCKS_PER_SM): no union
     # walk, no skipped steps, every warpgroup its own ring; 136 registers (Q in them); the
     # split the cost model gives one consumer, or a fixed one
-    **{f"c1x3{tag}": ({"warps": 8, "stages": st, "pingpong": False, "min_blocks": 3,
+    **{f"c1x3{tag}": ({"warps": 8, "stages": st, "pingpong": False,
                        **({"split": sp} if sp >= 0 else {})}, {"__occupancy__": True})
        for tag, st, sp in (("", 3, -1), ("_s2", 2, -1), ("_sp0", 3, 0), ("_sp8", 3, 8),
                            ("_sp16", 3, 16), ("_sp32", 3, 32), ("_s2sp16", 2, 16))},
@@ -278,8 +278,6 @@ def main() -> int:
         hkv = args.kv_heads or H
         q = torch.randn(B, L, H, D, device="cuda", dtype=tdt)
         k, v = (torch.randn(B, L, hkv, D, device="cuda", dtype=tdt) for _ in range(2))
-
-
         qc, kc, vc = (cupy_view(x) for x in (q, k, v))
         bias = torch.randn(1, H, L, L, device="cuda", dtype=tdt) if args.bias else None
         extra_args = {"bias": None if bias is None else cupy_view(bias), "softcap": args.softcap}

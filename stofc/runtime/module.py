@@ -80,13 +80,13 @@ def load_kernel(kernel: CompiledKernel, entry: str, *, dynamic_smem: int = 0,
                               hint="recompile for this GPU's architecture") from None
         _MODULES[kernel.key] = module
     function = module.get_function(entry)
+    if dynamic_smem > 48 * 1024 or shared_blocks > 1:
+        from cupy.cuda import driver  # optional: CuPy, the GPU extras (not imported unless set)
     if dynamic_smem > 48 * 1024:
-        from cupy.cuda import driver  # optional: CuPy, the GPU extras
         driver.funcSetAttribute(function.ptr,
                                 driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 dynamic_smem)
     if shared_blocks > 1:
-        from cupy.cuda import driver  # optional: CuPy, the GPU extras
         driver.funcSetAttribute(function.ptr, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                 CU_SHAREDMEM_CARVEOUT_MAX_SHARED)
     return LoadedKernel(entry, function, dynamic_smem)

@@ -102,8 +102,8 @@ def test_ring_depths_on_long_rows(stages, consumers):
                           (64, 4, 4, True, "float16"), (64, 4, 2, False, "bfloat16"),
                           (128, 3, 2, False, "bfloat16")])
 def test_many_works_per_block(spec, head_dim, consumers, stages, pingpong, dtype):
-    """A grid of three blocks (nine with one consumer: three an SM), so each walks 8-24 works (3-8 with one consumer): the K/V ring continues across
-    works and, where Q is read from shared memory (four consumers; three at head_dim 128),
+    """A grid of three blocks (nine with one consumer: three an SM), so each walks 11-24
+    works on average: the K/V ring continues across works and, where Q is read from shared memory (four consumers; three at head_dim 128),
     the two Q buffers (ws_q_buffers) each serve several works, so both buffers' mbarrier
     phases wrap, with split rows and shared chunks among the works."""
     from dataclasses import replace
