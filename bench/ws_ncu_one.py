@@ -12,7 +12,7 @@ import cupy as cp
 import numpy as np
 
 from stofc.kernels.attention.ws_cost import ws_config
-from stofc.kernels.attention.ws_plan import default_split
+from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM, default_split
 from stofc.masks import encode
 from stofc.runtime.attention import AttentionOp
 from stofc.targets import detect
@@ -27,7 +27,8 @@ def main() -> None:
     assert cfg is not None
     if len(sys.argv) > 7:
         consumers = int(sys.argv[7])
-        cfg = replace(cfg, warps=4 * (consumers + 1),
+        cfg = replace(cfg, warps=4 * (consumers + 1), min_blocks=WS_BLOCKS_PER_SM[consumers],
+                      pingpong=cfg.pingpong and consumers > 1,
                       split=default_split(fmt, batch=B, heads=H, sm_count=profile.sm_count,
                                           consumers=consumers))
     rng = np.random.default_rng(0)

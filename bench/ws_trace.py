@@ -298,7 +298,8 @@ def main() -> int:
                      **values)
         compiled = compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
         key = (False, False, False)          # (bias, key bits, soft-capping): none here
-        op._kernels[key] = (load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D)),
+        op._kernels[key] = (load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D),
+                                        shared_blocks=cfg.min_blocks),
                             load_kernel(compiled, spec.name + "_combine"))
         traced = op.bind(q, k, v, out_trace)
         us_trace = time_us(lambda b=traced: b.launch(stream), stream)
