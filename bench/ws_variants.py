@@ -48,7 +48,7 @@ from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM, consumers_of, defa
 from stofc.masks import encode, to_dense
 from stofc.masks.decode import stats
 from stofc.runtime.attention import AttentionOp
-from stofc.runtime.module import load_kernel
+from stofc.runtime.module import BoundLaunch, load_kernel
 from stofc.targets import detect
 
 VARIANTS = {                       # name: (config overrides, template overrides)
@@ -140,6 +140,22 @@ VARIANTS = {                       # name: (config overrides, template overrides
                        **({"split": sp} if sp >= 0 else {})}, {"__occupancy__": True})
        for tag, st, sp in (("", 3, -1), ("_s2", 2, -1), ("_sp0", 3, 0), ("_sp8", 3, 8),
                            ("_sp16", 3, 16), ("_sp32", 3, 32), ("_s2sp16", 2, 16))},
+    # one consumer warpgroup at head_dim 128, two blocks an SM (three do not compile there:
+    # 80 registers at entry): 128 at entry, 24 / 232 after setmaxnreg, a two-stage ring (three
+    # blocks' worth of three-stage rings exceed the SM); the persistent grid 2 x SMs
+    **{f"c1x2{tag}": ({"warps": 8, "stages": 2, "pingpong": False, "min_blocks": 2,
+                       **({"split": sp} if sp >= 0 else {})},
+                      {"__occupancy__": True, "__noprune__": True, "__blocks__": 2,
+                       "consumer_regs": 232})
+       for tag, sp in (("", -1), ("_sp8", 8), ("_sp16", 16), ("_sp32", 32))},
+    # the works of STREAM_GROUP (batch, head) streams at a time, item by item, before the
+    # next group's (0: every stream, as the product); --exp-template: block_ws.cu.j2 with
+    # bench/results/ws-stream-groups-tried-2026-11-29.patch applied
+    **{f"grp{n}": ({}, {"__exp__": True, "stream_group": n}) for n in (0, 1, 2, 3, 4, 6, 8)},
+    # the works dealt by a table: longest-processing-time first onto the least loaded block,
+    # or the snake as a table; --exp-template: block_ws.cu.j2 with
+    # bench/results/ws-lpt-schedule-tried-2026-11-29.patch applied (sched / sched_ptr)
+    **{f"sched_{how}": ({}, {"__exp__": True, "__sched__": how}) for how in ("lpt", "snake")},
     **{f"c{c}{tag}_q1": ({"warps": 4 * (c + 1), "pingpong": pp}, {"q_bufs": 1})
        for c in (3, 4) for tag, pp in (("pp", True), ("np", False))},
 }
@@ -220,6 +236,38 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict,
     return replace(cfg, split=split, split_rows=rows)
 
 
+def schedule(fmt, cfg, B: int, H: int, L: int, grid: int, how: str):
+    """(sched, sched_ptr) as int32 arrays: each block's works in launch order. ``lpt``:
+    every work, in launch order (longest first), onto the block with the least load so far
+    (ties: the lower block), a work costing 2 per walk entry and 3 (its Q wait and epilogue,
+    about 1.5 steps in ws-trace-h200-2026-11-29); ``snake``: ws_work_index's deal."""
+    import heapq
+    plan = plan_ws(split_format(fmt, cfg.period), split_tiles=cfg.split,
+                   consumers=consumers_of(cfg.warps), split_rows=cfg.split_rows)
+    off, n = plan.launch_items(-(-L // cfg.period))
+    streams = H * B * cfg.period
+    n_work = streams * n
+    per_block: list[list[int]] = [[] for _ in range(grid)]
+    if how == "snake":
+        for b in range(grid):
+            k = 0
+            while (w := k * grid + (grid - 1 - b if k & 1 else b)) < n_work:
+                per_block[b].append(w)
+                k += 1
+    else:
+        heap = [(0, b) for b in range(grid)]
+        for w in range(n_work):
+            h, idx = w % H, w // streams
+            it = plan.items[h % plan.items.shape[0], plan.orders[h % plan.orders.shape[0], off + idx]]
+            cost = 2 * int(it[2] - it[1]) + 3
+            load, b = heapq.heappop(heap)
+            per_block[b].append(w)
+            heapq.heappush(heap, (load + cost, b))
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in per_block])]).astype(np.int32)
+    return (cp.asarray(np.concatenate([np.asarray(x, np.int32) for x in per_block])),
+            cp.asarray(ptr))
+
+
 def reference(q, k, v, dense, bias, softcap: float):
     """The float32 attention ``[B, L, H, D]`` of ``q, k, v`` (``[B, L, H, D]``) under the
     bool mask ``dense``, with the additive ``bias`` (``[1, H, L, L]``, or None) and the
@@ -296,65 +344,75 @@ def main() -> int:
                 row.update(bias=args.bias, softcap=args.softcap)
             for name in names:
                 cfg_over, tpl_over = VARIANTS[name]
-                try:
-                    cfg = base_config(fmt, profile, B, H, D, cfg_over, extras)
-                    tpl_over = dict(tpl_over)
-                    occupancy = tpl_over.pop("__occupancy__", False)
-                    if tpl_over.pop("__format_bitmaps__", False):
-                        with unittest.mock.patch.object(ws_plan, "fragment_bitmaps", format_order):
+                # one consumer's blocks an SM where a variant sets them (the grid, the split's cost)
+                blocks = {1: tpl_over.get("__blocks__", ws_plan.WS_BLOCKS_PER_SM[1])}
+                with unittest.mock.patch.dict(ws_plan.WS_BLOCKS_PER_SM, blocks):
+                    try:
+                        cfg = base_config(fmt, profile, B, H, D, cfg_over, extras)
+                        tpl_over = dict(tpl_over)
+                        occupancy = tpl_over.pop("__occupancy__", False)
+                        sched = tpl_over.pop("__sched__", None)
+                        tpl_over.pop("__blocks__", None)
+                        if tpl_over.pop("__format_bitmaps__", False):
+                            with unittest.mock.patch.object(ws_plan, "fragment_bitmaps", format_order):
+                                op = AttentionOp(fmt, cfg, sdt, D, profile)
+                        elif tpl_over.pop("__noprune__", False):
+                            with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
+                                op = AttentionOp(fmt, cfg, sdt, D, profile)
+                        elif "__order__" in tpl_over:
+                            with unittest.mock.patch.object(
+                                    ws_plan, "_pair_lists", ordered_pair_lists(tpl_over.pop("__order__"))):
+                                op = AttentionOp(fmt, cfg, sdt, D, profile)
+                        elif "__deal__" in tpl_over:
+                            with unittest.mock.patch.object(
+                                    ws_launch, "plan_ws", dealt_plan(tpl_over.pop("__deal__"))):
+                                op = AttentionOp(fmt, cfg, sdt, D, profile)
+                        elif tpl_over.pop("__noshare__", False):
+                            with unittest.mock.patch.object(
+                                    ws_launch, "plan_ws", functools.partial(plan_ws, share=False)):
+                                op = AttentionOp(fmt, cfg, sdt, D, profile)
+                        elif tpl_over.pop("__exp__", False):
+                            tpl_over["__template__"] = args.exp_template
+                            with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
+                                op = AttentionOp(fmt, cfg, sdt, D, profile)
+                        else:
                             op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    elif tpl_over.pop("__noprune__", False):
-                        with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
-                            op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    elif "__order__" in tpl_over:
-                        with unittest.mock.patch.object(
-                                ws_plan, "_pair_lists", ordered_pair_lists(tpl_over.pop("__order__"))):
-                            op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    elif "__deal__" in tpl_over:
-                        with unittest.mock.patch.object(
-                                ws_launch, "plan_ws", dealt_plan(tpl_over.pop("__deal__"))):
-                            op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    elif tpl_over.pop("__noshare__", False):
-                        with unittest.mock.patch.object(
-                                ws_launch, "plan_ws", functools.partial(plan_ws, share=False)):
-                            op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    elif tpl_over.pop("__exp__", False):
-                        tpl_over["__template__"] = args.exp_template
-                        with unittest.mock.patch.object(attention_rt, "prune", lambda *a: None):
-                            op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    else:
-                        op = AttentionOp(fmt, cfg, sdt, D, profile)
-                    spec = KernelSpec(cfg, sdt, D, has_bias=extras.has_bias,
-                                      has_softcap=extras.has_softcap)
-                    values = {**AttentionWs().template_values(spec), **tpl_over}
-                    values["kernel_name"] = spec.name
-                    template = values.pop("__template__", spec.template)
-                    src = render(template, spec.name + "_" + name,
-                                 (spec.name, spec.name + "_combine"), **values)
-                    compiled = compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
-                    op._kernels[(extras.has_bias, False, extras.has_softcap)] = (
-                        load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D),
-                                    shared_blocks=cfg.min_blocks),
-                        load_kernel(compiled, spec.name + "_combine"))
-                    out = torch.full_like(q, float("nan"))
-                    bound = op.bind(qc, kc, vc, cupy_view(out), **extra_args)
-                    if occupancy:                   # blocks an SM holds (the driver's count)
-                        fn = op._kernels[(extras.has_bias, False, extras.has_softcap)][0].function
-                        drv = cp.cuda.driver
-                        try:
-                            row[name + "_occ"] = drv.occupancyMaxActiveBlocksPerMultiprocessor(
-                                fn.ptr, bound.block, smem_bytes(cfg, D))
-                        except Exception as e:           # recorded, not fatal
-                            row[name + "_occ"] = repr(e)[:80]
-                    if bound.then is not None and "COMBINE_GROUPS" not in src.code:
-                        bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
-                    row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)
-                    if bound.then is not None:      # the combine kernel alone, us
-                        row[name] += (round(1e3 * do_bench(lambda c=bound.then: c.launch(stream),
-                                                           warmup=25, rep=100,
-                                                           return_mode="median"), 1),)
-                except Exception as e:  # recorded: a variant may not compile or fit
-                    row[name] = repr(e)[:160]
+                        spec = KernelSpec(cfg, sdt, D, has_bias=extras.has_bias,
+                                          has_softcap=extras.has_softcap)
+                        values = {**AttentionWs().template_values(spec), **tpl_over}
+                        values["kernel_name"] = spec.name
+                        template = values.pop("__template__", spec.template)
+                        src = render(template, spec.name + "_" + name,
+                                     (spec.name, spec.name + "_combine"), **values)
+                        compiled = compile_source(src, "sm_90a", options=COMPILE_OPTIONS)
+                        op._kernels[(extras.has_bias, False, extras.has_softcap)] = (
+                            load_kernel(compiled, spec.name, dynamic_smem=smem_bytes(cfg, D),
+                                        shared_blocks=cfg.min_blocks),
+                            load_kernel(compiled, spec.name + "_combine"))
+                        out = torch.full_like(q, float("nan"))
+                        bound = op.bind(qc, kc, vc, cupy_view(out), **extra_args)
+                        if sched:                       # the deal's table after n_work
+                            bound = BoundLaunch(bound.kernel, bound.grid, bound.block,
+                                                (*bound._keep, *schedule(fmt, cfg, B, H, L,
+                                                                         bound.grid, sched)),
+                                                result=bound.result, then=bound.then)
+                        if occupancy:                   # blocks an SM holds (the driver's count)
+                            fn = op._kernels[(extras.has_bias, False, extras.has_softcap)][0].function
+                            drv = cp.cuda.driver
+                            try:
+                                row[name + "_occ"] = drv.occupancyMaxActiveBlocksPerMultiprocessor(
+                                    fn.ptr, bound.block, smem_bytes(cfg, D))
+                            except Exception as e:           # recorded, not fatal
+                                row[name + "_occ"] = repr(e)[:80]
+                        if bound.then is not None and "COMBINE_GROUPS" not in src.code:
+                            bound.then.grid //= COMBINE_GROUPS   # a template from before 11-26's combine
+                        row[name] = check_and_time(bound, stream, out, ref, 4 * B * H * D * nnz)
+                        if bound.then is not None:      # the combine kernel alone, us
+                            row[name] += (round(1e3 * do_bench(lambda c=bound.then: c.launch(stream),
+                                                               warmup=25, rep=100,
+                                                               return_mode="median"), 1),)
+                    except Exception as e:  # recorded: a variant may not compile or fit
+                        row[name] = repr(e)[:160]
             print(json.dumps(row), flush=True)
     return 0
 
