@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: ncu counters of the ws main kernel for a few masks and consumer counts,
 # for the question "is a private walk (one consumer) bound by L2 -> SM traffic?": L2 and
-# DRAM throughput, L2 hit rate and the tensor pipe's (gmma) busy share, per kernel.
+# DRAM throughput and L2 hit rate per kernel (the gmma pipe metric read n/a on the H200's ncu,
+# 2026-11-29; kept for an ncu that has it). A trailing consumer count forces it (ws_ncu_one.py).
 # Usage (device, repo root): bash bench/ws_l2_ncu.sh ; $OUT/ncu-l2-N.txt per case, a summary on stdout
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 STOFC_CACHE_DIR=${STOFC_CACHE_DIR:-/tmp/stofc-cache}
