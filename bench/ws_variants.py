@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import heapq
 import itertools
 import json
 import unittest.mock
@@ -141,8 +142,8 @@ VARIANTS = {                       # name: (config overrides, template overrides
        for tag, st, sp in (("", 3, -1), ("_s2", 2, -1), ("_sp0", 3, 0), ("_sp8", 3, 8),
                            ("_sp16", 3, 16), ("_sp32", 3, 32), ("_s2sp16", 2, 16))},
     # one consumer warpgroup at head_dim 128, two blocks an SM (three do not compile there:
-    # 80 registers at entry): 128 at entry, 24 / 232 after setmaxnreg, a two-stage ring (three
-    # blocks' worth of three-stage rings exceed the SM); the persistent grid 2 x SMs
+    # 80 registers at entry): 128 at entry, 24 / 232 after setmaxnreg, a two-stage ring (two
+    # blocks of three-stage rings exceed the SM); the persistent grid 2 x SMs
     **{f"c1x2{tag}": ({"warps": 8, "stages": 2, "pingpong": False, "min_blocks": 2,
                        **({"split": sp} if sp >= 0 else {})},
                       {"__occupancy__": True, "__noprune__": True, "__blocks__": 2,
@@ -241,7 +242,6 @@ def schedule(fmt, cfg, B: int, H: int, L: int, grid: int, how: str):
     every work, in launch order (longest first), onto the block with the least load so far
     (ties: the lower block), a work costing 2 per walk entry and 3 (its Q wait and epilogue,
     about 1.5 steps in ws-trace-h200-2026-11-29); ``snake``: ws_work_index's deal."""
-    import heapq
     plan = plan_ws(split_format(fmt, cfg.period), split_tiles=cfg.split,
                    consumers=consumers_of(cfg.warps), split_rows=cfg.split_rows)
     off, n = plan.launch_items(-(-L // cfg.period))
