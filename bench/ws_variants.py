@@ -45,6 +45,7 @@ from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config, ws_split, ws_stages
+from stofc.kernels.attention.ws_launch import with_lean_walk
 from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM, consumers_of, default_split, plan_ws
 from stofc.masks import encode, to_dense
 from stofc.masks.decode import stats
@@ -90,6 +91,9 @@ VARIANTS = {                       # name: (config overrides, template overrides
     # the selector's config rendered from --exp-template (a second template in one A/B)
     "exp": ({}, {"__exp__": True}),
     "exp_b": ({}, {"__exp__": True}),                   # a second pass of exp, same call
+    # the selector's config without its lean walk (ws_plan.lean_walk: the A/B of the flag)
+    "nolean": ({"lean_walk": False}, {}),
+    "nolean_b": ({"lean_walk": False}, {}),
     # the producer warpgroup's register budget at 32 (four consumers: 24), with and without
     # the --exp-template
     "base_p32": ({}, {"producer_regs": 32}),
@@ -149,6 +153,12 @@ VARIANTS = {                       # name: (config overrides, template overrides
                       {"__occupancy__": True, "__noprune__": True, "__blocks__": 2,
                        "consumer_regs": 232})
        for tag, sp in (("", -1), ("_sp8", 8), ("_sp16", 16), ("_sp32", 32))},
+    # c1x2 with the heads in groups (the two head_dim-128 BigBird levers together;
+    # --exp-template: the stream-groups patch below applied)
+    **{f"c1x2_grp{n}": ({"warps": 8, "stages": 2, "pingpong": False, "min_blocks": 2},
+                        {"__occupancy__": True, "__noprune__": True, "__blocks__": 2,
+                         "consumer_regs": 232, "__exp__": True, "stream_group": n})
+       for n in (1, 2, 4)},
     # the works of STREAM_GROUP (batch, head) streams at a time, item by item, before the
     # next group's (0: every stream, as the product); --exp-template: block_ws.cu.j2 with
     # bench/results/ws-stream-groups-tried-2026-11-29.patch applied
@@ -223,18 +233,22 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict,
     if "warps" in over and "min_blocks" not in over:    # the consumer count's resident blocks
         over["min_blocks"] = WS_BLOCKS_PER_SM[consumers_of(over["warps"])]
     cfg = replace(cfg, **over)
-    if "split" in over:
-        return replace(cfg, split_rows=over.get("split_rows", 0))
     walked = split_format(fmt, cfg.period)
-    if notail:
-        return replace(cfg, split=default_split(walked, batch=B * cfg.period, heads=H,
-                                                sm_count=profile.sm_count,
-                                                consumers=consumers_of(cfg.warps)),
-                       split_rows=0)
-    split, rows = ws_split(walked, profile, consumers=consumers_of(cfg.warps),
-                           batch=B * cfg.period, heads=H, seq_len=-(-fmt.seq_len // cfg.period),
-                           head_dim=D)
-    return replace(cfg, split=split, split_rows=rows)
+    if "split" in over:
+        cfg = replace(cfg, split_rows=over.get("split_rows", 0))
+    elif notail:
+        cfg = replace(cfg, split=default_split(walked, batch=B * cfg.period, heads=H,
+                                               sm_count=profile.sm_count,
+                                               consumers=consumers_of(cfg.warps)),
+                      split_rows=0)
+    else:
+        split, rows = ws_split(walked, profile, consumers=consumers_of(cfg.warps),
+                               batch=B * cfg.period, heads=H,
+                               seq_len=-(-fmt.seq_len // cfg.period), head_dim=D)
+        cfg = replace(cfg, split=split, split_rows=rows)
+    # the walk's lean flag as the overridden config's plan has it ("lean_walk" in the
+    # overrides forces it: a lean kernel on a walk with part tiles is refused at launch)
+    return cfg if "lean_walk" in over else with_lean_walk(fmt, cfg)
 
 
 def schedule(fmt, cfg, B: int, H: int, L: int, grid: int, how: str):

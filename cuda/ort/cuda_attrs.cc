@@ -52,7 +52,7 @@ const char* kind_name(KernelKind kind) {
 }
 
 AttentionVariant parse_attention_entry(const std::string& entry) {
-    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o..[_wg][_pp][_k2][_c]_b{0|1}_k{0|1}
+    // stofc_attn_{kind}_{dt}_d.._t.._w.._m.._s.._q.._o..[_wg][_pp][_k2][_p2|_p4][_f][_c]_b{0|1}_k{0|1}
     const auto parts = split(entry, '_');
     const auto bad = [&] {
         return AttrError("attention kernel entry '" + entry +

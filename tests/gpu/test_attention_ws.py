@@ -6,7 +6,8 @@ read from shared memory; four and one: head_dim 64, one with three blocks an SM)
 by the combine kernel, ping-pong on and off, every ring depth,
 grouped-query attention, soft-capping, padding by lengths and 0/1 masks, bias, both
 layouts, packed QKV, per-head masks, rows without keys, a run shorter than L_max, and
-dilated masks walked by residue (period 2 and 4: odd lengths, padding bits, bias, GQA).
+dilated masks walked by residue (period 2 and 4: odd lengths, padding bits, bias, GQA), and
+lean walks (every entry a full tile: dense rows, tile-aligned block masks).
 Outputs are NaN-poisoned before each launch; inputs are fresh per case.
 """
 
@@ -431,6 +432,63 @@ def test_lean_full_steps(head_dim, consumers, dtype):
                            seq=L, head_dim=head_dim, dtype=dtype,
                            seed=_seed("wslean", head_dim, consumers, i, split), **kw)
             _check(res, dtype, f"{kw} split={split}")
+
+
+def _full_tile_mask(L: int, seed: int, consumers: int) -> np.ndarray:
+    """A block mask of whole 64 x 64 tiles (a third of them, and the diagonal), the same in
+    the ``consumers`` tile rows of a block: every walk entry a full tile of each warpgroup,
+    walks of different lengths."""
+    rng = np.random.default_rng(seed)
+    t = L // 64
+    kind = np.repeat(rng.random((t // consumers, t)) < 0.33, consumers, axis=0)
+    for p in range(0, t, consumers):                      # the block's diagonal tiles
+        kind[p:p + consumers, p:p + consumers] = True
+    return np.kron(kind, np.ones((64, 64), bool))
+
+
+LEAN_L = 2304                        # 64 x 36: whole pair rows for one to four consumers
+
+
+@pytest.mark.parametrize("mask,head_dim,consumers,kstep,dtype", [
+    ("dense", 64, 4, 1, "float16"), ("dense", 64, 3, 1, "bfloat16"), ("dense", 64, 1, 1, "float16"),
+    ("dense", 64, 2, 2, "float16"), ("dense", 128, 2, 1, "bfloat16"), ("dense", 128, 3, 1, "bfloat16"),
+    ("dense", 128, 2, 2, "bfloat16"), ("dense", 256, 2, 1, "bfloat16"),
+    ("bigbird:block=64,window=3,global=2,random=3,seed=0", 64, 1, 1, "float16"),
+    ("bigbird:block=64,window=3,global=2,random=3,seed=0", 64, 1, 1, "bfloat16"),
+    ("tiles", 64, 1, 1, "float16"), ("tiles", 128, 2, 1, "bfloat16")])
+def test_lean_walks(mask, head_dim, consumers, kstep, dtype):
+    """Walks whose every entry is a full tile of each warpgroup run the lean kernel
+    (ws_plan.lean_walk: the consumers read no walk entries, and only a work's last step,
+    whose tile may cross the run's key length, masks). Lengths ending inside a tile, a run
+    shorter than L_max, split rows and their chunks, soft-capping and GQA; 0/1 key bits
+    and a bias compile the lean path out of the same config's kernel."""
+    from stofc.kernels.attention.ws_launch import with_lean_walk
+
+    if mask == "tiles":
+        dense = _full_tile_mask(LEAN_L, _seed("wsleanwalk", "tiles"), consumers)
+        fmt = format_from_dense(dense, 64)
+    else:
+        fmt, dense = encoded(mask, LEAN_L)
+    rng = np.random.default_rng(_seed("wsleanwalk", mask, head_dim, consumers, kstep))
+    key_mask = (rng.random((2, LEAN_L)) < 0.97).astype(np.int32)
+    cases = [dict(),
+             dict(seq_lens=[LEAN_L, 2250]),             # 2250 ends inside the last tile
+             dict(seq_lens=[1000, 37]),                 # keys end in a work's first tile
+             dict(softcap=20.0, score_scale=8.0),
+             dict(kv_heads=1),
+             dict(key_mask=key_mask),
+             dict(bias_shape=(1, 2, LEAN_L, LEAN_L), seq_lens=[2100, LEAN_L])]
+    for split in (0, 8):
+        cfg = with_lean_walk(fmt, ws(split=split, kstep=kstep, consumers=consumers))
+        assert cfg.lean_walk, f"{mask} consumers={consumers} split={split}: not a lean walk"
+        for i, kw in enumerate(cases):
+            res = run_case(fmt, dense, cfg, batch=2, heads=2, seq=LEAN_L, head_dim=head_dim,
+                           dtype=dtype, seed=_seed("wsleanwalk", mask, head_dim, consumers,
+                                                   kstep, split, i), **kw)
+            _check(res, dtype, f"{mask} {kw} split={split}")
+        res = run_case(fmt, dense, cfg, batch=3, heads=2, seq=1111, head_dim=head_dim,
+                       dtype=dtype, seed=_seed("wsleanwalk-short", mask, head_dim, split))
+        _check(res, dtype, f"{mask} run of 1111 split={split}")
 
 
 # ---------------------------------------------------------------- one consumer, three blocks an SM

@@ -57,11 +57,13 @@ MASKS = [("causal", 1000), ("longformer:window=128,global=32", 2048),
          ("sliding:window=64", 700), ("dilated:window=256,dilation=2", 900), ("dense", 130)]
 
 
-def ws(stages=2, split=0, pingpong=True, kstep=1, consumers=2, period=1) -> AttentionConfig:
+def ws(stages=2, split=0, pingpong=True, kstep=1, consumers=2, period=1,
+       lean_walk=False) -> AttentionConfig:
     """A ws config; one consumer warpgroup runs three blocks an SM and takes no turns."""
     return AttentionConfig("ws", 64, 16, 4 * (consumers + 1), stages, 1,
                            min_blocks=WS_BLOCKS_PER_SM[consumers], mma="wgmma", split=split,
-                           pingpong=pingpong and consumers > 1, kstep=kstep, period=period)
+                           pingpong=pingpong and consumers > 1, kstep=kstep, period=period,
+                           lean_walk=lean_walk)
 
 
 def decode(plan, fmt) -> np.ndarray:
@@ -382,7 +384,17 @@ WS_SPECS = [KernelSpec(ws(stages=s, pingpong=pp), dt, d, b, k, has_softcap=c)
     for s, c, p, dt, d, b, k in ((4, 2, 2, "float16", 64, True, True),
                                  (4, 3, 4, "float16", 64, False, True),
                                  (3, 2, 2, "bfloat16", 128, False, True),
-                                 (2, 3, 2, "bfloat16", 128, True, False))]
+                                 (2, 3, 2, "bfloat16", 128, True, False))] + [
+    KernelSpec(ws(stages=s, consumers=c, pingpong=pp, kstep=k, period=p, lean_walk=True), dt, d,
+               False, False, has_softcap=sc)                        # lean walks (ws_plan.lean_walk)
+    for s, c, pp, k, p, dt, d, sc in ((6, 4, True, 1, 1, "float16", 64, False),
+                                      (3, 1, False, 1, 1, "float16", 64, False),
+                                      (3, 1, False, 1, 1, "bfloat16", 64, True),
+                                      (4, 2, True, 2, 1, "float16", 64, False),
+                                      (2, 2, True, 1, 1, "bfloat16", 128, True),
+                                      (2, 3, False, 1, 1, "bfloat16", 128, False),
+                                      (2, 2, True, 1, 1, "bfloat16", 256, False),
+                                      (4, 2, True, 1, 2, "float16", 64, False))]
 
 
 # Spills this test missed while it accepted any function's "0 bytes spill stores" (the
@@ -398,6 +410,9 @@ KNOWN_SPILLS = {
     "stofc_attn_ws_f16_d256_t64_w12_m16_s2_q1_o1_b0_k0":
         "head_dim 256 with work records: 4 bytes, one predicate saved after a work's last "
         "P V and read in its epilogue (once per work, none in the step loop)",
+    "stofc_attn_ws_bf16_d256_t64_w12_m16_s2_q1_o1_pp_f_b0_k0":
+        "head_dim 256 lean walk with turns: 4 bytes, the lane's row g = lane / 4 stored at "
+        "entry and reloaded in each work's epilogue (none in the step loop)",
 }
 WS_PARAMS = [pytest.param(s, id=s.name, marks=[pytest.mark.xfail(strict=True,
                                                                 reason=KNOWN_SPILLS[s.name])]

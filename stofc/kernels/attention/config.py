@@ -27,7 +27,9 @@ consumers alternate their GEMMs; ``split`` cuts walks longer than that many tile
 into chunks merged by a combine kernel (0: no split), ``split_rows`` > 0 only the longest
 ``split_rows`` of them per head (a tail split that fills the last wave of a launch of
 equal rows); ``period`` > 1 walks a dilated
-mask's residues apart (:mod:`.residue`).
+mask's residues apart (:mod:`.residue`); ``lean_walk`` says the plan's every entry is a
+full tile of each warpgroup with no shared chunk (:func:`.ws_plan.lean_walk`), so the kernel
+reads no walk entries (set from the mask's plan, checked against it at launch).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class AttentionConfig:
     pingpong: bool = True  # ws: the two consumer warpgroups alternate their GEMMs
     kstep: int = 1         # ws: 64-key tiles per softmax step (1 or 2)
     period: int = 1        # ws: residue split of a dilated mask (1: none; .residue)
+    lean_walk: bool = False  # ws: every walk entry a full tile of each warpgroup (ws_plan.lean_walk)
 
     @property
     def threads(self) -> int:

@@ -44,7 +44,7 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
-from stofc.kernels.attention.ws_launch import WsLaunchPlan, ws_launch_data
+from stofc.kernels.attention.ws_launch import WsLaunchPlan, with_lean_walk, ws_launch_data
 from stofc.kernels.attention.ws_plan import (
     ITEM_FIELDS,
     MAX_CHUNKS,
@@ -191,7 +191,8 @@ class AttentionWs(AttentionFamily):
 
     def name_tag(self, config: AttentionConfig) -> str:
         return (f"{'_pp' if config.pingpong else ''}{'_k2' if config.kstep == 2 else ''}"
-                f"{f'_p{config.period}' if config.period > 1 else ''}")
+                f"{f'_p{config.period}' if config.period > 1 else ''}"
+                f"{'_f' if config.lean_walk else ''}")
 
     def rows_per_block(self, config: AttentionConfig) -> int:
         return ws_consumers(config) * config.tile
@@ -203,7 +204,8 @@ class AttentionWs(AttentionFamily):
                 f" keys/step={64 * c.kstep}{' pingpong' if c.pingpong else ''}"
                 f"{f' split={c.split}' if c.split else ''}"
                 f"{f' (the {c.split_rows} longest rows per head: a tail split)' if c.split_rows else ''}"
-                f"{f' residues={c.period}' if c.period > 1 else ''}")
+                f"{f' residues={c.period}' if c.period > 1 else ''}"
+                f"{' lean walk (full tiles only)' if c.lean_walk else ''}")
 
     def smem_bytes(self, config: AttentionConfig, head_dim: int) -> int:
         return ws_smem_bytes(config.stages, head_dim, ws_consumers(config), config.kstep)
@@ -239,7 +241,21 @@ class AttentionWs(AttentionFamily):
         if chosen is not None:
             configs = configs + [replace(c, period=chosen[0]) for c in configs]
         configs, spills = ws_unspilled(configs, problem.head_dim, problem.extras)
-        return configs + self._tail_splits(configs, problem, profile), {**extra, **spills}
+        configs = configs + self._tail_splits(configs, problem, profile)
+        return self._lean_walks(configs, problem.fmt), {**extra, **spills}
+
+    @staticmethod
+    def _lean_walks(configs: list[AttentionConfig], fmt: MaskFormat) -> list[AttentionConfig]:
+        """Each config with ``lean_walk`` as its plan on ``fmt`` has it (one plan per walk:
+        consumer count, split and residue split)."""
+        lean: dict[tuple[int, int, int, int], bool] = {}
+        out = []
+        for c in configs:
+            key = (ws_consumers(c), c.split, c.split_rows, c.period)
+            if key not in lean:
+                lean[key] = with_lean_walk(fmt, c).lean_walk
+            out.append(replace(c, lean_walk=lean[key]))
+        return out
 
     @staticmethod
     def _tail_splits(configs: list[AttentionConfig], problem: AttentionProblem,
@@ -278,6 +294,7 @@ class AttentionWs(AttentionFamily):
                     combine_groups=COMBINE_GROUPS,
                     has_bias=FLAG[spec.has_bias], has_key_bits=FLAG[spec.has_key_bits],
                     has_softcap=FLAG[spec.has_softcap], period=c.period, item_fields=ITEM_FIELDS,
+                    lean_walk=FLAG[c.lean_walk],
                     q_in_regs=FLAG[ws_q_in_regs(spec.head_dim, c.kstep, ws_consumers(c))],
                     stage_o=FLAG[ws_stage_o(c.stages, spec.head_dim, ws_consumers(c))],
                     rowsum_mma=FLAG[WS_ROWSUM_MMA], ones_bytes=ws_ones_bytes(spec.head_dim),

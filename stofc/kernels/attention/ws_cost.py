@@ -82,6 +82,7 @@ from stofc.kernels.attention.ws_plan import (
     WsPlan,
     consumers_of,
     default_split,
+    lean_walk,
     plan_ws,
 )
 from stofc.masks.format import MaskFormat
@@ -362,7 +363,7 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     with and
     without the mask's residue split (:func:`~.residue.choose_period`, where it has one),
     the one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
-    split for this batch and head count;
+    split for this batch and head count, and ``lean_walk`` where its plan has one;
     None where no ws config runs (not Hopper, tile or head_dim)."""
     if fmt.tile != 64:
         return None
@@ -391,4 +392,4 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     _, cfg, walked = best
     plan = plan_ws(walked, split_tiles=cfg.split, consumers=consumers_of(cfg.warps),
                    split_rows=cfg.split_rows)
-    return replace(cfg, pingpong=ws_pingpong(plan))
+    return replace(cfg, pingpong=ws_pingpong(plan), lean_walk=lean_walk(plan))

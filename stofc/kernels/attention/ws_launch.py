@@ -16,15 +16,23 @@ host.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
+from stofc.errors import StofcError
 from stofc.kernels.attention.config import AttentionConfig
 from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.residue import split_format
-from stofc.kernels.attention.ws_plan import ITEM_FIELDS, WS_TILE, consumers_of, plan_ws
+from stofc.kernels.attention.ws_plan import (
+    ITEM_FIELDS,
+    WS_TILE,
+    WsPlan,
+    consumers_of,
+    lean_walk,
+    plan_ws,
+)
 from stofc.masks.format import MaskFormat
 
 
@@ -108,15 +116,29 @@ class WsLaunchPlan(LaunchData):
         return cls(num_heads=heads, **fields)
 
 
+def config_plan(fmt: MaskFormat, config: AttentionConfig) -> WsPlan:
+    """:func:`plan_ws` of ``fmt`` for ``config``: its split, consumer count and residue split."""
+    return plan_ws(split_format(fmt, config.period), split_tiles=config.split,
+                   consumers=consumers_of(config.warps), split_rows=config.split_rows)
+
+
+def with_lean_walk(fmt: MaskFormat, config: AttentionConfig) -> AttentionConfig:
+    """``config`` with ``lean_walk`` as its plan on ``fmt`` has it (:func:`lean_walk`)."""
+    return replace(config, lean_walk=lean_walk(config_plan(fmt, config)))
+
+
 def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
     """What a ws kernel of ``config`` on ``fmt`` is launched with: :func:`plan_ws` with the
     config's ``split`` (on the residue-split mask when ``config.period`` > 1; ``seq_len``,
     ``tile_rows`` and ``spec_hash`` stay ``fmt``'s), flattened for upload (empty bitmaps
     become two zero words, empty orders one zero), for the CuPy runtime and the CUDA twin
-    alike."""
-    walked = split_format(fmt, config.period)
-    plan = plan_ws(walked, split_tiles=config.split, consumers=consumers_of(config.warps),
-                   split_rows=config.split_rows)
+    alike. A ``lean_walk`` config whose plan on ``fmt`` is not lean is a StofcError: its
+    kernel would take part tiles for full ones."""
+    plan = config_plan(fmt, config)
+    if config.lean_walk and not lean_walk(plan):
+        raise StofcError("a lean-walk ws kernel was chosen for a mask whose walk has part tiles",
+                         hint="choose the config for this mask again (stofc compile, or "
+                              "select_kernel) instead of reusing another mask's")
 
     def flat(a, dtype) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=dtype).ravel()

@@ -288,6 +288,17 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
         tiles_per_pair=ro(tiles), consumers=consumers)
 
 
+def lean_walk(plan: WsPlan) -> bool:
+    """Whether every entry of every walk is a full tile of each warpgroup (no part tile, no
+    entry a warpgroup skips) and no item is a shared chunk. Such a plan's kernel
+    (``AttentionConfig.lean_walk``) reads no walk entries in its consumers: without a bias
+    or key bits, every step is a lean step but a work's last where its tile crosses the
+    run's key length (the walk ascends, so no other tile can). Dense rows, and block masks
+    aligned to the 64-key tiles walked by one consumer warpgroup (BigBird's blocks of 64)."""
+    parts = plan.entry_part[:plan.entry_part.size - plan.consumers]   # less the sentinel
+    return bool((parts == FULL).all() and (plan.items[..., 4] == 0).all())
+
+
 def fragment_bitmaps(words: np.ndarray) -> np.ndarray:
     """The 64x64 part tiles' bitmaps (``[n, 64]`` uint64 in the format's order: word
     ``ic * 8 + ir`` is 8x8 block (row ``ir``, key column ``ic``), bit ``8 r + c``) in the ws
