@@ -45,7 +45,7 @@ from stofc.kernels.attention.render import COMPILE_OPTIONS
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws import COMBINE_GROUPS, AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config, ws_split, ws_stages
-from stofc.kernels.attention.ws_launch import with_lean_walk
+from stofc.kernels.attention.ws_launch import config_plan, with_lean_walk
 from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM, consumers_of, default_split, plan_ws
 from stofc.masks import encode, to_dense
 from stofc.masks.decode import stats
@@ -256,8 +256,7 @@ def schedule(fmt, cfg, B: int, H: int, L: int, grid: int, how: str):
     every work, in launch order (longest first), onto the block with the least load so far
     (ties: the lower block), a work costing 2 per walk entry and 3 (its Q wait and epilogue,
     about 1.5 steps in ws-trace-h200-2026-11-29); ``snake``: ws_work_index's deal."""
-    plan = plan_ws(split_format(fmt, cfg.period), split_tiles=cfg.split,
-                   consumers=consumers_of(cfg.warps), split_rows=cfg.split_rows)
+    plan = config_plan(fmt, cfg)
     off, n = plan.launch_items(-(-L // cfg.period))
     streams = H * B * cfg.period
     n_work = streams * n

@@ -44,13 +44,14 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
-from stofc.kernels.attention.ws_launch import WsLaunchPlan, with_lean_walk, ws_launch_data
+from stofc.kernels.attention.ws_launch import WsLaunchPlan, config_plan, ws_launch_data
 from stofc.kernels.attention.ws_plan import (
     ITEM_FIELDS,
     MAX_CHUNKS,
     MIN_SPLIT,
     WS_BLOCKS_PER_SM,
     consumers_of,
+    lean_walk,
 )
 from stofc.kernels.attention.ws_smem import (
     SMEM_RESERVED_PER_BLOCK,
@@ -253,7 +254,7 @@ class AttentionWs(AttentionFamily):
         for c in configs:
             key = (ws_consumers(c), c.split, c.split_rows, c.period)
             if key not in lean:
-                lean[key] = with_lean_walk(fmt, c).lean_walk
+                lean[key] = lean_walk(config_plan(fmt, c))
             out.append(replace(c, lean_walk=lean[key]))
         return out
 
