@@ -248,7 +248,7 @@ def base_config(fmt, profile, B: int, H: int, D: int, over: dict,
         cfg = replace(cfg, split=split, split_rows=rows)
     # the walk's lean flag as the overridden config's plan has it ("lean_walk" in the
     # overrides forces it: a lean kernel on a walk with part tiles is refused at launch)
-    return cfg if "lean_walk" in over else with_lean_walk(fmt, cfg)
+    return cfg if "lean_walk" in over else with_lean_walk(fmt, cfg, D)
 
 
 def schedule(fmt, cfg, B: int, H: int, L: int, grid: int, how: str):

@@ -410,10 +410,23 @@ KNOWN_SPILLS = {
     "stofc_attn_ws_f16_d256_t64_w12_m16_s2_q1_o1_b0_k0":
         "head_dim 256 with work records: 4 bytes, one predicate saved after a work's last "
         "P V and read in its epilogue (once per work, none in the step loop)",
-    "stofc_attn_ws_bf16_d256_t64_w12_m16_s2_q1_o1_pp_f_b0_k0":
-        "head_dim 256 lean walk with turns: 4 bytes, the lane's row g = lane / 4 stored at "
-        "entry and reloaded in each work's epilogue (none in the step loop)",
 }
+# Lean walks (ws_plan.lean_walk): ptxas cannot prove the last P V retired where O is rescaled,
+# and waits for it there (C7517). The rescale is lazy (only where a row's max moved), and
+# the kernel ran 2-3% faster than the form without the warning, 3-4% faster than the
+# general walk (ws-variants-lean-cut-h200-2026-11-29). Strict: each must still warn.
+KNOWN_SPILLS.update({
+    name: "lean walk: the wait for the last P V in the rare rescale of O (C7517)"
+    for name in ("stofc_attn_ws_f16_d64_t64_w20_m16_s6_q1_o1_pp_f_b0_k0",
+                 "stofc_attn_ws_f16_d64_t64_w8_m16_s3_q1_o3_f_b0_k0",
+                 "stofc_attn_ws_bf16_d64_t64_w8_m16_s3_q1_o3_f_c_b0_k0",
+                 "stofc_attn_ws_f16_d64_t64_w12_m16_s4_q1_o1_pp_k2_f_b0_k0",
+                 "stofc_attn_ws_bf16_d128_t64_w12_m16_s2_q1_o1_pp_f_c_b0_k0",
+                 "stofc_attn_ws_bf16_d128_t64_w16_m16_s2_q1_o1_f_b0_k0",
+                 "stofc_attn_ws_f16_d64_t64_w12_m16_s4_q1_o1_pp_p2_f_b0_k0")})
+KNOWN_SPILLS["stofc_attn_ws_bf16_d256_t64_w12_m16_s2_q1_o1_pp_f_b0_k0"] = (
+    "lean walk at head_dim 256 with turns (not taken: LEAN_HEAD_DIMS): the C7517 wait, and "
+    "4 bytes, the lane's row g = lane / 4 reloaded in each work's epilogue")
 WS_PARAMS = [pytest.param(s, id=s.name, marks=[pytest.mark.xfail(strict=True,
                                                                 reason=KNOWN_SPILLS[s.name])]
                           if s.name in KNOWN_SPILLS else []) for s in WS_SPECS]

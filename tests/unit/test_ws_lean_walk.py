@@ -62,12 +62,13 @@ def test_a_shared_chunk_is_not_lean():
     (BIGBIRD, 1, 64, True),               # BERT's (1, 12, 8192): one consumer
     ("causal", 1, 64, False),
     ("longformer:window=256,global=16", 1, 64, False),
+    ("dense", 1, 256, False),             # a lean plan, but not at head_dim 256 (LEAN_HEAD_DIMS)
 ])
 def test_the_selector_sets_the_flag_from_its_plan(spec, B, D, lean):
     fmt = encode(spec, 8192)
     cfg = ws_config(fmt, H200, batch=B, heads=12, head_dim=D)
     assert cfg is not None and cfg.lean_walk is lean
-    assert lean_walk(config_plan(fmt, cfg)) is lean
+    assert lean_walk(config_plan(fmt, cfg)) is (lean or D != 64)
     assert ("lean walk" in cfg.describe()) is lean
 
 
@@ -89,11 +90,14 @@ def test_the_tuner_space_sets_the_flag_per_walk():
     assert {lean for c, lean in by_consumers if c > 1} == {False}
     for c in configs:
         assert c.lean_walk is lean_walk(config_plan(fmt, c))
+    dense = encode("dense", 4096)
+    wide, _ = AttentionWs().candidates(AttentionProblem(dense, 1, 8, 128, 4096, "bfloat16"), H200)
+    assert wide and not any(c.lean_walk for c in wide)        # head_dim 128: the general walk
 
 
 def test_a_lean_config_is_refused_on_a_walk_with_part_tiles():
     fmt = encode("dense", 2048)
-    cfg = with_lean_walk(fmt, ws(4))
+    cfg = with_lean_walk(fmt, ws(4), 64)
     assert cfg.lean_walk
     ws_launch_data(fmt, cfg)                                   # its own mask: launched
     with pytest.raises(StofcError, match="part tiles"):
@@ -103,7 +107,7 @@ def test_a_lean_config_is_refused_on_a_walk_with_part_tiles():
 
 @pytest.mark.parametrize("bias,key_bits", [(False, False), (True, False), (False, True)])
 def test_the_source_compiles_the_lean_path_only_without_bias_and_key_bits(bias, key_bits):
-    cfg = with_lean_walk(encode("dense", 2048), ws(1))
+    cfg = with_lean_walk(encode("dense", 2048), ws(1), 64)
     spec = KernelSpec(cfg, "float16", 64, has_bias=bias, has_key_bits=key_bits)
     src = render_kernel(spec).code
     assert "_f_b" in spec.name and "_f_" not in KernelSpec(replace(cfg, lean_walk=False),

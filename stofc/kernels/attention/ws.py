@@ -44,14 +44,13 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
-from stofc.kernels.attention.ws_launch import WsLaunchPlan, config_plan, ws_launch_data
+from stofc.kernels.attention.ws_launch import WsLaunchPlan, with_lean_walk, ws_launch_data
 from stofc.kernels.attention.ws_plan import (
     ITEM_FIELDS,
     MAX_CHUNKS,
     MIN_SPLIT,
     WS_BLOCKS_PER_SM,
     consumers_of,
-    lean_walk,
 )
 from stofc.kernels.attention.ws_smem import (
     SMEM_RESERVED_PER_BLOCK,
@@ -243,18 +242,20 @@ class AttentionWs(AttentionFamily):
             configs = configs + [replace(c, period=chosen[0]) for c in configs]
         configs, spills = ws_unspilled(configs, problem.head_dim, problem.extras)
         configs = configs + self._tail_splits(configs, problem, profile)
-        return self._lean_walks(configs, problem.fmt), {**extra, **spills}
+        return self._lean_walks(configs, problem.fmt, problem.head_dim), {**extra, **spills}
 
     @staticmethod
-    def _lean_walks(configs: list[AttentionConfig], fmt: MaskFormat) -> list[AttentionConfig]:
-        """Each config with ``lean_walk`` as its plan on ``fmt`` has it (one plan per walk:
-        consumer count, split and residue split)."""
+    def _lean_walks(configs: list[AttentionConfig], fmt: MaskFormat,
+                    head_dim: int) -> list[AttentionConfig]:
+        """Each config with ``lean_walk`` where its plan on ``fmt`` has one and ``head_dim``
+        takes it (:func:`.ws_launch.with_lean_walk`; one plan per walk: consumer count, split
+        and residue split)."""
         lean: dict[tuple[int, int, int, int], bool] = {}
         out = []
         for c in configs:
             key = (ws_consumers(c), c.split, c.split_rows, c.period)
             if key not in lean:
-                lean[key] = lean_walk(config_plan(fmt, c))
+                lean[key] = with_lean_walk(fmt, c, head_dim).lean_walk
             out.append(replace(c, lean_walk=lean[key]))
         return out
 

@@ -27,6 +27,7 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws_plan import (
     ITEM_FIELDS,
+    LEAN_HEAD_DIMS,
     WS_TILE,
     WsPlan,
     consumers_of,
@@ -122,9 +123,11 @@ def config_plan(fmt: MaskFormat, config: AttentionConfig) -> WsPlan:
                    consumers=consumers_of(config.warps), split_rows=config.split_rows)
 
 
-def with_lean_walk(fmt: MaskFormat, config: AttentionConfig) -> AttentionConfig:
-    """``config`` with ``lean_walk`` as its plan on ``fmt`` has it (:func:`lean_walk`)."""
-    return replace(config, lean_walk=lean_walk(config_plan(fmt, config)))
+def with_lean_walk(fmt: MaskFormat, config: AttentionConfig, head_dim: int) -> AttentionConfig:
+    """``config`` with ``lean_walk`` where its plan on ``fmt`` has one (:func:`lean_walk`) and
+    ``head_dim`` takes it (:data:`LEAN_HEAD_DIMS`)."""
+    return replace(config, lean_walk=head_dim in LEAN_HEAD_DIMS
+                   and lean_walk(config_plan(fmt, config)))
 
 
 def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:

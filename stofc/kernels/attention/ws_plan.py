@@ -288,13 +288,20 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
         tiles_per_pair=ro(tiles), consumers=consumers)
 
 
+# head_dims whose ws configs take a lean walk where the plan has one: measured +3-4% at 64
+# (ws-variants-lean-cut-h200-2026-11-29); 128 and 256 not timed in that form (an earlier
+# form was level there), so they keep the general walk
+LEAN_HEAD_DIMS = (64,)
+
+
 def lean_walk(plan: WsPlan) -> bool:
     """Whether every entry of every walk is a full tile of each warpgroup (no part tile, no
     entry a warpgroup skips) and no item is a shared chunk. Such a plan's kernel
     (``AttentionConfig.lean_walk``) reads no walk entries in its consumers: without a bias
-    or key bits, every step is a lean step but a work's last where its tile crosses the
-    run's key length (the walk ascends, so no other tile can). Dense rows, and block masks
-    aligned to the 64-key tiles walked by one consumer warpgroup (BigBird's blocks of 64)."""
+    or key bits, it evaluates no mask but the run's key length in a work's last step (the
+    walk ascends, so no other tile can cross it). Dense rows, and block masks aligned to the
+    64-key tiles walked by one consumer warpgroup (BigBird's blocks of 64). Configs take it
+    at :data:`LEAN_HEAD_DIMS`."""
     parts = plan.entry_part[:plan.entry_part.size - plan.consumers]   # less the sentinel
     return bool((parts == FULL).all() and (plan.items[..., 4] == 0).all())
 

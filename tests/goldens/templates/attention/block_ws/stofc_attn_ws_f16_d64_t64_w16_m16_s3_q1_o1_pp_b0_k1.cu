@@ -66,9 +66,11 @@ constexpr bool ROWSUM_IN_PV = true;
 constexpr int PERIOD = 1;
 // A lean walk (ws_plan.lean_walk): every entry of every work is a full tile of each
 // warpgroup (no part tile, no skipped entry, no shared chunk), and the node has no bias and
-// no key bits. Then the consumers read no walk entries: every step is a lean step but a
-// work's last where its tile crosses the run's key length (the walk ascends). BigBird at
-// one consumer +1%, dense rows level to +2% (ws-variants-lean-walk-h200-2026-11-29).
+// no key bits. Then the consumers read no walk entries and evaluate no mask: a work's
+// last step, where its tile may cross the run's key length (the walk ascends), cuts the
+// keys from kvl on, and nothing else is masked. Head_dim 64, dense rows and BigBird at one
+// consumer: +3-4% (ws-variants-lean-cut-h200-2026-11-29). ptxas then waits for the last
+// P V inside the rare rescale of O (C7517: lazy rescaling, only where a row max moved).
 constexpr bool LEAN_WALK = false && !HAS_BIAS && !HAS_KEY_BITS;
 constexpr int ITEM_FIELDS = 5;    // (pair row, begin, end, slot, shared)
 // Q buffers: with two (Q read from smem where it fits), the next work's Q loads while this
@@ -647,11 +649,6 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
         }
         return softmax_exp_lazy<NS>(sc, row_m, row_l, sl, alpha);
     };
-    // a lean step's scores: a full tile, every key in the run, no bias: soft-capping only
-    auto softmax_full = [&](float (&sc)[NS][4], float (&alpha)[2]) -> bool {
-        if (HAS_SOFTCAP) soft_cap_step<NS>(sc, cap, inv_cap);
-        return exp_step(sc, alpha);
-    };
     // masks (a tile this warpgroup skips: every score -inf), then the online-softmax step
     auto softmax = [&](float (&sc)[NS][4], Ring i0, const int (&key)[KSTEP],
                        const int (&part)[KSTEP], float (&alpha)[2]) -> bool {
@@ -833,9 +830,29 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
             const Ring i0 = cur;
             if (!LEAN_WALK) advance_batch(t);
             const int e = (t * KSTEP) & 31;        // step t's first entry in the batch
-            // a lean walk's step: full tiles, every key in the run (the last one: if so)
+            // a lean walk's step: full tiles, every key in the run (the last one: if so);
+            // else (its last step) the run's keys end inside it: keys from kvl on are cut
             const bool inside = LEAN_WALK && (t + 1 < steps || last_inside);
-            if (prev_any && (LEAN_WALK ? inside : ((lean >> e) & 1u))) {
+            const bool cut = LEAN_WALK && !inside;
+            // a lean step's scores (a full tile, every key in the run, no bias: soft-capping
+            // only), or a lean walk's step with its cut
+            auto softmax_lean = [&](float (&sc)[NS][4], float (&alpha)[2]) -> bool {
+                if (HAS_SOFTCAP) soft_cap_step<NS>(sc, cap, inv_cap);
+                if (cut) {
+    #pragma unroll
+                    for (int hh = 0; hh < KSTEP; ++hh) {
+                        const int valid = last_part[hh] == SKIP ? 0 : kvl - last_key[hh];
+    #pragma unroll
+                        for (int nn = 0; nn < NB; ++nn)
+    #pragma unroll
+                            for (int e2 = 0; e2 < 4; ++e2)
+                                if (nn * 8 + 2 * t4 + (e2 & 1) >= valid)
+                                    sc[hh * NB + nn][e2] = STOFC_NEG_INF;
+                    }
+                }
+                return exp_step(sc, alpha);
+            };
+            if (prev_any && (LEAN_WALK || ((lean >> e) & 1u))) {
                 const unsigned long long tw = TRACE ? trace_clock() : 0ull;
     #pragma unroll
                 for (int hh = 0; hh < KSTEP; ++hh)
@@ -848,7 +865,7 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                     ++tc_steps;
                     trace_step(k, t, tc1, tw, tt);
                 }
-                overlapped(i0, pp, softmax_full);
+                overlapped(i0, pp, softmax_lean);
                 prev_i0 = i0;
                 cur = ring_at(cur, KSTEP);
                 continue;
@@ -887,8 +904,8 @@ stofc_attn_ws_f16_d64_t64_w16_m16_s3_q1_o1_pp_b0_k1(const __grid_constant__ TmaD
                 wgmma_pin(sc);
                 if (t > 0) release_v(prev_i0);
                 float alpha[2];
-                const bool moved = inside ? softmax_full(sc, alpha)      // (a work's first step)
-                                          : softmax(sc, i0, key, part, alpha);
+                const bool moved = LEAN_WALK ? softmax_lean(sc, alpha)   // (a work's first step)
+                                             : softmax(sc, i0, key, part, alpha);
                 release_k(i0);
                 keep_probs(sc, alpha, moved);
             } else if (prev_any) {
