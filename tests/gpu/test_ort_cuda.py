@@ -33,6 +33,7 @@ from stofc.compile import compile_source  # noqa: E402
 from stofc.kernels.attention import AttentionConfig, KernelSpec, compile_kernel  # noqa: E402
 from stofc.kernels.attention.config import attention_family  # noqa: E402
 from stofc.kernels.attention.launch import launch_data  # noqa: E402
+from stofc.kernels.attention.ws_launch import with_lean_walk  # noqa: E402
 from stofc.kernels.render import render_kernel  # noqa: E402
 from stofc.kernels.vendor_gemm import split_fused_gemm  # noqa: E402
 from stofc.lower.twins import (  # noqa: E402
@@ -221,6 +222,13 @@ def ws_config(**kw) -> AttentionConfig:
                            mma="wgmma", **kw)
 
 
+def lean_config(spec: str, L: int, **kw) -> AttentionConfig:
+    """``ws_config(**kw)`` with the lean walk its plan on ``spec`` at ``L`` has (head_dim 64)."""
+    config = with_lean_walk(encode(spec, L), ws_config(**kw), D)
+    assert config.lean_walk, f"{spec} at {L}: not a lean walk"
+    return config
+
+
 WS = [  # mask, L_max, config: split rows + combine, two tiles per step, no ping-pong
     ("longformer:window=64,global=16", 1024, ws_config(split=8)),
     ("causal", 512, ws_config(stages=4, kstep=2)),
@@ -231,6 +239,12 @@ WS = [  # mask, L_max, config: split rows + combine, two tiles per step, no ping
     ("dilated:window=200,dilation=4", 1024, ws_config(warps=16, stages=3, period=4)),
     # the tail split: only the first pair row cut, the others written directly
     ("dense", 1024, ws_config(warps=16, split=8, split_rows=1)),
+    # lean walks (ws_plan.lean_walk): no walk entries read, only the run's key length cut
+    # (the key mask and the bias compile the lean path out of the same config's kernel)
+    ("dense", 1024, lean_config("dense", 1024, stages=4)),
+    ("bigbird:block=64,window=3,global=1,random=2,seed=0", 768,
+     lean_config("bigbird:block=64,window=3,global=1,random=2,seed=0", 768, warps=8, stages=3,
+                 min_blocks=3, pingpong=False, split=8)),
 ]
 
 
@@ -482,10 +496,14 @@ LONGFORMER = "longformer:window=64,global=16"
     ("bf16", ws_config(warps=16, split=8, split_rows=2), "causal", 2),
     ("fp16", ws_config(warps=8, stages=3, split=8, min_blocks=3, pingpong=False), LONGFORMER, 4),
     ("bf16", ws_config(warps=8, stages=2, split=8, min_blocks=3, pingpong=False),
+     "bigbird:block=64,window=3,global=1,random=2,seed=0", 4),
+    ("fp16", ws_config(stages=4, lean_walk=True), "dense", 4),
+    ("bf16", ws_config(warps=8, stages=2, split=8, min_blocks=3, pingpong=False, lean_walk=True),
      "bigbird:block=64,window=3,global=1,random=2,seed=0", 4)],
     ids=["bf16-split", "fp16-kstep2-split", "bf16-3consumers-split", "fp16-3consumers",
          "fp16-residue-split", "fp16-4consumers-split-d64", "bf16-4consumers-causal-d64",
-         "bf16-3consumers-tail-split", "fp16-1consumer-split-d64", "bf16-1consumer-bigbird-d64"])
+         "bf16-3consumers-tail-split", "fp16-1consumer-split-d64", "bf16-1consumer-bigbird-d64",
+         "fp16-lean-dense-d64", "bf16-1consumer-lean-bigbird-d64"])
 def test_ws_package_on_cuda_matches_the_original(tmp_path_factory, tmp_path, hopper, dtype,
                                                  config, mask, heads):
     """A package whose attention is the warp-specialised kernel (head_dim 128 with two heads,
