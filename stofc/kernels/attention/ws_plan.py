@@ -289,8 +289,8 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
 
 
 # head_dims whose ws configs take a lean walk where the plan has one: measured +3-4% at 64
-# (ws-variants-lean-cut-h200-2026-11-29); 128 and 256 not timed in that form (an earlier
-# form was level there), so they keep the general walk
+# (ws-variants-lean-cut-h200-2026-11-29), level at 128 (ws-variants-lean-cut-d128-h200-
+# 2026-11-29: the step's GEMMs set the pace there); 256 not timed. Others keep the general walk
 LEAN_HEAD_DIMS = (64,)
 
 
