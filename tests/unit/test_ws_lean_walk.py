@@ -2,7 +2,8 @@
 
 A plan whose every walk entry is a full tile of each warpgroup, with no shared chunk,
 gets the kernel whose consumers read no walk entries (``AttentionConfig.lean_walk``):
-the selector and the tuner set the flag from the plan, a lean config on a mask with part
+the selector and the tuner set the flag from the plan (for nodes without a bias or key
+bits, which compile the lean path out), a lean config on a mask with part
 tiles is refused before it can launch, and the source compiles the lean path only
 without a bias and key bits. The GPU side is tests/gpu/test_attention_ws.py
 (``test_lean_walks``).
@@ -16,12 +17,18 @@ import pytest
 
 from stofc.errors import StofcError
 from stofc.kernels.attention import AttentionConfig, KernelSpec, select_kernel
+from stofc.kernels.attention.config import ExtraInputs
 from stofc.kernels.attention.family import AttentionProblem
 from stofc.kernels.attention.render import render_kernel
 from stofc.kernels.attention.ws import AttentionWs
 from stofc.kernels.attention.ws_cost import ws_config
 from stofc.kernels.attention.ws_launch import config_plan, with_lean_walk, ws_launch_data
-from stofc.kernels.attention.ws_plan import WS_BLOCKS_PER_SM, lean_walk, plan_ws
+from stofc.kernels.attention.ws_plan import (
+    WS_BLOCKS_PER_SM,
+    lean_walk,
+    lean_walk_applies,
+    plan_ws,
+)
 from stofc.masks import encode
 from stofc.targets import get_profile
 
@@ -79,6 +86,27 @@ def test_a_package_of_bigbird_runs_the_lean_kernel():
     choice = select_kernel(fmt, H200, batch=1, heads=12, seq_len=8192, head_dim=64)
     assert choice.kernel == "ws" and choice.config.lean_walk
     assert KernelSpec(choice.config, "float16", 64).name.endswith("_f_b0_k0")
+
+
+@pytest.mark.parametrize("extras", [ExtraInputs(has_key_bits=True), ExtraInputs(has_bias=True)])
+def test_a_node_with_key_bits_or_a_bias_takes_no_lean_walk(extras):
+    """Key bits (an encoder's ``attention_mask``) and a bias compile the lean path out of the
+    kernel, so neither the selector nor the tuner sets the flag for such a node: a kernel
+    named ``_f`` would run the general walk while ``inspect`` said lean."""
+    fmt = encode(BIGBIRD, 8192)
+    assert not lean_walk_applies(64, extras.has_bias, extras.has_key_bits)
+    assert lean_walk_applies(64, False, False) and not lean_walk_applies(128, False, False)
+    cfg = ws_config(fmt, H200, batch=1, heads=12, head_dim=64, extras=extras)
+    assert cfg is not None and not cfg.lean_walk and "lean walk" not in cfg.describe()
+    if extras.has_key_bits:                 # one consumer (a bias spills there: three)
+        assert cfg.warps == 8 and lean_walk(config_plan(fmt, cfg))   # the plan itself is lean
+    choice = select_kernel(fmt, H200, batch=1, heads=12, seq_len=8192, head_dim=64,
+                           extras=extras)
+    assert not choice.config.lean_walk
+    problem = AttentionProblem(encode(BIGBIRD, 4096), 1, 12, 64, 4096, "float16",
+                               has_bias=extras.has_bias, has_key_bits=extras.has_key_bits)
+    configs, _ = AttentionWs().candidates(problem, H200)
+    assert configs and not any(c.lean_walk for c in configs)
 
 
 def test_the_tuner_space_sets_the_flag_per_walk():

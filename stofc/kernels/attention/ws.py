@@ -51,6 +51,7 @@ from stofc.kernels.attention.ws_plan import (
     MIN_SPLIT,
     WS_BLOCKS_PER_SM,
     consumers_of,
+    lean_walk_applies,
 )
 from stofc.kernels.attention.ws_smem import (
     SMEM_RESERVED_PER_BLOCK,
@@ -242,14 +243,17 @@ class AttentionWs(AttentionFamily):
             configs = configs + [replace(c, period=chosen[0]) for c in configs]
         configs, spills = ws_unspilled(configs, problem.head_dim, problem.extras)
         configs = configs + self._tail_splits(configs, problem, profile)
-        return self._lean_walks(configs, problem.fmt, problem.head_dim), {**extra, **spills}
+        return self._lean_walks(configs, problem), {**extra, **spills}
 
     @staticmethod
-    def _lean_walks(configs: list[AttentionConfig], fmt: MaskFormat,
-                    head_dim: int) -> list[AttentionConfig]:
-        """Each config with ``lean_walk`` where its plan on ``fmt`` has one and ``head_dim``
-        takes it (:func:`.ws_launch.with_lean_walk`; one plan per walk: consumer count, split
-        and residue split)."""
+    def _lean_walks(configs: list[AttentionConfig],
+                    problem: AttentionProblem) -> list[AttentionConfig]:
+        """Each config with ``lean_walk`` where its plan on the problem's mask has one and the
+        node takes it (:func:`.ws_plan.lean_walk_applies`; one plan per walk: consumer count,
+        split and residue split)."""
+        fmt, head_dim = problem.fmt, problem.head_dim
+        if not lean_walk_applies(head_dim, problem.has_bias, problem.has_key_bits):
+            return [replace(c, lean_walk=False) for c in configs]
         lean: dict[tuple[int, int, int, int], bool] = {}
         out = []
         for c in configs:

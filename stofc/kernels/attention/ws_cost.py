@@ -77,13 +77,13 @@ from stofc.kernels.attention.ws_balance import (
 )
 from stofc.kernels.attention.ws_plan import (
     CONSUMERS,
-    LEAN_HEAD_DIMS,
     SKIP,
     WS_BLOCKS_PER_SM,
     WsPlan,
     consumers_of,
     default_split,
     lean_walk,
+    lean_walk_applies,
     plan_ws,
 )
 from stofc.masks.format import MaskFormat
@@ -364,8 +364,8 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     with and
     without the mask's residue split (:func:`~.residue.choose_period`, where it has one),
     the one estimated faster on this mask at ``seq_len`` (default L_max), each with its rows
-    split for this batch and head count, and ``lean_walk`` where its plan has one (at
-    ``ws_plan.LEAN_HEAD_DIMS``);
+    split for this batch and head count, and ``lean_walk`` where its plan has one and the
+    node takes it (:func:`~.ws_plan.lean_walk_applies`: head_dim, no bias, no key bits);
     None where no ws config runs (not Hopper, tile or head_dim)."""
     if fmt.tile != 64:
         return None
@@ -394,5 +394,5 @@ def ws_config(fmt: MaskFormat, profile: GpuProfile, *, batch: int, heads: int,
     _, cfg, walked = best
     plan = plan_ws(walked, split_tiles=cfg.split, consumers=consumers_of(cfg.warps),
                    split_rows=cfg.split_rows)
-    return replace(cfg, pingpong=ws_pingpong(plan),
-                   lean_walk=head_dim in LEAN_HEAD_DIMS and lean_walk(plan))
+    lean = lean_walk_applies(head_dim, extras.has_bias, extras.has_key_bits) and lean_walk(plan)
+    return replace(cfg, pingpong=ws_pingpong(plan), lean_walk=lean)

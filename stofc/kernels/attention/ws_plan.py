@@ -294,6 +294,15 @@ def plan_ws(fmt: MaskFormat, *, split_tiles: int = 0, consumers: int = 2,
 LEAN_HEAD_DIMS = (64,)
 
 
+def lean_walk_applies(head_dim: int, has_bias: bool, has_key_bits: bool) -> bool:
+    """Whether a node's ws configs take a lean walk where their plan has one: at
+    :data:`LEAN_HEAD_DIMS`, and only without a bias or key bits, which compile the lean path
+    out of the kernel (``LEAN_WALK`` in block_ws.cu.j2). A node with a key padding mask (an
+    encoder fed an ``attention_mask``) therefore runs the general walk: its steps over full
+    tiles of keys in the run still take the lean step, by the batch's ballot."""
+    return head_dim in LEAN_HEAD_DIMS and not has_bias and not has_key_bits
+
+
 def lean_walk(plan: WsPlan) -> bool:
     """Whether every entry of every walk is a full tile of each warpgroup (no part tile, no
     entry a warpgroup skips) and no item is a shared chunk. Such a plan's kernel
@@ -301,7 +310,7 @@ def lean_walk(plan: WsPlan) -> bool:
     or key bits, it evaluates no mask but the run's key length in a work's last step (the
     walk ascends, so no other tile can cross it). Dense rows, and block masks aligned to the
     64-key tiles walked by one consumer warpgroup (BigBird's blocks of 64). Configs take it
-    at :data:`LEAN_HEAD_DIMS`."""
+    where :func:`lean_walk_applies`."""
     parts = plan.entry_part[:plan.entry_part.size - plan.consumers]   # less the sentinel
     return bool((parts == FULL).all() and (plan.items[..., 4] == 0).all())
 
