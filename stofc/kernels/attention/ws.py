@@ -44,13 +44,14 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.render import FLAG
 from stofc.kernels.attention.residue import PERIODS, choose_period, split_format
 from stofc.kernels.attention.ws_cost import ws_config, ws_estimate, ws_split, ws_unspilled
-from stofc.kernels.attention.ws_launch import WsLaunchPlan, with_lean_walk, ws_launch_data
+from stofc.kernels.attention.ws_launch import WsLaunchPlan, config_plan, ws_launch_data
 from stofc.kernels.attention.ws_plan import (
     ITEM_FIELDS,
     MAX_CHUNKS,
     MIN_SPLIT,
     WS_BLOCKS_PER_SM,
     consumers_of,
+    lean_walk,
     lean_walk_applies,
 )
 from stofc.kernels.attention.ws_smem import (
@@ -251,15 +252,15 @@ class AttentionWs(AttentionFamily):
         """Each config with ``lean_walk`` where its plan on the problem's mask has one and the
         node takes it (:func:`.ws_plan.lean_walk_applies`; one plan per walk: consumer count,
         split and residue split)."""
-        fmt, head_dim = problem.fmt, problem.head_dim
-        if not lean_walk_applies(head_dim, problem.has_bias, problem.has_key_bits):
+        fmt = problem.fmt
+        if not lean_walk_applies(problem.head_dim, problem.has_bias, problem.has_key_bits):
             return [replace(c, lean_walk=False) for c in configs]
         lean: dict[tuple[int, int, int, int], bool] = {}
         out = []
         for c in configs:
             key = (ws_consumers(c), c.split, c.split_rows, c.period)
             if key not in lean:
-                lean[key] = with_lean_walk(fmt, c, head_dim).lean_walk
+                lean[key] = lean_walk(config_plan(fmt, c))
             out.append(replace(c, lean_walk=lean[key]))
         return out
 

@@ -27,11 +27,11 @@ from stofc.kernels.attention.launch import LaunchData
 from stofc.kernels.attention.residue import split_format
 from stofc.kernels.attention.ws_plan import (
     ITEM_FIELDS,
-    LEAN_HEAD_DIMS,
     WS_TILE,
     WsPlan,
     consumers_of,
     lean_walk,
+    lean_walk_applies,
     plan_ws,
 )
 from stofc.masks.format import MaskFormat
@@ -125,9 +125,11 @@ def config_plan(fmt: MaskFormat, config: AttentionConfig) -> WsPlan:
 
 def with_lean_walk(fmt: MaskFormat, config: AttentionConfig, head_dim: int) -> AttentionConfig:
     """``config`` with ``lean_walk`` where its plan on ``fmt`` has one (:func:`lean_walk`) and
-    ``head_dim`` takes it (:data:`LEAN_HEAD_DIMS`)."""
-    return replace(config, lean_walk=head_dim in LEAN_HEAD_DIMS
-                   and lean_walk(config_plan(fmt, config)))
+    ``head_dim`` takes it (:func:`lean_walk_applies` for a node without a bias or key bits:
+    tests and benches render the flagged kernel with them too, to check it compiles the
+    lean path out)."""
+    lean = lean_walk_applies(head_dim, has_bias=False, has_key_bits=False)
+    return replace(config, lean_walk=lean and lean_walk(config_plan(fmt, config)))
 
 
 def ws_launch_data(fmt: MaskFormat, config: AttentionConfig) -> WsLaunchPlan:
